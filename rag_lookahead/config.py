@@ -1,0 +1,92 @@
+"""Frozen, validated configuration: how to draft (`LookaheadConfig`) and how to pick tokens
+(`GenerationParams`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+__all__ = ["GenerationParams", "LookaheadConfig", "Mode"]
+
+Mode = Literal["trie", "off"]
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Drafting settings, named as PIA names them.
+
+    Attributes:
+        mode: ``"trie"`` drafts from the token trie; ``"off"`` is plain decoding.
+        decoding_length: Most draft tokens verified in one forward (the tree size, root excluded).
+        branch_length: Deepest draft branch, in tokens.
+        max_query_length: Longest suffix of the context matched in the trie.
+        min_query_length: Shortest suffix match that may draft. Two tokens avoid most
+            one-token coincidences, whose drafts are rarely accepted but always paid for.
+        max_trie_nodes: Hard cap on trie nodes; least frequent nodes are pruned above it.
+    """
+
+    mode: Mode = "trie"
+    decoding_length: int = 16
+    branch_length: int = 12
+    max_query_length: int = 2
+    min_query_length: int = 2
+    max_trie_nodes: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("trie", "off"):
+            raise ValueError(f"mode must be 'trie' or 'off', got {self.mode!r}")
+        for name in ("decoding_length", "branch_length", "max_query_length", "min_query_length"):
+            _positive(name, getattr(self, name))
+        if self.min_query_length > self.max_query_length:
+            raise ValueError(
+                f"min_query_length ({self.min_query_length}) must not exceed "
+                f"max_query_length ({self.max_query_length})"
+            )
+        if self.max_trie_nodes < 1000:
+            raise ValueError(f"max_trie_nodes must be at least 1000, got {self.max_trie_nodes}")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """How each token is chosen and when generation stops (the common `model.generate` knobs).
+
+    ``None`` for ``eos_token_id`` means the model's own end-of-sequence token(s).
+    """
+
+    max_new_tokens: int = 256
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    eos_token_id: tuple[int, ...] | None = None
+    stop_strings: tuple[str, ...] = field(default=())
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Accept what `model.generate` users pass: an int or a list for ids, a str or a list for stops.
+        eos = self.eos_token_id
+        if eos is not None:
+            object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(eos))
+        stops = self.stop_strings
+        object.__setattr__(self, "stop_strings", (stops,) if isinstance(stops, str) else tuple(stops))
+        _positive("max_new_tokens", self.max_new_tokens)
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None:
+            _positive("top_k", self.top_k)
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if any(not isinstance(s, str) or not s for s in self.stop_strings):
+            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+
+    def with_overrides(self, **overrides: object) -> GenerationParams:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

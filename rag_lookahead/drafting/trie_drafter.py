@@ -1,0 +1,50 @@
+"""One generation call's view of the shared token trie."""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+from rag_lookahead.drafting.trie import OUTPUT_OWNER, TokenTrie
+from rag_lookahead.tree import DraftTree
+
+__all__ = ["TrieDrafter"]
+
+
+class TrieDrafter:
+    """Drafts from the branches this call owns (prompt, documents) and from past outputs.
+
+    The call's branches are inserted on construction and eliminated by `close`; the tokens it
+    generates are added to the shared output branches as they are accepted, so they help the
+    rest of this answer as well as later calls.
+    """
+
+    def __init__(
+        self,
+        trie: TokenTrie,
+        owner: str,
+        sequences: Sequence[Sequence[int]],
+        lock: threading.RLock,
+        min_match: int,
+    ) -> None:
+        self.trie = trie
+        self.owner = owner
+        self.lock = lock
+        self.min_match = min_match
+        with lock:
+            for seq in sequences:
+                trie.insert(seq, owner)
+            self._outputs = trie.open_stream(OUTPUT_OWNER)
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        with self.lock:
+            tokens, parents, _ = self.trie.draft(context, self.owner, budget, self.min_match)
+        return DraftTree.from_draft(context[-1], tokens, parents, "trie")
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        with self.lock:
+            self._outputs.extend(tokens)
+
+    def close(self) -> None:
+        with self.lock:
+            self.trie.eliminate(self.owner)

@@ -1,0 +1,279 @@
+"""The engine: the only place that runs the model.
+
+Each step reads as five verbs: draft a tree, forward it over the KV cache in one pass, choose
+the model's token at every node, accept the longest agreeing path, keep only that path in the
+cache. The engine knows nothing about where drafts come from: drafters see token ids only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import uuid
+import warnings
+from typing import Any, Generator, Iterable, Sequence
+
+import torch
+
+from rag_lookahead.cache import cache_kwarg, keep_accepted, new_tree_cache
+from rag_lookahead.config import GenerationParams, LookaheadConfig
+from rag_lookahead.drafting.base import Drafter
+from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.drafting.trie_drafter import TrieDrafter
+from rag_lookahead.probe import sliding_window, tree_support_problem
+from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.stream import Completion, StepRecorder, TextStream
+from rag_lookahead.text import TextAssembler
+from rag_lookahead.tree import DraftTree
+from rag_lookahead.verify import TokenChooser, accept
+
+__all__ = ["LookaheadEngine"]
+
+
+class LookaheadEngine:
+    """Lossless lookahead decoding for a Hugging Face decoder-only model.
+
+    The engine owns a token trie shared by all calls: each call's prompt and documents are
+    inserted as branches owned by that call and eliminated when it ends, while the model's own
+    outputs stay (pruned under the node cap) and help later calls. Calls from several threads
+    are safe: model forwards and trie updates are serialised.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: LookaheadConfig | None = None,
+        trie: TokenTrie | None = None,
+    ) -> None:
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or LookaheadConfig()
+        self.trie = trie or TokenTrie(
+            max_query_length=self.config.max_query_length,
+            branch_length=self.config.branch_length,
+            max_nodes=self.config.max_trie_nodes,
+        )
+        self._lock = threading.RLock()
+        self._cache_arg = cache_kwarg(model)
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._tree_problem: str | None = None if self.config.mode != "off" else "mode is 'off'"
+        self._probed = self.config.mode == "off"
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | None = None,
+        *,
+        config: LookaheadConfig | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        trust_remote_code: bool = False,
+    ) -> LookaheadEngine:
+        """Load a model offline (``None``: the embedded SmolLM2-135M-Instruct) and wrap it."""
+        from rag_lookahead.models import load_model
+
+        model, tokenizer = load_model(
+            name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+        return cls(model, tokenizer, config)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def context_window(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The model's end-of-sequence tokens (generation config first, then tokenizer)."""
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return ()
+        return (eos,) if isinstance(eos, int) else tuple(eos)
+
+    # ------------------------------------------------------------------ public calls
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        **overrides: Any,
+    ) -> TextStream:
+        """Generate for ``prompt``, yielding new text as it is decided.
+
+        Args:
+            prompt: Plain text, token ids, or chat messages (formatted by the chat template).
+            params: Token choice and stopping; keyword ``overrides`` replace single fields,
+                e.g. ``max_new_tokens=64``.
+            documents: Texts this call may draft from besides its prompt (retrieved passages).
+        """
+        params = (params or GenerationParams()).with_overrides(**overrides)
+        prompt_ids = encode_prompt(self.tokenizer, prompt)
+        self._check_length(prompt_ids)
+        recorder = StepRecorder(prompt_tokens=len(prompt_ids))
+        steps = self._run(prompt_ids, params, list(documents), recorder)
+        return TextStream(steps, TextAssembler(self.tokenizer, params.stop_strings), recorder)
+
+    def complete(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        **overrides: Any,
+    ) -> Completion:
+        """Blocking `stream`: the whole new text, its token ids and the stats."""
+        return self.stream(prompt, params, documents=documents, **overrides).complete()
+
+    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Drop-in for `model.generate`: see `rag_lookahead.hf_compat.generate`."""
+        from rag_lookahead.hf_compat import generate
+
+        return generate(self, input_ids, **kwargs)
+
+    @property
+    def tree_verification(self) -> bool:
+        """Whether this model verifies drafts (else it decodes plainly, as warned once)."""
+        self._ensure_probed()
+        return self._tree_problem is None
+
+    # ------------------------------------------------------------------ decoding
+
+    def _check_length(self, prompt_ids: Sequence[int]) -> None:
+        window = self.context_window
+        if window is not None and len(prompt_ids) >= window:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; the model's context window is {window}"
+            )
+
+    def _ensure_probed(self) -> None:
+        with self._lock:
+            if self._probed:
+                return
+            self._probed = True
+            self._tree_problem = tree_support_problem(self.model, self._cache_arg)
+            if self._tree_problem is not None:
+                warnings.warn(
+                    f"rag-lookahead: this model cannot verify draft trees ({self._tree_problem}); "
+                    "decoding plainly, without lookahead. Outputs are unaffected.",
+                    stacklevel=3,
+                )
+
+    def _drafter(
+        self, prompt_ids: list[int], documents: list[str], params: GenerationParams
+    ) -> Drafter | None:
+        self._ensure_probed()
+        if self._tree_problem is not None:
+            return None
+        window = sliding_window(self.model.config)
+        longest = len(prompt_ids) + params.max_new_tokens + self.config.decoding_length
+        if window is not None and longest > window:
+            # One mask serves every layer, so a window's cut-off cannot be expressed in it.
+            warnings.warn(
+                f"rag-lookahead: this call may exceed the model's sliding attention window "
+                f"({window} tokens); decoding it plainly, without lookahead.",
+                stacklevel=4,
+            )
+            return None
+        doc_ids = [self.tokenizer(d, add_special_tokens=False).input_ids for d in documents]
+        owner = f"call-{uuid.uuid4().hex}"
+        return TrieDrafter(
+            self.trie, owner, [prompt_ids, *doc_ids], self._lock, self.config.min_query_length
+        )
+
+    def _run(
+        self, prompt_ids: list[int], params: GenerationParams, documents: list[str], rec: StepRecorder
+    ) -> Generator[list[int], None, None]:
+        drafter = self._drafter(prompt_ids, documents, params)
+        try:
+            yield from self._decode(prompt_ids, params, drafter, rec)
+        finally:
+            if drafter is not None:
+                drafter.close()
+
+    def _decode(
+        self, prompt_ids: list[int], params: GenerationParams, drafter: Drafter | None, rec: StepRecorder
+    ) -> Generator[list[int], None, None]:
+        eos = set(self.eos_token_ids if params.eos_token_id is None else params.eos_token_id)
+        window = self.context_window or 1 << 62
+        chooser = TokenChooser(params, self.device)
+        ids = list(prompt_ids)
+        cache = new_tree_cache() if drafter is not None else None
+
+        # 1) Prefill: the prompt, and the first new token from its last position.
+        logits, cache = self._forward(torch.tensor([ids]), cache, last_only=True)
+        tokens = chooser.choose(logits[-1:], ids, DraftTree.root_only(ids[-1]))
+        rec.prefill_seconds = time.perf_counter() - rec.started
+        while True:
+            tokens, reason = _truncate(tokens, eos, params.max_new_tokens - (len(ids) - len(prompt_ids)))
+            ids += tokens
+            if drafter is not None:
+                drafter.observe(tokens)
+            if reason is None and len(ids) >= window:
+                reason = "context_window"
+            if reason is not None:
+                rec.finish(reason)
+            yield tokens
+            if reason is not None:
+                return
+            # 2) Draft, forward the tree, choose per node, accept, keep the path's cache.
+            budget = min(
+                self.config.decoding_length,
+                params.max_new_tokens - (len(ids) - len(prompt_ids)) - 1,
+                window - len(ids) - 1,
+            )
+            tree = DraftTree.root_only(ids[-1])
+            if drafter is not None and budget > 0:
+                tree = drafter.propose(ids, budget)
+            past = len(ids) - 1
+            logits, cache = self._forward_tree(tree, cache, past)
+            accepted = accept(tree, chooser.choose(logits, ids, tree))
+            if len(tree) > 1:
+                keep_accepted(cache, past, len(tree), accepted.nodes)
+            rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
+            tokens = accepted.tokens
+
+    def _forward_tree(self, tree: DraftTree, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
+        if len(tree) == 1:  # plain decoding: the model's own causal path
+            return self._forward(torch.tensor([tree.tokens]), cache)
+        inputs = tree.inputs(past, self.device, self.model.dtype)
+        return self._forward(
+            inputs.input_ids,
+            cache,
+            position_ids=inputs.position_ids,
+            attention_mask=inputs.attention_mask,
+        )
+
+    def _forward(
+        self, input_ids: torch.Tensor, cache: Any, last_only: bool = False, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """Logits ``[n, V]`` for ``input_ids`` ``[1, n]``, and the cache now holding them."""
+        kwargs[self._cache_arg] = cache
+        if last_only and self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        with self._lock, torch.inference_mode():
+            out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **kwargs)
+        if cache is None:  # plain decoding lets the model build the cache it prefers
+            cache = getattr(out, "cache", None)
+            cache = cache if cache is not None else getattr(out, "past_key_values", None)
+        return out.logits[0], cache
+
+
+def _truncate(tokens: list[int], eos: set[int], remaining: int) -> tuple[list[int], Any]:
+    """Cut a step's tokens after the first EOS or at the token budget."""
+    for i, token in enumerate(tokens[:remaining]):
+        if token in eos:
+            return tokens[: i + 1], "eos"
+    if len(tokens) >= remaining:
+        return tokens[:remaining], "length"
+    return tokens, None

@@ -1,0 +1,109 @@
+"""A drop-in for `model.generate`: same common arguments, same returned tensor.
+
+    engine = LookaheadEngine(model, tokenizer)
+    output = engine.generate(**inputs, max_new_tokens=128)   # was: model.generate(...)
+
+Rows are decoded one after another (lookahead is a batch-size-1 latency technique); left or
+right padding in ``input_ids`` is removed using ``attention_mask`` and kept in the output, and
+finished rows are padded on the right with ``pad_token_id``, as `generate` does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import torch
+
+from rag_lookahead.config import GenerationParams
+
+if TYPE_CHECKING:
+    from rag_lookahead.engine import LookaheadEngine
+
+__all__ = ["generate"]
+
+
+def generate(
+    engine: LookaheadEngine,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int | None = None,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    pad_token_id: int | None = None,
+    streamer: Any = None,
+    documents: Iterable[str] = (),
+    seed: int | None = None,
+    tokenizer: Any = None,
+    **unsupported: Any,
+) -> torch.Tensor:
+    """``[B, L + T]`` token ids: each row's input, then its new tokens, like `model.generate`.
+
+    Unset arguments come from ``model.generation_config``, as in `generate`. ``documents`` are
+    texts to draft from in this call; ``tokenizer`` is accepted for signature compatibility.
+    """
+    del tokenizer  # `generate` needs it for stop strings; the engine has its own
+    if unsupported:
+        raise TypeError(f"unsupported generate() arguments: {', '.join(sorted(unsupported))}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [batch, length] and non-empty, got {tuple(input_ids.shape)}")
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError("a streamer needs a batch of one sequence, as in model.generate")
+    gc = engine.model.generation_config
+    params = GenerationParams(
+        max_new_tokens=_max_new_tokens(gc, max_new_tokens, input_ids.shape[1]),
+        do_sample=bool(gc.do_sample) if do_sample is None else do_sample,
+        temperature=_pick(temperature, gc.temperature, 1.0),
+        top_k=_pick(top_k, gc.top_k, None),
+        top_p=_pick(top_p, gc.top_p, 1.0),
+        repetition_penalty=_pick(repetition_penalty, gc.repetition_penalty, 1.0),
+        eos_token_id=eos_token_id if eos_token_id is not None else engine.eos_token_ids,
+        stop_strings=_pick(stop_strings, getattr(gc, "stop_strings", None), ()),
+        seed=seed,
+    )
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    docs = list(documents)
+    rows = [_generate_row(engine, ids[m.bool()], params, docs, streamer) for ids, m in zip(input_ids.cpu(), mask.cpu())]
+    pad = pad_token_id if pad_token_id is not None else gc.pad_token_id
+    if pad is None:
+        pad = params.eos_token_id[0] if params.eos_token_id else 0
+    width = max(len(r) for r in rows)
+    new = torch.full((len(rows), width), pad, dtype=input_ids.dtype)
+    for i, row in enumerate(rows):
+        new[i, : len(row)] = torch.tensor(row, dtype=input_ids.dtype)
+    return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
+
+
+def _generate_row(
+    engine: LookaheadEngine, ids: torch.Tensor, params: GenerationParams, docs: list[str], streamer: Any
+) -> list[int]:
+    stream = engine.stream(ids, params, documents=docs)
+    if streamer is not None:
+        streamer.put(ids.unsqueeze(0))  # `generate` hands the streamer the prompt first
+    tokens: list[int] = []
+    for chunk in stream.chunks():
+        tokens += chunk.token_ids
+        if streamer is not None and chunk.token_ids:
+            streamer.put(torch.tensor(chunk.token_ids))
+    if streamer is not None:
+        streamer.end()
+    return tokens
+
+
+def _pick(value: Any, configured: Any, default: Any) -> Any:
+    if value is not None:
+        return value
+    return configured if configured is not None else default
+
+
+def _max_new_tokens(gc: Any, requested: int | None, prompt_length: int) -> int:
+    if requested is not None:
+        return requested
+    if gc.max_new_tokens is not None:
+        return int(gc.max_new_tokens)
+    return int(gc.max_length) - prompt_length  # `generate`'s max_length counts the prompt

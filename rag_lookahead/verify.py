@@ -1,0 +1,96 @@
+"""Tree verification as pure functions: choose the model's token at every node, then walk.
+
+Losslessness does not depend on the draft. At every node the model's own token is chosen from
+its own (processed) distribution given the node's exact prefix: the argmax for greedy, an
+independent sample for sampling. The walk then follows, from the root, the child that carries
+the chosen token. Every emitted token is therefore exactly what plain decoding would have emitted
+(greedy) or a draw from the same conditional distribution (sampling); the draft only decides how
+many of them one forward pass yields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from rag_lookahead.config import GenerationParams
+from rag_lookahead.tree import DraftTree
+
+__all__ = ["Accepted", "TokenChooser", "accept", "node_prefixes"]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The outcome of one step: tokens to emit and the tree nodes whose KV entries stay."""
+
+    tokens: list[int]  # matched draft tokens, then the model's own next token
+    nodes: list[int]  # root first; len(nodes) == len(tokens)
+
+
+def accept(tree: DraftTree, chosen: Sequence[int]) -> Accepted:
+    """Walk from the root while the model's chosen token is a child in the draft."""
+    node, nodes, tokens = 0, [0], [chosen[0]]
+    while (child := tree.child(node, tokens[-1])) is not None:
+        node = child
+        nodes.append(node)
+        tokens.append(chosen[node])
+    return Accepted(tokens, nodes)
+
+
+def node_prefixes(context: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """``[n, L + depth]`` token ids each node is conditioned on: context, then its draft path.
+
+    Rows are padded with the root token, which is already in the context, so prefix-set
+    processors such as the repetition penalty see exactly each node's own prefix.
+    """
+    depth = max(tree.depths)
+    rows = torch.full((len(tree), depth), tree.tokens[0], dtype=torch.long)
+    for node in range(1, len(tree)):
+        path = [tree.tokens[i] for i in tree.path(node)[1:]]
+        rows[node, : len(path)] = torch.tensor(path)
+    return torch.cat([context.expand(len(tree), -1), rows], dim=1)
+
+
+class TokenChooser:
+    """Picks the model's token at each tree node, the way `model.generate` processes logits."""
+
+    def __init__(self, params: GenerationParams, device: torch.device) -> None:
+        self.do_sample = params.do_sample
+        steps: list = []
+        if params.repetition_penalty != 1.0:
+            steps.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+        if params.do_sample:
+            if params.temperature != 1.0:
+                steps.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k is not None:
+                steps.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                steps.append(TopPLogitsWarper(params.top_p))
+        self.processors = LogitsProcessorList(steps)
+        self.needs_prefix = params.repetition_penalty != 1.0
+        self.generator: torch.Generator | None = None
+        if params.do_sample and params.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(params.seed)
+
+    def choose(self, logits: torch.Tensor, context: Sequence[int], tree: DraftTree) -> list[int]:
+        """One token per node from ``logits`` [n, V], given the ``context`` ids before it."""
+        scores = logits.float()  # like `generate`, process in fp32 whatever the model dtype
+        if self.processors:
+            if self.needs_prefix:
+                prefixes = node_prefixes(torch.tensor([context], dtype=torch.long), tree)
+            else:  # the warpers look at scores only
+                prefixes = torch.zeros(len(tree), 1, dtype=torch.long)
+            scores = self.processors(prefixes.to(scores.device), scores)
+        if not self.do_sample:
+            return scores.argmax(dim=-1).tolist()
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1).tolist()

@@ -1,0 +1,198 @@
+"""Stopping, streaming, fallbacks and bad input, on tiny in-process models."""
+
+import warnings
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from fakes import CharTokenizer, greedy_reference, tiny_config, tiny_model
+from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.text import TextAssembler
+
+PROMPT = [3, 14, 15, 9, 26]
+N = 20
+
+
+@pytest.fixture
+def setup() -> tuple[LookaheadEngine, list[int]]:
+    """An engine whose trie holds the whole greedy continuation: every step drafts it."""
+    model = tiny_model("llama")
+    reference = greedy_reference(model, PROMPT, N)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine.trie.insert(PROMPT + reference, OUTPUT_OWNER)
+    return engine, reference
+
+
+def test_eos_inside_an_accepted_draft_ends_exactly_there(setup) -> None:
+    engine, reference = setup
+    k = 7
+    eos = reference[k]
+    first = reference.index(eos)  # the first occurrence decides
+    completion = engine.complete(PROMPT, max_new_tokens=N, eos_token_id=eos)
+    assert completion.token_ids == reference[: first + 1]
+    assert completion.stats.finish_reason == "eos"
+    assert completion.stats.steps < first + 1  # it was inside a multi-token step
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 11])
+def test_max_new_tokens_inside_a_draft(setup, limit: int) -> None:
+    engine, reference = setup
+    completion = engine.complete(PROMPT, max_new_tokens=limit)
+    assert completion.token_ids == reference[:limit]
+    assert completion.stats.new_tokens == limit and completion.stats.finish_reason == "length"
+
+
+def test_multi_token_stop_string_cuts_after_its_last_token(setup) -> None:
+    engine, reference = setup
+    tokenizer = CharTokenizer()
+    stop = tokenizer.decode(reference[6:9])
+    first = tokenizer.decode(reference).find(stop)
+    completion = engine.complete(PROMPT, max_new_tokens=N, stop_strings=[stop])
+    assert completion.token_ids == reference[: first + 3]
+    assert completion.text == tokenizer.decode(reference)[:first]
+    assert completion.stats.finish_reason == "stop_string"
+
+
+def test_stream_chunks_concatenate_to_the_text_and_hold_back_partial_stops(setup) -> None:
+    engine, reference = setup
+    text = CharTokenizer().decode(reference)
+    never = text[4] + "\u00e9"  # starts like a character of the answer, never completes
+    stream = engine.stream(PROMPT, max_new_tokens=N, stop_strings=[never])
+    chunks = list(stream)
+    assert "".join(chunks) == text == stream.text
+    assert len(chunks) > 1
+    assert not any(c.endswith(text[4]) for c in chunks[:-1])  # held back until decided
+    assert stream.stats.finish_reason == "length"
+
+
+def test_text_assembler_holds_back_a_stop_prefix_until_decided() -> None:
+    tok = CharTokenizer()
+    asm = TextAssembler(tok, stop_strings=[tok.decode([5, 6])])
+    assert asm.push([1, 2, 5]) == ([1, 2, 5], tok.decode([1, 2]))
+    assert asm.push([7]) == ([7], tok.decode([5, 7]))
+    kept, chunk = asm.push([5, 6, 8])
+    assert kept == [5, 6] and chunk == "" and asm.stopped
+    assert asm.flush() == ""
+
+
+def test_text_assembler_never_splits_a_multibyte_character() -> None:
+    class Bytes:
+        def decode(self, ids, skip_special_tokens=True):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    data = list("naïve 😀 ok".encode())
+    asm = TextAssembler(Bytes())
+    chunks = [asm.push([b])[1] for b in data] + [asm.flush()]
+    assert "".join(chunks) == "naïve 😀 ok"
+    assert not any("\ufffd" in c for c in chunks)
+
+
+def test_abandoned_stream_releases_the_calls_branches(setup) -> None:
+    engine, _ = setup
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
+    next(stream)
+    assert len(engine.trie.owners()) == 2
+    stream.close()
+    assert engine.trie.owners() == {OUTPUT_OWNER}
+    assert stream.stats.finish_reason == "abandoned"
+
+
+def test_an_error_inside_generation_releases_the_branches() -> None:
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer())
+    assert engine.tree_verification
+    params = GenerationParams(max_new_tokens=4)
+    stream = engine.stream([1, 2, 3], params, documents=["一丁"])
+    engine.model.forward, original = None, engine.model.forward  # type: ignore[assignment]
+    try:
+        with pytest.raises(TypeError):
+            next(stream)
+    finally:
+        engine.model.forward = original  # type: ignore[method-assign]
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+class MaskIgnoringLlama(LlamaForCausalLM):
+    """A model that silently drops custom 4-D masks, as some attention kernels do."""
+
+    def forward(self, *args, attention_mask=None, **kwargs):
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = None
+        return super().forward(*args, attention_mask=attention_mask, **kwargs)
+
+
+def test_a_model_that_cannot_verify_trees_decodes_plainly_with_one_warning() -> None:
+    torch.manual_seed(0)
+    model = MaskIgnoringLlama(tiny_config("llama")).eval()
+    reference = greedy_reference(model, PROMPT, N)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine.trie.insert(PROMPT + reference, OUTPUT_OWNER)
+    with pytest.warns(UserWarning, match="cannot verify draft trees"):
+        first = engine.complete(PROMPT, max_new_tokens=N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = engine.complete(PROMPT, max_new_tokens=N)
+    assert first.token_ids == second.token_ids == reference
+    assert not engine.tree_verification and first.stats.steps == N - 1
+
+
+def test_a_sliding_window_too_short_for_the_call_decodes_plainly() -> None:
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny_config("mistral", sliding_window=16)).eval()
+    reference = greedy_reference(model, PROMPT, N)
+    engine = LookaheadEngine(model, CharTokenizer())
+    with pytest.warns(UserWarning, match="sliding attention window"):
+        completion = engine.complete(PROMPT, max_new_tokens=N)
+    assert completion.token_ids == reference
+
+
+def test_mode_off_is_plain_decoding() -> None:
+    model = tiny_model("qwen2")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="off"))
+    completion = engine.complete(PROMPT, max_new_tokens=N)
+    assert completion.token_ids == greedy_reference(model, PROMPT, N)
+    assert sum(completion.stats.drafted_per_step) == 0
+
+
+@pytest.mark.parametrize(
+    "prompt, kwargs, error",
+    [
+        ([], {}, ValueError),
+        ("", {}, ValueError),
+        ([1] * 600, {}, ValueError),  # the tiny models' context window is 512
+        ([1, 2], {"max_new_tokens": 0}, ValueError),
+        ([1, 2], {"max_new_tokens": -3}, ValueError),
+        ([1, 2], {"temperature": 0.0}, ValueError),
+        ([{"role": "user", "content": "hi"}], {}, ValueError),  # no chat template
+        ([1.5, 2], {}, TypeError),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_leaves_nothing_behind(prompt, kwargs, error) -> None:
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer())
+    engine.tokenizer.encode = lambda text: []  # type: ignore[method-assign]
+    with pytest.raises(error):
+        engine.stream(prompt, **kwargs)
+    assert len(engine.trie) == 0
+
+
+def test_context_window_is_never_exceeded() -> None:
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer())
+    completion = engine.complete([1] * 505, max_new_tokens=50)
+    assert completion.stats.finish_reason == "context_window"
+    assert completion.stats.prompt_tokens + completion.stats.new_tokens == 512
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="min_query_length"):
+        LookaheadConfig(min_query_length=3, max_query_length=2)
+    with pytest.raises(ValueError, match="mode"):
+        LookaheadConfig(mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        LookaheadConfig(decoding_length=0)
+    with pytest.raises(ValueError):
+        GenerationParams(top_p=1.5)
+    assert GenerationParams(eos_token_id=4, stop_strings="x").eos_token_id == (4,)

@@ -1,0 +1,85 @@
+"""The proof of losslessness: lookahead output == plain greedy `generate`, whatever is drafted."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fakes import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+
+NEW_TOKENS = 24
+
+
+def noisy_copies(reference: list[int], rng: random.Random, count: int) -> list[list[int]]:
+    """Trie contents: pieces of the true continuation with mutations, plus random junk."""
+    docs = []
+    for _ in range(count):
+        start = rng.randrange(len(reference))
+        piece = reference[start : start + rng.randint(2, 16)]
+        piece = [rng.randrange(VOCAB) if rng.random() < 0.15 else t for t in piece]
+        docs.append(piece)
+    docs.append([rng.randrange(VOCAB) for _ in range(rng.randint(0, 40))])
+    return docs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    seed=st.integers(0, 2**16),
+    decoding_length=st.integers(1, 24),
+    branch_length=st.integers(1, 8),
+    query=st.integers(1, 3),
+)
+def test_engine_matches_greedy(
+    family: str, prompt: list[int], seed: int, decoding_length: int, branch_length: int, query: int
+) -> None:
+    model = tiny_model(family)
+    reference = greedy_reference(model, prompt, NEW_TOKENS)
+    config = LookaheadConfig(
+        decoding_length=decoding_length,
+        branch_length=branch_length,
+        max_query_length=query,
+        min_query_length=1,
+    )
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    rng = random.Random(seed)
+    for doc in noisy_copies(reference, rng, rng.randint(0, 6)):
+        engine.trie.insert(doc, OUTPUT_OWNER)
+    completion = engine.complete(prompt, max_new_tokens=NEW_TOKENS)
+    assert completion.token_ids == reference
+    stats = completion.stats
+    assert stats.new_tokens == NEW_TOKENS and stats.finish_reason == "length"
+    assert stats.steps == len(stats.accepted_per_step) == len(stats.drafted_per_step)
+    assert all(a <= d for a, d in zip(stats.accepted_per_step, stats.drafted_per_step))
+    assert 1 + stats.steps + sum(stats.accepted_per_step) == NEW_TOKENS
+    assert len(engine.trie) == engine.trie.count_owned(OUTPUT_OWNER)  # the call's branches are gone
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_full_continuation_in_the_trie_is_accepted_in_few_steps(family: str) -> None:
+    model = tiny_model(family)
+    prompt = [5, 17, 33, 2]
+    reference = greedy_reference(model, prompt, NEW_TOKENS)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine.trie.insert(prompt + reference, OUTPUT_OWNER)
+    completion = engine.complete(prompt, max_new_tokens=NEW_TOKENS)
+    assert completion.token_ids == reference
+    assert completion.stats.steps < NEW_TOKENS // 2
+    assert engine.tree_verification
+
+
+def test_documents_drive_drafts_and_are_eliminated() -> None:
+    model = tiny_model("llama")
+    tokenizer = CharTokenizer()
+    prompt = [9, 8, 7]
+    reference = greedy_reference(model, prompt, NEW_TOKENS)
+    engine = LookaheadEngine(model, tokenizer, LookaheadConfig(min_query_length=1))
+    document = tokenizer.decode(prompt + reference)
+    completion = engine.complete(prompt, max_new_tokens=NEW_TOKENS, documents=[document])
+    assert completion.token_ids == reference
+    assert sum(completion.stats.accepted_per_step) > NEW_TOKENS // 2
+    assert engine.trie.owners() <= {OUTPUT_OWNER}

@@ -1,0 +1,87 @@
+"""Sampling through draft trees draws from the model's own processed distribution."""
+
+import itertools
+import math
+from collections import Counter
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from fakes import CharTokenizer, tiny_model
+from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+
+VOCAB = 5
+PROMPT = [1, 2, 3]
+SAMPLES = 2000
+PARAMS = GenerationParams(
+    max_new_tokens=5, do_sample=True, temperature=0.7, top_k=4, top_p=0.9, repetition_penalty=1.3
+)
+
+
+def exact_distribution(model) -> dict[tuple[int, ...], float]:
+    """P(t1, t2, t3) from plain forwards of every prefix, processed like `generate` does."""
+    processors = LogitsProcessorList(
+        [
+            RepetitionPenaltyLogitsProcessor(1.3),
+            TemperatureLogitsWarper(0.7),
+            TopKLogitsWarper(4),
+            TopPLogitsWarper(0.9),
+        ]
+    )
+
+    def next_probs(prefix: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(torch.tensor([prefix])).logits[:, -1].float()
+        return torch.softmax(processors(torch.tensor([prefix]), logits), -1)[0]
+
+    dist = {}
+    for triple in itertools.product(range(VOCAB), repeat=3):
+        p = 1.0
+        for i, token in enumerate(triple):
+            p *= next_probs(PROMPT + list(triple[:i]))[token].item()
+            if p == 0:
+                break
+        dist[triple] = p
+    return dist
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Upper 0.001 quantile of chi-square (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_triples_follow_the_model_distribution() -> None:
+    model = tiny_model("llama", seed=1, vocab=VOCAB)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    for triple in itertools.product(range(VOCAB), repeat=3):  # draft every continuation,
+        for _ in range(1 + sum(triple) % 3):  # with uneven counts for deep and wide trees
+            engine.trie.insert(PROMPT[-2:] + list(triple), OUTPUT_OWNER)
+    counts: Counter = Counter()
+    drafted = accepted = 0
+    for seed in range(SAMPLES):
+        completion = engine.complete(PROMPT, PARAMS.with_overrides(seed=seed))
+        counts[tuple(completion.token_ids[:3])] += 1  # later tokens leave this marginal alone
+        drafted += sum(completion.stats.drafted_per_step)
+        accepted += sum(completion.stats.accepted_per_step)
+    assert accepted > SAMPLES // 4 and drafted > accepted  # the tree did the work
+
+    expected = exact_distribution(model)
+    assert all(expected[k] > 0 for k in counts), "sampled a token the processors forbid"
+    # Pool the rare cells so every cell expects at least 5 draws.
+    stat, df, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
+    for key, p in sorted(expected.items(), key=lambda kv: kv[1]):
+        pooled_obs += counts[key]
+        pooled_exp += p * SAMPLES
+        if pooled_exp >= 5:
+            stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+            df += 1
+            pooled_obs, pooled_exp = 0, 0.0
+    assert df >= 5
+    assert stat < chi2_critical(df), (stat, df)

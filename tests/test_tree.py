@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from rag_lookahead.tree import DraftTree
+
+
+def two_branch_tree() -> DraftTree:
+    # root 10 -> 11 -> 12, and root 10 -> 13 -> 14 -> 15 ; pre-order
+    return DraftTree((10, 11, 12, 13, 14, 15), (-1, 0, 1, 0, 3, 4), "trie")
+
+
+def test_exact_ancestor_mask() -> None:
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 0, 0, 1, 0, 0],
+            [1, 0, 0, 1, 1, 0],
+            [1, 0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(two_branch_tree().ancestor_mask(), expected)
+
+
+def test_exact_inputs_over_a_cache() -> None:
+    tree = two_branch_tree()
+    inputs = tree.inputs(past_length=3, device=torch.device("cpu"), dtype=torch.float32)
+    assert inputs.input_ids.tolist() == [[10, 11, 12, 13, 14, 15]]
+    assert inputs.position_ids.tolist() == [[3, 4, 5, 4, 5, 6]]
+    mask = inputs.attention_mask
+    assert mask.shape == (1, 1, 6, 9) and mask.dtype == torch.float32
+    visible = mask[0, 0] == 0
+    assert visible[:, :3].all()  # every node sees the whole cache
+    assert torch.equal(visible[:, 3:], tree.ancestor_mask())
+    assert (mask[0, 0][~visible] == torch.finfo(torch.float32).min).all()
+
+
+def test_positions_equal_row_sums_minus_one() -> None:
+    tree = two_branch_tree()
+    assert list(tree.depths) == (tree.ancestor_mask().sum(-1) - 1).tolist()
+
+
+def test_children_paths_and_from_draft() -> None:
+    tree = DraftTree.from_draft(10, [11, 12, 13], [-1, 0, -1], "trie")
+    assert tree.tokens == (10, 11, 12, 13) and tree.parents == (-1, 0, 1, 0)
+    assert tree.child(0, 11) == 1 and tree.child(0, 13) == 3 and tree.child(0, 12) is None
+    assert tree.path(2) == [0, 1, 2]
+    assert DraftTree.from_draft(10, [], [], "trie").source == "none"
+    assert len(DraftTree.root_only(5)) == 1
+
+
+@pytest.mark.parametrize(
+    "tokens, parents",
+    [((), ()), ((1, 2), (-1, 5)), ((1, 2), (0, -1)), ((1, 2, 2), (-1, 0, 0)), ((1, 2), (-1,))],
+)
+def test_malformed_trees_are_rejected(tokens: tuple, parents: tuple) -> None:
+    with pytest.raises(ValueError):
+        DraftTree(tokens, parents)

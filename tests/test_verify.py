@@ -1,0 +1,60 @@
+import torch
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+from rag_lookahead.config import GenerationParams
+from rag_lookahead.tree import DraftTree
+from rag_lookahead.verify import TokenChooser, accept, node_prefixes
+
+TREE = DraftTree((10, 11, 12, 13, 14), (-1, 0, 1, 0, 3))  # 10 -> 11 -> 12 ; 10 -> 13 -> 14
+
+
+def test_accept_follows_the_agreeing_branch_and_adds_a_bonus_token() -> None:
+    # chosen token per node: root picks 13, node 3 (13) picks 14, node 4 (14) picks 7
+    result = accept(TREE, [13, 99, 99, 14, 7])
+    assert result.tokens == [13, 14, 7]
+    assert result.nodes == [0, 3, 4]
+
+
+def test_accept_with_no_match_is_one_plain_token() -> None:
+    result = accept(TREE, [42, 0, 0, 0, 0])
+    assert result.tokens == [42] and result.nodes == [0]
+
+
+def test_node_prefixes_pad_with_the_root_token() -> None:
+    rows = node_prefixes(torch.tensor([[1, 2, 10]]), TREE)
+    assert rows.tolist() == [
+        [1, 2, 10, 10, 10],
+        [1, 2, 10, 11, 10],
+        [1, 2, 10, 11, 12],
+        [1, 2, 10, 13, 10],
+        [1, 2, 10, 13, 14],
+    ]
+
+
+def test_repetition_penalty_uses_each_nodes_own_prefix() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(len(TREE), 20).abs() + 1.0
+    chooser = TokenChooser(GenerationParams(repetition_penalty=1.5), torch.device("cpu"))
+    context = [1, 2, 10]
+    chosen = chooser.choose(logits, context, TREE)
+    penalty = RepetitionPenaltyLogitsProcessor(1.5)
+    for node in range(len(TREE)):
+        prefix = context + [TREE.tokens[i] for i in TREE.path(node)[1:]]
+        want = penalty(torch.tensor([prefix]), logits[node : node + 1].clone()).argmax().item()
+        assert chosen[node] == want
+
+
+def test_greedy_is_argmax_per_node() -> None:
+    logits = torch.randn(len(TREE), 50)
+    chooser = TokenChooser(GenerationParams(), torch.device("cpu"))
+    assert chooser.choose(logits, [1], TREE) == logits.argmax(-1).tolist()
+
+
+def test_seeded_sampling_is_reproducible() -> None:
+    logits = torch.randn(len(TREE), 50)
+    params = GenerationParams(do_sample=True, seed=3, top_k=5)
+    a = TokenChooser(params, torch.device("cpu")).choose(logits, [1], TREE)
+    b = TokenChooser(params, torch.device("cpu")).choose(logits, [1], TREE)
+    assert a == b
+    top5 = logits.topk(5, dim=-1).indices
+    assert all(tok in top5[i].tolist() for i, tok in enumerate(a))
