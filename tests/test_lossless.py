@@ -26,7 +26,7 @@ def noisy_copies(reference: list[int], rng: random.Random, count: int) -> list[l
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
     seed=st.integers(0, 2**16),

@@ -53,12 +53,49 @@ def build(inserts: list[tuple[str, list[int]]], **kwargs: int) -> TokenTrie:
     return trie
 
 
+def visible_subtree(
+    trie: TokenTrie, anchor: tuple[int, ...], owner: str | None
+) -> list[tuple[tuple[int, ...], Node]]:
+    """All visible nodes under ``anchor`` (which must exist) within branch_length, with paths."""
+    node = trie.root
+    for tok in anchor:
+        node = node.children[tok]
+    out: list[tuple[tuple[int, ...], Node]] = []
+    stack = [(anchor, node)]
+    while stack:
+        path, node = stack.pop()
+        if len(path) - len(anchor) == trie.branch_length:
+            continue
+        for tok, child in node.children.items():
+            if owner in child.counts or OUTPUT_OWNER in child.counts:
+                out.append((path + (tok,), child))
+                stack.append((path + (tok,), child))
+    return out
+
+
+def visible_walk(trie: TokenTrie, path: tuple[int, ...], owner: str | None) -> Node | None:
+    """The node at ``path`` if every step is visible to ``owner``."""
+    node = trie.root
+    for tok in path:
+        child = node.children.get(tok)
+        if child is None or not (owner in child.counts or OUTPUT_OWNER in child.counts):
+            return None
+        node = child
+    return node
+
+
 # ---- construction -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_query_length": 0}, {"branch_length": -1}, {"max_nodes": 10}, {"branch_length": 2.0}, {"max_nodes": True}],
+    [
+        {"max_query_length": 0},
+        {"branch_length": -1},
+        {"max_nodes": 10},
+        {"branch_length": 2.0},
+        {"max_nodes": True},
+    ],
 )
 def test_constructor_validates(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -170,6 +207,7 @@ def test_draft_longest_suffix_with_fallback() -> None:
     tokens, _, match = trie.draft([6, 2], "A", 5)  # (6, 2) is unknown -> fall back to (2,)
     assert match == 1 and sorted(tokens) == [3, 8]
     assert trie.draft([6, 2], "A", 5, min_match=2) == ([], [], 0)
+    assert trie.draft([9, 1, 2], "A", 1, min_match=3) == ([], [], 0)  # longer than max_query_length
     # (4, 1) exists but has no continuation: fall back to (1,), which does.
     assert trie.draft([4, 1], "A", 1) == ([2], [-1], 1)
     assert trie.draft([], "A", 3) == ([], [], 0)
@@ -198,28 +236,13 @@ def test_draft_ranks_query_counts_before_output_counts() -> None:
     assert trie.draft([1], None, 2) == ([3], [-1], 1)
 
 
-def visible_subtree(
-    trie: TokenTrie, anchor: tuple[int, ...], owner: str | None
-) -> list[tuple[tuple[int, ...], Node]]:
-    """All visible nodes under ``anchor`` (which must exist) within branch_length, with paths."""
-    node = trie.root
-    for tok in anchor:
-        node = node.children[tok]
-    out: list[tuple[tuple[int, ...], Node]] = []
-    stack = [(anchor, node)]
-    while stack:
-        path, node = stack.pop()
-        if len(path) - len(anchor) == trie.branch_length:
-            continue
-        for tok, child in node.children.items():
-            if owner in child.counts or OUTPUT_OWNER in child.counts:
-                out.append((path + (tok,), child))
-                stack.append((path + (tok,), child))
-    return out
-
-
 @FAST
-@given(inserts_st, st.lists(st.integers(0, 5), max_size=4), st.sampled_from(["a", "b", None]), st.integers(1, 12))
+@given(
+    inserts_st,
+    st.lists(st.integers(0, 5), max_size=4),
+    st.sampled_from(["a", "b", None]),
+    st.integers(1, 12),
+)
 def test_draft_is_top_k_in_preorder(
     inserts: list[tuple[str, list[int]]], context: list[int], owner: str | None, length: int
 ) -> None:
@@ -247,19 +270,9 @@ def test_draft_is_top_k_in_preorder(
     for i in range(len(tokens)):  # siblings listed best first
         sibs = [key(nodes[paths[j]]) for j in range(len(tokens)) if parents[j] == parents[i]]
         assert sibs == sorted(sibs)
-    for longer in range(match + 1, min(len(context), trie.max_query_length) + 1):
-        node = visible_walk(trie, context[len(context) - longer :], owner)
-        assert node is None or not visible_subtree(trie, tuple(context[len(context) - longer :]), owner)
-
-
-def visible_walk(trie: TokenTrie, path: list[int], owner: str | None) -> Node | None:
-    node = trie.root
-    for tok in path:
-        child = node.children.get(tok)
-        if child is None or not (owner in child.counts or OUTPUT_OWNER in child.counts):
-            return None
-        node = child
-    return node
+    for longer in range(match + 1, min(len(context), trie.max_query_length) + 1):  # longest usable match
+        suffix = tuple(context[len(context) - longer :])
+        assert visible_walk(trie, suffix, owner) is None or not visible_subtree(trie, suffix, owner)
 
 
 # ---- pruning ------------------------------------------------------------------------------
@@ -302,22 +315,28 @@ def test_prune_removes_output_only_nodes_first_and_decays() -> None:
     for path, counts in after.items():
         old = before[path]
         assert counts.get("q") == old["q"]
-        assert counts.get(OUTPUT_OWNER) == (None if OUTPUT_OWNER not in old else (old[OUTPUT_OWNER] + 1) // 2)
+        decayed = (old[OUTPUT_OWNER] + 1) // 2 if OUTPUT_OWNER in old else None
+        assert counts.get(OUTPUT_OWNER) == decayed
     check_invariants(trie)
     assert trie.prune(target=len(trie)) == 0
 
 
 def test_prune_removes_least_frequent_deepest_first() -> None:
-    trie = build([(OUTPUT_OWNER, [1, 2, 3])] * 2 + [(OUTPUT_OWNER, [4, 5])], max_query_length=1, branch_length=2)
+    inserts = [(OUTPUT_OWNER, [1, 2, 3])] * 2 + [(OUTPUT_OWNER, [4, 5])]
+    trie = build(inserts, max_query_length=1, branch_length=2)
     assert trie.prune(target=len(trie) - 1) == 1
     # (4,), (5,) and (4, 5) have the lowest count; the deepest goes first.
     assert trie.counts_at([4, 5]) == {} and trie.counts_at([4]) == {OUTPUT_OWNER: 1}
     assert trie.counts_at([1, 2, 3]) == {OUTPUT_OWNER: 1}  # decayed from 2
 
 
-def test_prune_validates_target() -> None:
+def test_default_prune_target_and_validation() -> None:
+    trie = build([("a", list(range(1000)))], max_query_length=1, branch_length=1, max_nodes=1000)
+    assert len(trie) <= 1000
+    trie.prune()
+    assert len(trie) <= 750
     with pytest.raises(ValueError):
-        TokenTrie().prune(-1)
+        trie.prune(-1)
 
 
 # ---- persistence --------------------------------------------------------------------------

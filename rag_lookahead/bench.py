@@ -1,0 +1,162 @@
+"""Benchmark: plain greedy `generate`, HF prompt lookup, and this engine on the same prompts.
+
+Methods run alternately per record (the order rotates), so a busy machine slows all of them
+alike; compare the ratios, not one absolute time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.prompts import encode_prompt, rag_messages
+
+__all__ = ["METHODS", "MethodResult", "load_records", "run_benchmark"]
+
+METHODS = ("greedy", "prompt_lookup", "lookahead")
+PROMPT_LOOKUP_TOKENS = 10
+
+
+@dataclass
+class MethodResult:
+    """Totals for one method over all records."""
+
+    seconds: float = 0.0
+    new_tokens: int = 0
+    identical_to_greedy: int = 0
+    steps: int = 0  # forward passes after the prefill (engine only)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def load_records(path: Path, limit: int | None = None) -> list[dict[str, str]]:
+    """JSONL records with at least ``question`` and ``context``."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not {"question", "context"} <= record.keys():
+                raise ValueError(f"{path}:{n}: a record needs 'question' and 'context' fields")
+            records.append(record)
+            if limit is not None and len(records) >= limit:
+                break
+    if not records:
+        raise ValueError(f"{path} holds no records")
+    return records
+
+
+def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Callable[[list[int]], tuple[list[int], int]]:
+    model = engine.model
+
+    def run(ids: list[int]) -> tuple[list[int], int]:
+        input_ids = torch.tensor([ids], device=engine.device)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
+                **extra,
+            )
+        return out[0, len(ids) :].tolist(), 0
+
+    return run
+
+
+def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Callable[[list[int]], tuple[list[int], int]]:
+    def run(ids: list[int]) -> tuple[list[int], int]:
+        completion = engine.complete(ids, max_new_tokens=max_new_tokens)
+        return completion.token_ids, completion.stats.steps
+
+    return run
+
+
+def run_benchmark(
+    engine: LookaheadEngine,
+    records: Sequence[dict[str, str]],
+    max_new_tokens: int,
+    methods: Iterable[str] = METHODS,
+    progress: Callable[[Iterable[Any]], Iterator[Any]] = iter,
+) -> dict[str, Any]:
+    """Time each method on each record; return the JSON-ready summary."""
+    chosen = ["greedy", *(m for m in METHODS if m in set(methods) and m != "greedy")]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
+    runners = {
+        "greedy": _hf_runner(engine, max_new_tokens),
+        "prompt_lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
+        "lookahead": _engine_runner(engine, max_new_tokens),
+    }
+    prompts = [encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])) for r in records]
+    for name in chosen:  # warm-up: first-call costs (allocations, the probe) are not timed
+        runners[name](prompts[0][-32:])
+    results = {name: MethodResult() for name in chosen}
+    for i, ids in enumerate(progress(prompts)):
+        order = chosen[i % len(chosen) :] + chosen[: i % len(chosen)]
+        for name in order:
+            start = time.perf_counter()
+            tokens, steps = runners[name](ids)
+            result = results[name]
+            result.seconds += time.perf_counter() - start
+            result.new_tokens += len(tokens)
+            result.steps += steps
+            result.outputs.append(tokens)
+    return _summary(engine, results, len(prompts), max_new_tokens)
+
+
+def _summary(
+    engine: LookaheadEngine, results: dict[str, MethodResult], records: int, max_new_tokens: int
+) -> dict[str, Any]:
+    greedy = results["greedy"]
+    pld = results.get("prompt_lookup")
+    methods = {}
+    for name, r in results.items():
+        r.identical_to_greedy = sum(a == b for a, b in zip(r.outputs, greedy.outputs))
+        methods[name] = {
+            "seconds": round(r.seconds, 4),
+            "new_tokens": r.new_tokens,
+            "tokens_per_s": round(r.tokens_per_s, 3),
+            "identical_to_greedy": r.identical_to_greedy,
+            # Tokens per forward after the prefill (each record's first token is the prefill's).
+            "mean_accepted_per_step": round((r.new_tokens - records) / r.steps, 3) if r.steps else None,
+            "speedup_vs_greedy": round(r.tokens_per_s / greedy.tokens_per_s, 3),
+            "speedup_vs_prompt_lookup": round(r.tokens_per_s / pld.tokens_per_s, 3) if pld else None,
+        }
+    return {
+        "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
+        "device": str(engine.device),
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "records": records,
+        "max_new_tokens": max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "lookahead_config": {k: v for k, v in vars(engine.config).items()},
+        "methods": methods,
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """A plain-text table of the summary."""
+    head = f"{'method':<14}{'seconds':>9}{'tokens':>8}{'tok/s':>8}{'same':>6}{'acc/step':>9}{'vs greedy':>10}{'vs PLD':>8}"
+    lines = [head, "-" * len(head)]
+    for name, m in summary["methods"].items():
+        acc = f"{m['mean_accepted_per_step']:.2f}" if m["mean_accepted_per_step"] else "-"
+        pld = f"{m['speedup_vs_prompt_lookup']:.2f}x" if m["speedup_vs_prompt_lookup"] else "-"
+        lines.append(
+            f"{name:<14}{m['seconds']:>9.2f}{m['new_tokens']:>8}{m['tokens_per_s']:>8.2f}"
+            f"{m['identical_to_greedy']:>4}/{summary['records']:<1}{acc:>9}"
+            f"{m['speedup_vs_greedy']:>9.2f}x{pld:>8}"
+        )
+    return "\n".join(lines)
