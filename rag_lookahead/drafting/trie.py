@@ -7,24 +7,20 @@ Owners are query ids (prompt and retrieved documents) plus ``OUTPUT_OWNER`` for 
 
 from __future__ import annotations
 
-import gzip
 import heapq
-import json
 import operator
 import os
 from itertools import chain
-from typing import IO, Any, Iterator, Sequence
+from typing import Iterator, Sequence
 from weakref import WeakSet
 
 __all__ = ["OUTPUT_OWNER", "Node", "TokenTrie", "TrieStream"]
 
 OUTPUT_OWNER = "__output__"
 
-_FORMAT = "rag-lookahead-trie"
-_VERSION = 1
 _MIN_NODES = 1000
 _PRUNE_FRACTION = 0.75
-_NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owner
+NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owner
 
 # (-query count, -output count, creation order, node): heap order = best first, ties deterministic.
 _Entry = tuple[int, int, int, "Node"]
@@ -269,7 +265,7 @@ class TokenTrie:
         if decoding_length == 0 or len(context) == 0:
             return [], [], 0
         tail = _as_tokens(context[-self._max_query_length :])
-        owner = owner or _NO_OWNER
+        owner = owner or NO_OWNER
         for length in range(len(tail), min_match - 1, -1):
             anchor = self._walk(tail[len(tail) - length :], owner)
             if anchor is None:
@@ -319,71 +315,27 @@ class TokenTrie:
         return tokens, parents
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the trie as JSON (gzip when ``path`` ends with .gz), atomically."""
-        nodes = sorted(self._iter_nodes(), key=lambda node: node.order)
-        index = {node: i for i, node in enumerate(nodes)}
-        index[self._root] = -1
-        payload = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "max_query_length": self._max_query_length,
-            "branch_length": self._branch_length,
-            "max_nodes": self._max_nodes,
-            # Creation order with parent indices: parents precede children and ties replay exactly.
-            "nodes": [[n.token, index[n.parent], n.counts] for n in nodes],  # type: ignore[index]
-        }
-        tmp = f"{os.fspath(path)}.tmp"
-        try:
-            with _open_text(path, "w", tmp) as handle:
-                json.dump(payload, handle, separators=(",", ":"))
-            os.replace(tmp, path)  # a crash mid-write never leaves a truncated trie behind
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        """Write the trie as versioned JSON (gzip when ``path`` ends with .gz), atomically."""
+        from rag_lookahead.drafting.trie_io import save_trie
+
+        save_trie(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TokenTrie:
         """Read a trie written by ``save``; raises ValueError on a malformed or foreign file."""
-        try:
-            with _open_text(path, "r") as handle:
-                payload = json.load(handle)
-        except (ValueError, EOFError, gzip.BadGzipFile) as exc:
-            raise ValueError(f"{os.fspath(path)}: not a readable trie file ({exc})") from exc
-        if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
-            raise ValueError(f"{os.fspath(path)}: not a {_FORMAT} file")
-        if payload.get("version") != _VERSION:
-            found = payload.get("version")
-            raise ValueError(f"{os.fspath(path)}: unsupported trie version {found!r}, expected {_VERSION}")
-        params = [payload.get(key) for key in ("max_query_length", "branch_length", "max_nodes")]
-        trie = cls(*params)  # type: ignore[arg-type]
-        nodes = payload.get("nodes")
-        if not isinstance(nodes, list) or len(nodes) > trie.max_nodes:
-            raise ValueError(f"{os.fspath(path)}: 'nodes' must be a list of at most max_nodes entries")
-        built: list[Node] = []
-        for i, entry in enumerate(nodes):
-            built.append(trie._restore(i, entry, built))
-        return trie
+        from rag_lookahead.drafting.trie_io import load_trie
 
-    def _restore(self, i: int, entry: Any, built: list[Node]) -> Node:
-        if not (isinstance(entry, list) and len(entry) == 3):
-            raise ValueError(f"trie node #{i}: expected [token, parent_index, counts]")
-        token, parent_index, counts = entry
-        if not (_is_int(token) and _is_int(parent_index) and -1 <= parent_index < i):
-            raise ValueError(f"trie node #{i}: bad token or parent index")
-        parent = self._root if parent_index == -1 else built[parent_index]
-        if token in parent.children or not isinstance(counts, dict) or not counts:
-            raise ValueError(f"trie node #{i}: duplicate child or empty counts")
-        for owner, count in counts.items():
-            limit = count if parent is self._root else parent.counts.get(owner, 0)
-            if owner == _NO_OWNER or not (_is_int(count) and 1 <= count <= limit):
-                raise ValueError(f"trie node #{i}: count for {owner!r} must be 1..parent's count")
-        node = Node(token, parent, parent.depth + 1, i + 1)
+        return load_trie(path)
+
+    def _restore_node(self, parent: Node, token: int, counts: dict[str, int]) -> Node:
+        """Attach a node read back from a file (validated by the caller), in creation order."""
+        node = Node(token, parent, parent.depth + 1, self._next_order)
+        self._next_order += 1
         parent.children[token] = node
         node.counts = dict(counts)
         for owner in counts:
             self._owned.setdefault(owner, set()).add(node)
         self._size += 1
-        self._next_order = i + 2
         return node
 
     def _iter_nodes(self) -> Iterator[Node]:
@@ -409,14 +361,6 @@ def _push_children(heap: list[_Entry], node: Node, owner: str, room: int) -> Non
         heapq.heappush(heap, entry)
 
 
-def _open_text(path: str | os.PathLike[str], mode: str, actual: str | None = None) -> IO[str]:
-    # ``path`` picks the compression; ``actual`` (a temporary file) is what gets opened.
-    where = os.fspath(path) if actual is None else actual
-    if os.fspath(path).endswith(".gz"):
-        return gzip.open(where, mode + "t", encoding="utf-8")  # type: ignore[return-value]
-    return open(where, mode, encoding="utf-8")
-
-
 def _as_tokens(tokens: Sequence[int]) -> list[int]:
     # operator.index accepts numpy/torch integer scalars but rejects floats.
     return [operator.index(token) for token in tokens]
@@ -432,5 +376,5 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 
 
 def _check_owner(owner: object) -> None:
-    if not isinstance(owner, str) or owner == _NO_OWNER:
+    if not isinstance(owner, str) or owner == NO_OWNER:
         raise ValueError(f"owner must be a non-empty str, got {owner!r}")
