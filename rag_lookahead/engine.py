@@ -23,6 +23,7 @@ from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
 from rag_lookahead.probe import sliding_window, tree_support_problem
 from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.stats import FinishReason
 from rag_lookahead.stream import Completion, StepRecorder, TextStream
 from rag_lookahead.text import TextAssembler
 from rag_lookahead.tree import DraftTree
@@ -215,7 +216,8 @@ class LookaheadEngine:
         tokens = chooser.choose(logits[-1:], ids, DraftTree.root_only(ids[-1]))
         rec.prefill_seconds = time.perf_counter() - rec.started
         while True:
-            tokens, reason = _truncate(tokens, eos, params.max_new_tokens - (len(ids) - len(prompt_ids)))
+            remaining = params.max_new_tokens - (len(ids) - len(prompt_ids))
+            tokens, reason = _truncate(tokens, eos, remaining)
             ids += tokens
             if drafter is not None:
                 drafter.observe(tokens)
@@ -227,10 +229,9 @@ class LookaheadEngine:
             if reason is not None:
                 return
             # 2) Draft, forward the tree, choose per node, accept, keep the path's cache.
+            # Room for the drafted tokens plus the model's own one, in the budget and the window.
             budget = min(
-                self.config.decoding_length,
-                params.max_new_tokens - (len(ids) - len(prompt_ids)) - 1,
-                window - len(ids) - 1,
+                self.config.decoding_length, remaining - len(tokens) - 1, window - len(ids) - 1
             )
             tree = DraftTree.root_only(ids[-1])
             if drafter is not None and budget > 0:
@@ -269,7 +270,9 @@ class LookaheadEngine:
         return out.logits[0], cache
 
 
-def _truncate(tokens: list[int], eos: set[int], remaining: int) -> tuple[list[int], Any]:
+def _truncate(
+    tokens: list[int], eos: set[int], remaining: int
+) -> tuple[list[int], FinishReason | None]:
     """Cut a step's tokens after the first EOS or at the token budget."""
     for i, token in enumerate(tokens[:remaining]):
         if token in eos:
