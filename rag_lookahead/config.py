@@ -8,7 +8,7 @@ from typing import Literal
 
 __all__ = ["GenerationParams", "LookaheadConfig", "Mode"]
 
-Mode = Literal["trie", "off"]
+Mode = Literal["auto", "trie", "off"]
 
 
 def _positive(name: str, value: int) -> None:
@@ -21,7 +21,9 @@ class LookaheadConfig:
     """Drafting settings, named as PIA names them.
 
     Attributes:
-        mode: ``"trie"`` drafts from the token trie; ``"off"`` is plain decoding.
+        mode: ``"auto"`` drafts from the token trie and verifies only as much of each draft as
+            pays for its forward on this hardware (measured); ``"trie"`` always verifies up to
+            ``decoding_length`` tokens; ``"off"`` is plain decoding.
         decoding_length: Most draft tokens verified in one forward (the tree size, root excluded).
         branch_length: Deepest draft branch, in tokens.
         max_query_length: Longest suffix of the context matched in the trie.
@@ -30,7 +32,7 @@ class LookaheadConfig:
         max_trie_nodes: Hard cap on trie nodes; least frequent nodes are pruned above it.
     """
 
-    mode: Mode = "trie"
+    mode: Mode = "auto"
     decoding_length: int = 16
     branch_length: int = 12
     max_query_length: int = 2
@@ -38,8 +40,8 @@ class LookaheadConfig:
     max_trie_nodes: int = 200_000
 
     def __post_init__(self) -> None:
-        if self.mode not in ("trie", "off"):
-            raise ValueError(f"mode must be 'trie' or 'off', got {self.mode!r}")
+        if self.mode not in ("auto", "trie", "off"):
+            raise ValueError(f"mode must be 'auto', 'trie' or 'off', got {self.mode!r}")
         for name in ("decoding_length", "branch_length", "max_query_length", "min_query_length"):
             _positive(name, getattr(self, name))
         if self.min_query_length > self.max_query_length:

@@ -12,11 +12,14 @@ import threading
 import time
 import uuid
 import warnings
-from typing import Any, Generator, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Generator, Iterable, Sequence
 
 import torch
 
+from rag_lookahead.budget import AcceptanceModel, plan_draft
 from rag_lookahead.cache import cache_kwarg, keep_accepted, new_tree_cache
+from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.drafting.base import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
@@ -47,7 +50,19 @@ class LookaheadEngine:
         tokenizer: Any,
         config: LookaheadConfig | None = None,
         trie: TokenTrie | None = None,
+        *,
+        cost_curve: CostCurve | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
+        """Wrap ``model`` and ``tokenizer``.
+
+        Args:
+            config: Drafting settings (`LookaheadConfig`).
+            trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
+            cost_curve: Forward costs by size, for ``mode="auto"``; measured on first use and
+                cached under ``cache_dir`` (default: `default_cache_dir`) when not given.
+            cache_dir: Where measured cost curves are kept.
+        """
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
         self.model = model
@@ -58,6 +73,9 @@ class LookaheadEngine:
             branch_length=self.config.branch_length,
             max_nodes=self.config.max_trie_nodes,
         )
+        self.acceptance = AcceptanceModel()
+        self._cost_curve = cost_curve
+        self._cache_dir = cache_dir
         self._lock = threading.RLock()
         self._cache_arg = cache_kwarg(model)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -235,14 +253,53 @@ class LookaheadEngine:
             )
             tree = DraftTree.root_only(ids[-1])
             if drafter is not None and budget > 0:
-                tree = drafter.propose(ids, budget)
+                tree = self._plan(drafter.propose(ids, budget))
             past = len(ids) - 1
             logits, cache = self._forward_tree(tree, cache, past)
             accepted = accept(tree, chooser.choose(logits, ids, tree))
             if len(tree) > 1:
                 keep_accepted(cache, past, len(tree), accepted.nodes)
+                with self._lock:
+                    self.acceptance.update(tree, accepted.nodes)
             rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
             tokens = accepted.tokens
+
+    def _plan(self, tree: DraftTree) -> DraftTree:
+        if self.config.mode != "auto" or len(tree) == 1:
+            return tree
+        with self._lock:
+            return plan_draft(tree, self.acceptance, self.cost_curve)
+
+    @property
+    def cost_curve(self) -> CostCurve:
+        """Forward seconds by number of new tokens, measured once and cached on disk."""
+        with self._lock:
+            if self._cost_curve is None:
+                from rag_lookahead.models import default_cache_dir
+
+                size = self.config.decoding_length + 1
+                key = curve_key(self.model, self.device, size)
+                directory = (self._cache_dir or default_cache_dir()) / "costs"
+                self._cost_curve = cached_curve(directory, key, lambda: measure_curve(self._forward_timer(), size))
+            return self._cost_curve
+
+    def _forward_timer(self) -> Callable[[int], float]:
+        """Times one forward over k chained draft tokens after a 256-token cache."""
+        vocab = int(self.model.config.vocab_size)
+        prompt = [(31 * i + 7) % vocab for i in range(256)]
+        _, cache = self._forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
+
+        def seconds(tokens: int) -> float:
+            tree = DraftTree(tuple(prompt[:tokens]), tuple(range(-1, tokens - 1)))
+            start = time.perf_counter()
+            self._forward_tree(tree, cache, len(prompt))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            elapsed = time.perf_counter() - start
+            cache.crop(-tokens)
+            return elapsed
+
+        return seconds
 
     def _forward_tree(self, tree: DraftTree, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
         if len(tree) == 1:  # plain decoding: the model's own causal path

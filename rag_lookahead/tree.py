@@ -33,11 +33,14 @@ class DraftTree:
         tokens: Token id per node; ``tokens[0]`` is the root.
         parents: Parent index per node; ``parents[0] == -1``.
         source: Where the draft came from (``"trie"``, ``"none"``), for the per-step stats.
+        estimates: The drafter's guess, per node, that the model picks this node's token given
+            that it picked its parent's; ``estimates[0]`` (the root) is 1. Empty means unknown (1).
     """
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     source: str = "none"
+    estimates: tuple[float, ...] = ()
     depths: tuple[int, ...] = field(init=False)
     _children: tuple[dict[int, int], ...] = field(init=False, repr=False, compare=False)
 
@@ -55,6 +58,10 @@ class DraftTree:
             children[parent][self.tokens[i]] = i
             children.append({})
             depths.append(depths[parent] + 1)
+        if not self.estimates:
+            object.__setattr__(self, "estimates", (1.0,) * len(self.tokens))
+        elif len(self.estimates) != len(self.tokens):
+            raise ValueError("a draft tree needs one estimate per node")
         object.__setattr__(self, "depths", tuple(depths))
         object.__setattr__(self, "_children", tuple(children))
 
@@ -65,11 +72,32 @@ class DraftTree:
 
     @classmethod
     def from_draft(
-        cls, root: int, tokens: Sequence[int], parents: Sequence[int], source: str
+        cls,
+        root: int,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        source: str,
+        estimates: Sequence[float] = (),
     ) -> DraftTree:
         """Attach a drafter's nodes (parent ``-1`` meaning the root) below ``root``."""
         return cls(
-            (root, *tokens), (-1, *(p + 1 for p in parents)), source if tokens else "none"
+            (root, *tokens),
+            (-1, *(p + 1 for p in parents)),
+            source if tokens else "none",
+            (1.0, *estimates) if estimates else (),
+        )
+
+    def subtree(self, keep: Sequence[int]) -> DraftTree:
+        """The tree restricted to the ``keep`` nodes (the root and every kept node's parent too)."""
+        kept = sorted(set(keep) | {0})
+        index = {old: new for new, old in enumerate(kept)}
+        if any(self.parents[i] not in index for i in kept[1:]):
+            raise ValueError("a subtree must keep the parent of every kept node")
+        return DraftTree(
+            tuple(self.tokens[i] for i in kept),
+            tuple(-1 if i == 0 else index[self.parents[i]] for i in kept),
+            self.source if len(kept) > 1 else "none",
+            tuple(self.estimates[i] for i in kept),
         )
 
     def __len__(self) -> int:

@@ -20,7 +20,7 @@ def setup() -> tuple[LookaheadEngine, list[int]]:
     """An engine whose trie holds the whole greedy continuation: every step drafts it."""
     model = tiny_model("llama")
     reference = greedy_reference(model, PROMPT, N)
-    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
     engine.trie.insert(PROMPT + reference, OUTPUT_OWNER)
     return engine, reference
 
@@ -126,7 +126,7 @@ def test_a_model_that_cannot_verify_trees_decodes_plainly_with_one_warning() -> 
     torch.manual_seed(0)
     model = MaskIgnoringLlama(tiny_config("llama")).eval()
     reference = greedy_reference(model, PROMPT, N)
-    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
     engine.trie.insert(PROMPT + reference, OUTPUT_OWNER)
     with pytest.warns(UserWarning, match="cannot verify draft trees"):
         first = engine.complete(PROMPT, max_new_tokens=N)

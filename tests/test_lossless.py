@@ -8,9 +8,16 @@ from hypothesis import strategies as st
 
 from fakes import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
 from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.costs import CostCurve
 from rag_lookahead.drafting import OUTPUT_OWNER
 
 NEW_TOKENS = 24
+# Injected forward costs: free drafting, a CPU-like curve, and one where drafting never pays.
+CURVES = {
+    "flat": CostCurve.flat(),
+    "cpu": CostCurve((1, 2, 8, 16, 64), (1.0, 1.6, 1.65, 1.9, 3.5)),
+    "steep": CostCurve((1, 2), (1.0, 50.0)),
+}
 
 
 def noisy_copies(reference: list[int], rng: random.Random, count: int) -> list[list[int]]:
@@ -33,19 +40,29 @@ def noisy_copies(reference: list[int], rng: random.Random, count: int) -> list[l
     decoding_length=st.integers(1, 24),
     branch_length=st.integers(1, 8),
     query=st.integers(1, 3),
+    mode=st.sampled_from(["trie", "auto"]),
+    curve=st.sampled_from(sorted(CURVES)),
 )
 def test_engine_matches_greedy(
-    family: str, prompt: list[int], seed: int, decoding_length: int, branch_length: int, query: int
+    family: str,
+    prompt: list[int],
+    seed: int,
+    decoding_length: int,
+    branch_length: int,
+    query: int,
+    mode: str,
+    curve: str,
 ) -> None:
     model = tiny_model(family)
     reference = greedy_reference(model, prompt, NEW_TOKENS)
     config = LookaheadConfig(
+        mode=mode,  # type: ignore[arg-type]
         decoding_length=decoding_length,
         branch_length=branch_length,
         max_query_length=query,
         min_query_length=1,
     )
-    engine = LookaheadEngine(model, CharTokenizer(), config)
+    engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=CURVES[curve])
     rng = random.Random(seed)
     for doc in noisy_copies(reference, rng, rng.randint(0, 6)):
         engine.trie.insert(doc, OUTPUT_OWNER)
@@ -64,7 +81,7 @@ def test_the_full_continuation_in_the_trie_is_accepted_in_few_steps(family: str)
     model = tiny_model(family)
     prompt = [5, 17, 33, 2]
     reference = greedy_reference(model, prompt, NEW_TOKENS)
-    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
     engine.trie.insert(prompt + reference, OUTPUT_OWNER)
     completion = engine.complete(prompt, max_new_tokens=NEW_TOKENS)
     assert completion.token_ids == reference
@@ -77,7 +94,7 @@ def test_documents_drive_drafts_and_are_eliminated() -> None:
     tokenizer = CharTokenizer()
     prompt = [9, 8, 7]
     reference = greedy_reference(model, prompt, NEW_TOKENS)
-    engine = LookaheadEngine(model, tokenizer, LookaheadConfig(min_query_length=1))
+    engine = LookaheadEngine(model, tokenizer, LookaheadConfig(mode="trie", min_query_length=1))
     document = tokenizer.decode(prompt + reference)
     completion = engine.complete(prompt, max_new_tokens=NEW_TOKENS, documents=[document])
     assert completion.token_ids == reference

@@ -59,7 +59,7 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
 
 def test_sampled_triples_follow_the_model_distribution() -> None:
     model = tiny_model("llama", seed=1, vocab=VOCAB)
-    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
     for triple in itertools.product(range(VOCAB), repeat=3):  # draft every continuation,
         for _ in range(1 + sum(triple) % 3):  # with uneven counts for deep and wide trees
             engine.trie.insert(PROMPT[-2:] + list(triple), OUTPUT_OWNER)

@@ -58,3 +58,13 @@ def test_children_paths_and_from_draft() -> None:
 def test_malformed_trees_are_rejected(tokens: tuple, parents: tuple) -> None:
     with pytest.raises(ValueError):
         DraftTree(tokens, parents)
+
+
+def test_subtree_keeps_order_parents_and_estimates() -> None:
+    tree = DraftTree((10, 11, 12, 13, 14, 15), (-1, 0, 1, 0, 3, 4), "trie", (1, 0.9, 0.5, 0.4, 0.3, 0.2))
+    sub = tree.subtree([1, 3, 4])
+    assert sub.tokens == (10, 11, 13, 14) and sub.parents == (-1, 0, 0, 2)
+    assert sub.estimates == (1, 0.9, 0.4, 0.3) and sub.source == "trie"
+    assert tree.subtree([]).source == "none" and len(tree.subtree([])) == 1
+    with pytest.raises(ValueError, match="parent"):
+        tree.subtree([2])

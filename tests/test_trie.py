@@ -144,7 +144,7 @@ def test_stream_tokens_visible_immediately() -> None:
     stream.extend([7, 8])
     assert trie.draft([7], None, 5)[0] == [8]
     stream.extend([9])
-    assert trie.draft([7, 8], None, 5) == ([9], [-1], 2)
+    assert trie.draft([7, 8], None, 5)[:3] == ([9], [-1], 2)
 
 
 # ---- elimination --------------------------------------------------------------------------
@@ -194,46 +194,46 @@ def test_stream_after_eliminating_its_owner_stays_consistent() -> None:
 
 def test_draft_visibility_excludes_other_queries() -> None:
     trie = build([("A", [1, 2, 3]), ("B", [1, 2, 9]), ("B", [5, 6])])
-    tokens, _, match = trie.draft([1, 2], "A", 10)
+    tokens, _, match, _ = trie.draft([1, 2], "A", 10)
     assert tokens == [3] and match == 2
-    assert trie.draft([5], "A", 10) == ([], [], 0)
-    assert trie.draft([1, 2], None, 10) == ([], [], 0)
-    assert trie.draft([1, 2], "C", 10) == ([], [], 0)
+    assert trie.draft([5], "A", 10)[:3] == ([], [], 0)
+    assert trie.draft([1, 2], None, 10)[:3] == ([], [], 0)
+    assert trie.draft([1, 2], "C", 10)[:3] == ([], [], 0)
 
 
 def test_draft_longest_suffix_with_fallback() -> None:
     trie = build([("A", [5, 1, 2, 3]), ("A", [7, 2, 8]), ("A", [4, 1])], max_query_length=2, branch_length=3)
-    assert trie.draft([9, 1, 2], "A", 1) == ([3], [-1], 2)
-    tokens, _, match = trie.draft([6, 2], "A", 5)  # (6, 2) is unknown -> fall back to (2,)
+    assert trie.draft([9, 1, 2], "A", 1)[:3] == ([3], [-1], 2)
+    tokens, _, match, _ = trie.draft([6, 2], "A", 5)  # (6, 2) is unknown -> fall back to (2,)
     assert match == 1 and sorted(tokens) == [3, 8]
-    assert trie.draft([6, 2], "A", 5, min_match=2) == ([], [], 0)
-    assert trie.draft([9, 1, 2], "A", 1, min_match=3) == ([], [], 0)  # longer than max_query_length
+    assert trie.draft([6, 2], "A", 5, min_match=2)[:3] == ([], [], 0)
+    assert trie.draft([9, 1, 2], "A", 1, min_match=3)[:3] == ([], [], 0)  # longer than max_query_length
     # (4, 1) exists but has no continuation: fall back to (1,), which does.
-    assert trie.draft([4, 1], "A", 1) == ([2], [-1], 1)
-    assert trie.draft([], "A", 3) == ([], [], 0)
-    assert trie.draft([1, 2], "A", 0) == ([], [], 0)
+    assert trie.draft([4, 1], "A", 1)[:3] == ([2], [-1], 1)
+    assert trie.draft([], "A", 3)[:3] == ([], [], 0)
+    assert trie.draft([1, 2], "A", 0)[:3] == ([], [], 0)
 
 
 def test_draft_respects_lengths() -> None:
     trie = build([("A", list(range(100)))], max_query_length=2, branch_length=3)
-    assert trie.draft([0], "A", 10) == ([1, 2, 3], [-1, 0, 1], 1)
-    assert trie.draft([0, 1], "A", 10) == ([2, 3, 4], [-1, 0, 1], 2)
-    assert trie.draft([0, 1], "A", 2) == ([2, 3], [-1, 0], 2)
+    assert trie.draft([0], "A", 10)[:3] == ([1, 2, 3], [-1, 0, 1], 1)
+    assert trie.draft([0, 1], "A", 10)[:3] == ([2, 3, 4], [-1, 0, 1], 2)
+    assert trie.draft([0, 1], "A", 2)[:3] == ([2, 3], [-1, 0], 2)
 
 
 def test_draft_preorder_best_first() -> None:
     inserts = [("A", [1, 2, 3]), ("A", [1, 2, 3]), ("A", [1, 2, 4]), ("A", [1, 5])]
     trie = build(inserts, max_query_length=1, branch_length=3)
-    assert trie.draft([1], "A", 10) == ([2, 3, 4, 5], [-1, 0, 0, -1], 1)
-    assert trie.draft([1], "A", 2) == ([2, 3], [-1, 0], 1)
-    assert trie.draft([1], "A", 3) == ([2, 3, 4], [-1, 0, 0], 1)
+    assert trie.draft([1], "A", 10)[:3] == ([2, 3, 4, 5], [-1, 0, 0, -1], 1)
+    assert trie.draft([1], "A", 2)[:3] == ([2, 3], [-1, 0], 1)
+    assert trie.draft([1], "A", 3)[:3] == ([2, 3, 4], [-1, 0, 0], 1)
 
 
 def test_draft_ranks_query_counts_before_output_counts() -> None:
     trie = build([("A", [1, 2])] + [(OUTPUT_OWNER, [1, 3])] * 5, max_query_length=1, branch_length=2)
-    assert trie.draft([1], "A", 1) == ([2], [-1], 1)
-    assert trie.draft([1], "A", 2) == ([2, 3], [-1, -1], 1)
-    assert trie.draft([1], None, 2) == ([3], [-1], 1)
+    assert trie.draft([1], "A", 1)[:3] == ([2], [-1], 1)
+    assert trie.draft([1], "A", 2)[:3] == ([2, 3], [-1, -1], 1)
+    assert trie.draft([1], None, 2)[:3] == ([3], [-1], 1)
 
 
 @FAST
@@ -247,7 +247,7 @@ def test_draft_is_top_k_in_preorder(
     inserts: list[tuple[str, list[int]]], context: list[int], owner: str | None, length: int
 ) -> None:
     trie = build(inserts, max_query_length=2, branch_length=3)
-    tokens, parents, match = trie.draft(context, owner, length)
+    tokens, parents, match, _ = trie.draft(context, owner, length)
     assert len(tokens) == len(parents) <= length
     assert (match == 0) == (not tokens)
     if not tokens:
@@ -392,3 +392,12 @@ def test_load_rejects_garbage(tmp_path: Path, name: str, data: bytes) -> None:
     (tmp_path / name).write_bytes(data)
     with pytest.raises(ValueError):
         TokenTrie.load(tmp_path / name)
+
+
+def test_draft_estimates_are_conditional_frequencies() -> None:
+    trie = TokenTrie(max_query_length=1, branch_length=4)
+    for seq in ([1, 2, 3], [1, 2, 3], [1, 2, 4]):
+        trie.insert(seq, "A")
+    draft = trie.draft([1], "A", 10)
+    assert draft.tokens == [2, 3, 4] and draft.parents == [-1, 0, 0]
+    assert draft.estimates == [1.0, 2 / 3, 1 / 3]

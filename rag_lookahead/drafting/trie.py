@@ -11,16 +11,27 @@ import heapq
 import operator
 import os
 from itertools import chain
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 from weakref import WeakSet
 
-__all__ = ["OUTPUT_OWNER", "Node", "TokenTrie", "TrieStream"]
+__all__ = ["OUTPUT_OWNER", "Node", "TokenTrie", "TrieDraft", "TrieStream"]
 
 OUTPUT_OWNER = "__output__"
 
 _MIN_NODES = 1000
 _PRUNE_FRACTION = 0.75
 NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owner
+
+class TrieDraft(NamedTuple):
+    """A draft read from the trie, in pre-order with best siblings first."""
+
+    tokens: list[int]
+    parents: list[int]  # index of each token's parent in this draft; -1 = the matched node
+    match_length: int  # how many context tokens matched (0: no draft)
+    estimates: list[float]  # visible count of each node over its parent's: P(token | path)
+
+
+_EMPTY = TrieDraft([], [], 0, [])
 
 # (-query count, -output count, creation order, node): heap order = best first, ties deterministic.
 _Entry = tuple[int, int, int, "Node"]
@@ -254,16 +265,16 @@ class TokenTrie:
 
     def draft(
         self, context: Sequence[int], owner: str | None, decoding_length: int, min_match: int = 1
-    ) -> tuple[list[int], list[int], int]:
+    ) -> TrieDraft:
         """Best-first draft tree after the longest matching suffix of ``context``.
 
-        Only ``owner``'s and output counts are visible. Returns ``(tokens, parents, match_length)``
-        in pre-order with best siblings first; ``parents[i] == -1`` hangs off the matched node.
+        Only ``owner``'s and output counts are visible. The tree comes in pre-order with best
+        siblings first; ``parents[i] == -1`` hangs off the matched node.
         """
         _check_int("decoding_length", decoding_length, 0)
         _check_int("min_match", min_match, 1)
         if decoding_length == 0 or len(context) == 0:
-            return [], [], 0
+            return _EMPTY
         tail = _as_tokens(context[-self._max_query_length :])
         owner = owner or NO_OWNER
         for length in range(len(tail), min_match - 1, -1):
@@ -273,9 +284,8 @@ class TokenTrie:
             heap: list[_Entry] = []
             _push_children(heap, anchor, owner, decoding_length)
             if heap:
-                tokens, parents = self._select(anchor, heap, owner, decoding_length)
-                return tokens, parents, length
-        return [], [], 0
+                return self._select(anchor, heap, owner, decoding_length, length)
+        return _EMPTY
 
     def _walk(self, path: list[int], owner: str) -> Node | None:
         node = self._root
@@ -289,8 +299,8 @@ class TokenTrie:
         return node
 
     def _select(
-        self, anchor: Node, heap: list[_Entry], owner: str, budget: int
-    ) -> tuple[list[int], list[int]]:
+        self, anchor: Node, heap: list[_Entry], owner: str, budget: int, match_length: int
+    ) -> TrieDraft:
         # Counts are monotone, so popping best-first yields the top-``budget`` connected subtree,
         # and each parent's children are popped (hence listed) best first.
         limit = anchor.depth + self._branch_length
@@ -305,14 +315,16 @@ class TokenTrie:
                 _push_children(heap, node, owner, budget - taken)
         tokens: list[int] = []
         parents: list[int] = []
+        estimates: list[float] = []
         stack = [(child, -1) for child in reversed(kids[anchor])]
         while stack:
             node, parent = stack.pop()
             index = len(tokens)
             tokens.append(node.token)  # type: ignore[arg-type]
             parents.append(parent)
+            estimates.append(_visible(node, owner) / _visible(node.parent, owner))  # type: ignore[arg-type]
             stack.extend((child, index) for child in reversed(kids[node]))
-        return tokens, parents
+        return TrieDraft(tokens, parents, match_length, estimates)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trie as versioned JSON (gzip when ``path`` ends with .gz), atomically."""
@@ -344,6 +356,11 @@ class TokenTrie:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+
+def _visible(node: Node, owner: str) -> int:
+    counts = node.counts
+    return counts.get(owner, 0) + counts.get(OUTPUT_OWNER, 0)
 
 
 def _push_children(heap: list[_Entry], node: Node, owner: str, room: int) -> None:

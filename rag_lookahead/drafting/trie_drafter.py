@@ -38,8 +38,8 @@ class TrieDrafter:
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         with self.lock:
-            tokens, parents, _ = self.trie.draft(context, self.owner, budget, self.min_match)
-        return DraftTree.from_draft(context[-1], tokens, parents, "trie")
+            draft = self.trie.draft(context, self.owner, budget, self.min_match)
+        return DraftTree.from_draft(context[-1], draft.tokens, draft.parents, "trie", draft.estimates)
 
     def observe(self, tokens: Sequence[int]) -> None:
         with self.lock:

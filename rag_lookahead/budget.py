@@ -1,0 +1,95 @@
+"""How much to draft: expected accepted tokens per second, against the measured cost curve.
+
+Each draft node carries the drafter's estimate that the model picks its token once it picked
+the parent's. Running acceptance statistics calibrate those estimates per draft source; a node's
+chance to be accepted is the product of calibrated estimates along its path. Taking nodes in
+decreasing order of that chance always yields a connected tree, and the step keeps the prefix
+of that order that maximises (1 + expected accepted tokens) / forward cost — possibly nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+from rag_lookahead.costs import CostCurve
+from rag_lookahead.tree import DraftTree
+
+__all__ = ["AcceptanceModel", "plan_draft"]
+
+_BUCKETS = 10
+
+
+class AcceptanceModel:
+    """Calibrates drafter estimates from what the model actually accepted.
+
+    Statistics are kept per (source, first level or deeper, estimate decile), starting from a
+    prior (``prior_scale`` times the estimate, worth ``prior_weight`` observations) and halved
+    once a bucket has seen ``horizon`` nodes, so they follow a changing workload. A bucket
+    judged not worth drafting would never be tried again, so every ``explore_every``-th plan
+    trusts the raw estimates instead.
+    """
+
+    def __init__(
+        self,
+        prior_weight: float = 4.0,
+        prior_scale: float = 0.7,
+        horizon: float = 400.0,
+        explore_every: int = 16,
+    ) -> None:
+        self.prior_weight = prior_weight
+        self.prior_scale = prior_scale
+        self.horizon = horizon
+        self.explore_every = explore_every
+        self._plans = 0
+        self._seen: defaultdict[tuple[str, bool, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+    @staticmethod
+    def _key(source: str, first_level: bool, estimate: float) -> tuple[str, bool, int]:
+        return source, first_level, min(int(estimate * _BUCKETS), _BUCKETS - 1)
+
+    def probability(self, source: str, first_level: bool, estimate: float) -> float:
+        """Calibrated chance that a node is accepted given that its parent was."""
+        accepted, tried = self._seen[self._key(source, first_level, estimate)]
+        prior = self.prior_scale * estimate
+        return (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
+
+    def explore(self) -> bool:
+        """Whether this plan should trust the drafter's raw estimates (a periodic exploration)."""
+        self._plans += 1
+        return self._plans % self.explore_every == 0
+
+    def update(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Record the outcome of verifying ``tree``: every node whose parent was accepted was tried."""
+        on_path = set(accepted_nodes)
+        for node in range(1, len(tree)):
+            if tree.parents[node] in on_path:
+                key = self._key(tree.source, tree.parents[node] == 0, tree.estimates[node])
+                seen = self._seen[key]
+                seen[0] += node in on_path
+                seen[1] += 1
+                if seen[1] >= self.horizon:
+                    seen[0] /= 2
+                    seen[1] /= 2
+
+
+def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) -> DraftTree:
+    """The part of ``tree`` worth verifying: the best rate of expected tokens per second."""
+    if len(tree) == 1:
+        return tree
+    explore = acceptance.explore()
+    chance = [1.0] * len(tree)
+    for node in range(1, len(tree)):  # parents come first
+        parent = tree.parents[node]
+        p = tree.estimates[node]
+        if not explore:
+            p = acceptance.probability(tree.source, parent == 0, p)
+        chance[node] = chance[parent] * p
+    order = sorted(range(1, len(tree)), key=lambda n: (-chance[n], n))
+    best_size, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    for size, node in enumerate(order, 1):
+        expected += chance[node]
+        rate = expected / cost(size + 1)
+        if rate > best_rate:
+            best_size, best_rate = size, rate
+    return tree.subtree(order[:best_size])

@@ -1,0 +1,125 @@
+"""What a forward pass costs: measured once per (model, device, dtype, threads), cached on disk.
+
+On a CPU a forward over 8 new tokens costs about twice one over a single token; on a GPU the
+curve is nearly flat for dozens of tokens. The draft budget is chosen against this curve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["CostCurve", "cached_curve", "curve_key", "measure_curve"]
+
+FORMAT = "rag-lookahead-costs"
+VERSION = 1
+MAX_AGE_SECONDS = 30 * 24 * 3600
+_PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Forward seconds for ``sizes[i]`` new tokens over a cache, interpolated in between."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sizes or len(self.sizes) != len(self.seconds) or self.sizes[0] != 1:
+            raise ValueError("a cost curve needs matching sizes and seconds, starting at size 1")
+        if list(self.sizes) != sorted(set(self.sizes)) or min(self.seconds) <= 0:
+            raise ValueError("cost curve sizes must increase and seconds be positive")
+
+    def __call__(self, tokens: int) -> float:
+        """Seconds for a forward over ``tokens`` new tokens (linear beyond the last point)."""
+        sizes, secs = self.sizes, self.seconds
+        if tokens <= sizes[0]:
+            return secs[0]
+        for i in range(1, len(sizes)):
+            if tokens <= sizes[i]:
+                frac = (tokens - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+                return secs[i - 1] + frac * (secs[i] - secs[i - 1])
+        slope = (secs[-1] - secs[0]) / max(sizes[-1] - 1, 1)
+        return secs[-1] + slope * (tokens - sizes[-1])
+
+    @classmethod
+    def flat(cls) -> CostCurve:
+        """Every size costs the same: drafting is free (an idle GPU, roughly)."""
+        return cls((1,), (1.0,))
+
+
+def measure_curve(forward: Callable[[int], float], max_tokens: int, repeats: int = 3) -> CostCurve:
+    """Time ``forward(k)`` (seconds of one forward over k new tokens) for k up to ``max_tokens``."""
+    sizes = [k for k in _PROBE_SIZES if k < max_tokens] + [max_tokens]
+    seconds = []
+    for k in sizes:
+        forward(k)  # warm-up: allocator and kernel selection for this shape
+        seconds.append(sorted(forward(k) for _ in range(repeats))[repeats // 2])
+    # Noise must not make a larger forward look cheaper than a smaller one.
+    for i in range(1, len(seconds)):
+        seconds[i] = max(seconds[i], seconds[i - 1])
+    return CostCurve(tuple(sizes), tuple(seconds))
+
+
+def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, Any]:
+    """What the curve depends on; a cached curve with another key is stale."""
+    config = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
+    import transformers
+
+    return {
+        "model": hashlib.sha256(config.encode()).hexdigest()[:16],
+        "device": str(device),
+        "dtype": str(model.dtype),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "max_tokens": max_tokens,
+    }
+
+
+def cached_curve(directory: Path, key: dict[str, Any], measure: Callable[[], CostCurve]) -> CostCurve:
+    """The curve stored for ``key`` under ``directory``, measured and stored if missing or stale."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    path = directory / f"costs-{digest}.json"
+    curve = _read(path, key)
+    if curve is None:
+        curve = measure()
+        _write(path, key, curve)
+    return curve
+
+
+def _read(path: Path, key: dict[str, Any]) -> CostCurve | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        fresh = time.time() - float(data["measured_at"]) < MAX_AGE_SECONDS
+        if data.get("format") != FORMAT or data.get("version") != VERSION or data.get("key") != key or not fresh:
+            return None
+        return CostCurve(tuple(int(s) for s in data["sizes"]), tuple(float(s) for s in data["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: measure again
+
+
+def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "key": key,
+        "measured_at": time.time(),
+        "sizes": list(curve.sizes),
+        "seconds": list(curve.seconds),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+

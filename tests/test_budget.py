@@ -1,0 +1,94 @@
+"""The cost-aware draft budget, with injected cost curves (no timing in tests)."""
+
+import json
+
+import pytest
+
+from rag_lookahead.budget import AcceptanceModel, plan_draft
+from rag_lookahead.costs import CostCurve, cached_curve, measure_curve
+from rag_lookahead.tree import DraftTree
+
+# root -> a -> b -> c ; root -> d ; a -> e
+TREE = DraftTree((0, 1, 2, 3, 4, 5), (-1, 0, 1, 2, 0, 1), "trie", (1.0, 0.9, 0.8, 0.7, 0.3, 0.2))
+
+
+def no_exploring() -> AcceptanceModel:
+    return AcceptanceModel(explore_every=10**9)
+
+
+def test_a_flat_curve_drafts_the_whole_budget() -> None:
+    assert plan_draft(TREE, no_exploring(), CostCurve.flat()) == TREE
+
+
+def test_a_steep_curve_drafts_nothing() -> None:
+    planned = plan_draft(TREE, no_exploring(), CostCurve((1, 2), (1.0, 50.0)))
+    assert len(planned) == 1 and planned.source == "none"
+
+
+def test_a_cpu_like_curve_keeps_the_likely_path_only() -> None:
+    curve = CostCurve((1, 2, 4, 8), (1.0, 1.3, 1.35, 3.0))
+    planned = plan_draft(TREE, no_exploring(), curve)
+    # Prior chances (0.7 x estimate, multiplied down the path): a .63, b .35, d .21, c .17, e .09.
+    # Rates 1.63/1.3, 1.98/1.325, 2.19/1.35, then the curve's jump makes a fourth node not pay.
+    assert planned.tokens == (0, 1, 2, 4)
+    assert planned.parents == (-1, 0, 1, 0)
+
+
+def test_acceptance_is_learned_from_outcomes() -> None:
+    model = no_exploring()
+    before = model.probability("trie", True, 0.95)
+    for _ in range(50):  # node 1 (first level) always accepted, node 4 never
+        model.update(TREE, [0, 1])
+    assert model.probability("trie", True, 0.95) > before > 0.5
+    assert model.probability("trie", True, 0.3) < 0.05
+    # Node 2 was tried (its parent 1 was accepted) and always missed; node 3 never tried.
+    assert model.probability("trie", False, 0.8) < 0.1
+    assert model.probability("trie", False, 0.7) == pytest.approx(0.7 * 0.7)
+
+
+def test_periodic_exploration_trusts_raw_estimates() -> None:
+    model = AcceptanceModel(explore_every=3)
+    for _ in range(50):
+        model.update(TREE, [0])  # everything missed: calibrated chances collapse
+    curve = CostCurve((1, 2, 8), (1.0, 1.5, 1.6))
+    plans = [len(plan_draft(TREE, model, curve)) for _ in range(6)]
+    assert plans.count(1) == 4 and all(p > 1 for i, p in enumerate(plans) if i % 3 == 2)
+
+
+def test_cost_curve_interpolates_and_validates() -> None:
+    curve = CostCurve((1, 2, 8), (1.0, 2.0, 5.0))
+    assert curve(1) == 1.0 and curve(2) == 2.0 and curve(5) == 3.5 and curve(0) == 1.0
+    assert curve(15) == pytest.approx(5.0 + (4.0 / 7) * 7)
+    with pytest.raises(ValueError):
+        CostCurve((2, 4), (1.0, 2.0))
+    with pytest.raises(ValueError):
+        CostCurve((1, 4), (1.0, 0.0))
+
+
+def test_measured_curves_never_decrease() -> None:
+    times = {1: 1.0, 2: 3.0, 3: 2.0, 4: 2.5, 5: 4.0}
+    curve = measure_curve(lambda k: times[k], max_tokens=5, repeats=1)
+    assert curve.sizes == (1, 2, 3, 4, 5)
+    assert curve.seconds == (1.0, 3.0, 3.0, 3.0, 4.0)
+
+
+def test_curves_are_cached_per_key_and_remeasured_when_stale(tmp_path) -> None:
+    calls = []
+
+    def measure() -> CostCurve:
+        calls.append(1)
+        return CostCurve((1, 4), (1.0, float(len(calls) + 1)))
+
+    key = {"model": "m", "threads": 2}
+    first = cached_curve(tmp_path, key, measure)
+    assert cached_curve(tmp_path, key, measure) == first and len(calls) == 1
+    cached_curve(tmp_path, {"model": "m", "threads": 4}, measure)
+    assert len(calls) == 2
+    (path,) = [p for p in tmp_path.iterdir() if json.loads(p.read_text())["key"] == key]
+    data = json.loads(path.read_text())
+    data["measured_at"] = 0  # far too old
+    path.write_text(json.dumps(data))
+    cached_curve(tmp_path, key, measure)
+    path.write_text("not json")
+    cached_curve(tmp_path, key, measure)
+    assert len(calls) == 4
