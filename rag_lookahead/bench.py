@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -19,7 +19,7 @@ from rag_lookahead.prompts import encode_prompt, rag_messages
 
 __all__ = ["METHODS", "MethodResult", "load_records", "run_benchmark"]
 
-METHODS = ("greedy", "prompt_lookup", "lookahead")
+METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "auto")
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -91,7 +91,8 @@ def run_benchmark(
     progress: Callable[[Iterable[Any]], Iterator[Any]] = iter,
 ) -> dict[str, Any]:
     """Time each method on each record; return the JSON-ready summary."""
-    chosen = ["greedy", *(m for m in METHODS if m in set(methods) and m != "greedy")]
+    methods = list(methods)
+    chosen = ["greedy", *(m for m in METHODS if m in methods and m != "greedy")]
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
@@ -100,6 +101,9 @@ def run_benchmark(
         "prompt_lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
         "lookahead": _engine_runner(engine, max_new_tokens),
     }
+    for mode in ("trie", "auto"):  # the engine forced into one mode, with a trie of its own
+        forced = LookaheadEngine(engine.model, engine.tokenizer, replace(engine.config, mode=mode))
+        runners[mode] = _engine_runner(forced, max_new_tokens)
     prompts = [encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])) for r in records]
     for name in chosen:  # warm-up: first-call costs (allocations, the probe) are not timed
         runners[name](prompts[0][-32:])
@@ -142,7 +146,7 @@ def _summary(
         "records": records,
         "max_new_tokens": max_new_tokens,
         "threads": torch.get_num_threads(),
-        "lookahead_config": {k: v for k, v in vars(engine.config).items()},
+        "lookahead_config": dict(vars(engine.config)),
         "methods": methods,
     }
 

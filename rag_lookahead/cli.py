@@ -40,7 +40,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
     look = parser.add_argument_group("lookahead")
     defaults = LookaheadConfig()
-    look.add_argument("--mode", default=defaults.mode, choices=["trie", "off"], help="drafting mode")
+    look.add_argument(
+        "--mode", default=defaults.mode, choices=["trie", "auto", "off"],
+        help=f"trie: fixed draft budget; auto: cost-aware budget; off: plain (default: {defaults.mode})",
+    )
     look.add_argument(
         "--decoding-length", type=int, default=defaults.decoding_length,
         help=f"most draft tokens verified per forward (default: {defaults.decoding_length})",
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default: 128)")
     bench.add_argument("--json", default=None, help="write the summary here")
     bench.add_argument(
-        "--methods", default=",".join(METHODS),
+        "--methods", default="greedy,prompt_lookup,lookahead",
         help=f"comma-separated subset of {','.join(METHODS)} (greedy always runs as the reference)",
     )
     _add_model_flags(bench)

@@ -21,9 +21,10 @@ class LookaheadConfig:
     """Drafting settings, named as PIA names them.
 
     Attributes:
-        mode: ``"auto"`` drafts from the token trie and verifies only as much of each draft as
-            pays for its forward on this hardware (measured); ``"trie"`` always verifies up to
-            ``decoding_length`` tokens; ``"off"`` is plain decoding.
+        mode: ``"trie"`` verifies up to ``decoding_length`` trie draft tokens per step;
+            ``"auto"`` verifies only as much of each draft as is expected to pay for its wider
+            forward on this hardware (a measured cost curve and learned acceptance rates);
+            ``"off"`` is plain decoding.
         decoding_length: Most draft tokens verified in one forward (the tree size, root excluded).
         branch_length: Deepest draft branch, in tokens.
         max_query_length: Longest suffix of the context matched in the trie.
@@ -32,7 +33,7 @@ class LookaheadConfig:
         max_trie_nodes: Hard cap on trie nodes; least frequent nodes are pruned above it.
     """
 
-    mode: Mode = "auto"
+    mode: Mode = "trie"
     decoding_length: int = 16
     branch_length: int = 12
     max_query_length: int = 2

@@ -118,6 +118,17 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys) -> None:
     assert "lookahead" in capsys.readouterr().out
 
 
+def test_bench_can_force_engine_modes(tmp_path) -> None:
+    out = tmp_path / "modes.json"
+    with resources.as_file(SAMPLE) as path:
+        args = ["bench", "--data", str(path), "--limit", "1", "--max-new-tokens", "6", "--json", str(out)]
+        assert main([*args, "--methods", "trie,auto"]) == 0
+        assert main([*args, "--methods", "trie,beam"]) == 2
+    methods = json.loads(out.read_text())["methods"]
+    assert set(methods) == {"greedy", "trie", "auto"}
+    assert all(m["identical_to_greedy"] == 1 for m in methods.values())
+
+
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys) -> None:
     missing = tmp_path / "missing.jsonl"
     empty = tmp_path / "empty.jsonl"
