@@ -64,7 +64,7 @@ class AcceptanceModel:
         on_path = set(accepted_nodes)
         for node in range(1, len(tree)):
             if tree.parents[node] in on_path:
-                key = self._key(tree.source, tree.parents[node] == 0, tree.estimates[node])
+                key = self._key(tree.sources[node], tree.parents[node] == 0, tree.estimates[node])
                 seen = self._seen[key]
                 seen[0] += node in on_path
                 seen[1] += 1
@@ -83,7 +83,7 @@ def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) ->
         parent = tree.parents[node]
         p = tree.estimates[node]
         if not explore:
-            p = acceptance.probability(tree.source, parent == 0, p)
+            p = acceptance.probability(tree.sources[node], parent == 0, p)
         chance[node] = chance[parent] * p
     order = sorted(range(1, len(tree)), key=lambda n: (-chance[n], n))
     best_size, best_rate, expected = 0, 1.0 / cost(1), 1.0

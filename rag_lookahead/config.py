@@ -8,7 +8,7 @@ from typing import Literal
 
 __all__ = ["GenerationParams", "LookaheadConfig", "Mode"]
 
-Mode = Literal["auto", "trie", "off"]
+Mode = Literal["auto", "trie", "jacobi", "off"]
 
 
 def _positive(name: str, value: int) -> None:
@@ -24,13 +24,18 @@ class LookaheadConfig:
         mode: ``"trie"`` verifies up to ``decoding_length`` trie draft tokens per step;
             ``"auto"`` verifies only as much of each draft as is expected to pay for its wider
             forward on this hardware (a measured cost curve and learned acceptance rates);
-            ``"off"`` is plain decoding.
+            ``"jacobi"`` drafts n-grams from a Jacobi lookahead window (LADE) every step;
+            ``"off"`` is plain decoding. In ``"auto"`` the Jacobi pool's n-grams compete with
+            the trie's nodes, and the window runs only when the forward's cost barely grows.
         decoding_length: Most draft tokens verified in one forward (the tree size, root excluded).
         branch_length: Deepest draft branch, in tokens.
         max_query_length: Longest suffix of the context matched in the trie.
         min_query_length: Shortest suffix match that may draft. Two tokens avoid most
             one-token coincidences, whose drafts are rarely accepted but always paid for.
         max_trie_nodes: Hard cap on trie nodes; least frequent nodes are pruned above it.
+        window_size: Columns W of the Jacobi window (LADE's WINDOW_SIZE).
+        ngram_size: N, the length of the window's n-grams (LADE's LEVEL).
+        guess_set_size: G, most n-grams kept per first token in the pool (LADE's GUESS_SET_SIZE).
     """
 
     mode: Mode = "trie"
@@ -39,12 +44,25 @@ class LookaheadConfig:
     max_query_length: int = 2
     min_query_length: int = 2
     max_trie_nodes: int = 200_000
+    window_size: int = 4
+    ngram_size: int = 4
+    guess_set_size: int = 4
 
     def __post_init__(self) -> None:
-        if self.mode not in ("auto", "trie", "off"):
-            raise ValueError(f"mode must be 'auto', 'trie' or 'off', got {self.mode!r}")
-        for name in ("decoding_length", "branch_length", "max_query_length", "min_query_length"):
+        if self.mode not in ("auto", "trie", "jacobi", "off"):
+            raise ValueError(f"mode must be 'auto', 'trie', 'jacobi' or 'off', got {self.mode!r}")
+        for name in (
+            "decoding_length", "branch_length", "max_query_length", "min_query_length",
+            "window_size", "ngram_size", "guess_set_size",
+        ):
             _positive(name, getattr(self, name))
+        if self.ngram_size < 2:
+            raise ValueError(f"ngram_size must be at least 2, got {self.ngram_size}")
+        if self.mode in ("auto", "jacobi") and self.ngram_size - 1 > self.decoding_length:
+            raise ValueError(
+                f"a Jacobi candidate has ngram_size - 1 = {self.ngram_size - 1} tokens, more than "
+                f"decoding_length ({self.decoding_length}) lets one step verify"
+            )
         if self.min_query_length > self.max_query_length:
             raise ValueError(
                 f"min_query_length ({self.min_query_length}) must not exceed "

@@ -21,7 +21,8 @@ from rag_lookahead.budget import AcceptanceModel, plan_draft
 from rag_lookahead.cache import cache_kwarg, keep_accepted, new_tree_cache
 from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.drafting.base import Drafter
+from rag_lookahead.drafting.base import Drafter, MergedDrafter
+from rag_lookahead.drafting.jacobi import JacobiDrafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
 from rag_lookahead.probe import sliding_window, tree_support_problem
@@ -29,7 +30,7 @@ from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.stats import FinishReason
 from rag_lookahead.stream import Completion, StepRecorder, TextStream
 from rag_lookahead.text import TextAssembler
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.tree import DraftTree, SideRows
 from rag_lookahead.verify import TokenChooser, accept
 
 __all__ = ["LookaheadEngine"]
@@ -190,12 +191,13 @@ class LookaheadEngine:
 
     def _drafter(
         self, prompt_ids: list[int], documents: list[str], params: GenerationParams
-    ) -> Drafter | None:
+    ) -> MergedDrafter | None:
         self._ensure_probed()
         if self._tree_problem is not None:
             return None
         window = sliding_window(self.model.config)
         longest = len(prompt_ids) + params.max_new_tokens + self.config.decoding_length
+        longest += self.config.window_size + self.config.ngram_size
         if window is not None and longest > window:
             # One mask serves every layer, so a window's cut-off cannot be expressed in it.
             warnings.warn(
@@ -205,10 +207,15 @@ class LookaheadEngine:
             )
             return None
         doc_ids = [self.tokenizer(d, add_special_tokens=False).input_ids for d in documents]
-        owner = f"call-{uuid.uuid4().hex}"
-        return TrieDrafter(
-            self.trie, owner, [prompt_ids, *doc_ids], self._lock, self.config.min_query_length
-        )
+        sequences = [prompt_ids, *doc_ids]
+        cfg = self.config
+        drafters: list[Drafter] = []
+        if cfg.mode in ("auto", "trie"):
+            owner = f"call-{uuid.uuid4().hex}"
+            drafters.append(TrieDrafter(self.trie, owner, sequences, self._lock, cfg.min_query_length))
+        if cfg.mode in ("auto", "jacobi"):
+            drafters.append(JacobiDrafter(sequences, cfg.window_size, cfg.ngram_size, cfg.guess_set_size))
+        return MergedDrafter(drafters)
 
     def _run(
         self, prompt_ids: list[int], params: GenerationParams, documents: list[str], rec: StepRecorder
@@ -221,7 +228,11 @@ class LookaheadEngine:
                 drafter.close()
 
     def _decode(
-        self, prompt_ids: list[int], params: GenerationParams, drafter: Drafter | None, rec: StepRecorder
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        drafter: MergedDrafter | None,
+        rec: StepRecorder,
     ) -> Generator[list[int], None, None]:
         eos = set(self.eos_token_ids if params.eos_token_id is None else params.eos_token_id)
         window = self.context_window or 1 << 62
@@ -254,11 +265,15 @@ class LookaheadEngine:
             tree = DraftTree.root_only(ids[-1])
             if drafter is not None and budget > 0:
                 tree = self._plan(drafter.propose(ids, budget))
+            side = self._side_rows(drafter, tree, room=window - len(ids))
             past = len(ids) - 1
-            logits, cache = self._forward_tree(tree, cache, past)
-            accepted = accept(tree, chooser.choose(logits, ids, tree))
+            logits, cache = self._forward_tree(tree, cache, past, side)
+            accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
+            if side is not None:
+                drafter.windowed().observe_side(logits[len(tree) :].argmax(-1).tolist())  # type: ignore[union-attr]
+            if len(tree) > 1 or side is not None:
+                keep_accepted(cache, past, len(tree) + len(side or ()), accepted.nodes)
             if len(tree) > 1:
-                keep_accepted(cache, past, len(tree), accepted.nodes)
                 with self._lock:
                     self.acceptance.update(tree, accepted.nodes)
             rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
@@ -277,7 +292,8 @@ class LookaheadEngine:
             if self._cost_curve is None:
                 from rag_lookahead.models import default_cache_dir
 
-                size = self.config.decoding_length + 1
+                cfg = self.config
+                size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
                 key = curve_key(self.model, self.device, size)
                 directory = (self._cache_dir or default_cache_dir()) / "costs"
                 self._cost_curve = cached_curve(directory, key, lambda: measure_curve(self._forward_timer(), size))
@@ -301,10 +317,26 @@ class LookaheadEngine:
 
         return seconds
 
-    def _forward_tree(self, tree: DraftTree, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
-        if len(tree) == 1:  # plain decoding: the model's own causal path
+    def _side_rows(self, drafter: MergedDrafter | None, tree: DraftTree, room: int) -> SideRows | None:
+        """The Jacobi window's rows for this forward, when there is one and it is worth it."""
+        windowed = drafter.windowed() if drafter is not None else None
+        if windowed is None:
+            return None
+        rows = windowed.side_rows()
+        if max(rows.offsets) >= room:
+            return None  # its positions would leave the context window
+        if self.config.mode == "auto":
+            cost = self.cost_curve
+            if cost(len(tree) + len(rows)) > 1.05 * cost(len(tree)):
+                return None  # only run it where it is nearly free (a GPU, not a CPU)
+        return rows
+
+    def _forward_tree(
+        self, tree: DraftTree, cache: Any, past: int, side: SideRows | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        if len(tree) == 1 and side is None:  # plain decoding: the model's own causal path
             return self._forward(torch.tensor([tree.tokens]), cache)
-        inputs = tree.inputs(past, self.device, self.model.dtype)
+        inputs = tree.inputs(past, self.device, self.model.dtype, side)
         return self._forward(
             inputs.input_ids,
             cache,

@@ -13,7 +13,23 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["DraftTree", "TreeInputs"]
+__all__ = ["DraftTree", "SideRows", "TreeInputs"]
+
+
+@dataclass(frozen=True)
+class SideRows:
+    """Rows that ride along in a step's forward without being verified (the Jacobi window).
+
+    Each side row sees the cache, the tree's root and the side rows listed in ``visible``
+    (itself included); no tree node sees a side row, so they cannot change what is accepted.
+    """
+
+    tokens: tuple[int, ...]
+    offsets: tuple[int, ...]  # position after the root's
+    visible: tuple[tuple[int, ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -32,14 +48,15 @@ class DraftTree:
     Attributes:
         tokens: Token id per node; ``tokens[0]`` is the root.
         parents: Parent index per node; ``parents[0] == -1``.
-        source: Where the draft came from (``"trie"``, ``"none"``), for the per-step stats.
+        sources: Where each node came from (``"trie"``, ``"jacobi"``); a single string labels
+            every node. `source` summarises them for the per-step stats.
         estimates: The drafter's guess, per node, that the model picks this node's token given
             that it picked its parent's; ``estimates[0]`` (the root) is 1. Empty means unknown (1).
     """
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
-    source: str = "none"
+    sources: tuple[str, ...] | str = "none"
     estimates: tuple[float, ...] = ()
     depths: tuple[int, ...] = field(init=False)
     _children: tuple[dict[int, int], ...] = field(init=False, repr=False, compare=False)
@@ -58,12 +75,21 @@ class DraftTree:
             children[parent][self.tokens[i]] = i
             children.append({})
             depths.append(depths[parent] + 1)
+        if isinstance(self.sources, str):
+            object.__setattr__(self, "sources", (self.sources,) * len(self.tokens))
+        elif len(self.sources) != len(self.tokens):
+            raise ValueError("a draft tree needs one source per node")
         if not self.estimates:
             object.__setattr__(self, "estimates", (1.0,) * len(self.tokens))
         elif len(self.estimates) != len(self.tokens):
             raise ValueError("a draft tree needs one estimate per node")
         object.__setattr__(self, "depths", tuple(depths))
         object.__setattr__(self, "_children", tuple(children))
+
+    @property
+    def source(self) -> str:
+        """``"none"`` for a lone root, else the draft sources joined by ``+``."""
+        return "+".join(sorted(set(self.sources[1:]))) or "none"  # type: ignore[arg-type]
 
     @classmethod
     def root_only(cls, token: int) -> DraftTree:
@@ -83,7 +109,7 @@ class DraftTree:
         return cls(
             (root, *tokens),
             (-1, *(p + 1 for p in parents)),
-            source if tokens else "none",
+            source,
             (1.0, *estimates) if estimates else (),
         )
 
@@ -96,9 +122,29 @@ class DraftTree:
         return DraftTree(
             tuple(self.tokens[i] for i in kept),
             tuple(-1 if i == 0 else index[self.parents[i]] for i in kept),
-            self.source if len(kept) > 1 else "none",
+            tuple(self.sources[i] for i in kept),
             tuple(self.estimates[i] for i in kept),
         )
+
+    def merge(self, other: DraftTree) -> DraftTree:
+        """This tree plus ``other``'s branches (same root); shared nodes keep this tree's data."""
+        if other.tokens[0] != self.tokens[0]:
+            raise ValueError("merged trees must share their root token")
+        tokens, parents = list(self.tokens), list(self.parents)
+        sources, estimates = list(self.sources), list(self.estimates)
+        children = [dict(c) for c in self._children]
+        where = [0] * len(other)  # other's node -> index in the merged tree
+        for node in range(1, len(other)):
+            parent, token = where[other.parents[node]], other.tokens[node]
+            if token not in children[parent]:
+                children[parent][token] = len(tokens)
+                children.append({})
+                tokens.append(token)
+                parents.append(parent)
+                sources.append(other.sources[node])
+                estimates.append(other.estimates[node])
+            where[node] = children[parent][token]
+        return DraftTree(tuple(tokens), tuple(parents), tuple(sources), tuple(estimates))
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -128,15 +174,30 @@ class DraftTree:
         mask[rows, cols] = True
         return mask
 
-    def inputs(self, past_length: int, device: torch.device, dtype: torch.dtype) -> TreeInputs:
-        """Flatten the tree into model inputs over a cache holding ``past_length`` tokens."""
-        n = len(self)
-        hidden = torch.finfo(dtype).min
-        mask = torch.zeros(1, 1, n, past_length + n, dtype=dtype)  # the cache is fully visible
-        mask[0, 0, :, past_length:].masked_fill_(~self.ancestor_mask(), hidden)
-        positions = torch.tensor([self.depths], dtype=torch.long) + past_length
+    def inputs(
+        self,
+        past_length: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        side: SideRows | None = None,
+    ) -> TreeInputs:
+        """Flatten the tree (then any side rows) into model inputs over a ``past_length`` cache."""
+        n, m = len(self), len(side) if side is not None else 0
+        allowed = torch.zeros(n + m, n + m, dtype=torch.bool)
+        allowed[:n, :n] = self.ancestor_mask()
+        offsets = list(self.depths)
+        tokens = list(self.tokens)
+        if side is not None:
+            allowed[n:, 0] = True  # the root
+            for row, seen in enumerate(side.visible):
+                allowed[n + row, [n + k for k in seen]] = True
+            offsets += side.offsets
+            tokens += side.tokens
+        mask = torch.zeros(1, 1, n + m, past_length + n + m, dtype=dtype)  # the cache is visible
+        mask[0, 0, :, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = torch.tensor([offsets], dtype=torch.long) + past_length
         return TreeInputs(
-            input_ids=torch.tensor([self.tokens], dtype=torch.long, device=device),
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
             position_ids=positions.to(device),
             attention_mask=mask.to(device),
         )

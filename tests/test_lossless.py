@@ -40,8 +40,9 @@ def noisy_copies(reference: list[int], rng: random.Random, count: int) -> list[l
     decoding_length=st.integers(1, 24),
     branch_length=st.integers(1, 8),
     query=st.integers(1, 3),
-    mode=st.sampled_from(["trie", "auto"]),
+    mode=st.sampled_from(["trie", "auto", "jacobi"]),
     curve=st.sampled_from(sorted(CURVES)),
+    window=st.tuples(st.integers(1, 5), st.integers(2, 5), st.integers(1, 4)),  # W, N, G
 )
 def test_engine_matches_greedy(
     family: str,
@@ -52,6 +53,7 @@ def test_engine_matches_greedy(
     query: int,
     mode: str,
     curve: str,
+    window: tuple[int, int, int],
 ) -> None:
     model = tiny_model(family)
     reference = greedy_reference(model, prompt, NEW_TOKENS)
@@ -61,6 +63,9 @@ def test_engine_matches_greedy(
         branch_length=branch_length,
         max_query_length=query,
         min_query_length=1,
+        window_size=window[0],
+        ngram_size=min(window[1], decoding_length + 1),
+        guess_set_size=window[2],
     )
     engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=CURVES[curve])
     rng = random.Random(seed)

@@ -68,3 +68,34 @@ def test_subtree_keeps_order_parents_and_estimates() -> None:
     assert tree.subtree([]).source == "none" and len(tree.subtree([])) == 1
     with pytest.raises(ValueError, match="parent"):
         tree.subtree([2])
+
+
+def test_side_rows_see_the_root_and_their_staircase_only() -> None:
+    from rag_lookahead.tree import SideRows
+
+    tree = DraftTree((10, 11), (-1, 0))
+    side = SideRows((20, 21, 22), (1, 2, 2), ((0,), (0, 1), (0, 2)))
+    inputs = tree.inputs(past_length=2, device=torch.device("cpu"), dtype=torch.float32, side=side)
+    assert inputs.input_ids.tolist() == [[10, 11, 20, 21, 22]]
+    assert inputs.position_ids.tolist() == [[2, 3, 3, 4, 4]]
+    visible = (inputs.attention_mask[0, 0] == 0).int().tolist()
+    assert visible == [
+        # cache  root 11  20 21 22
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 1, 0, 0],
+        [1, 1, 1, 0, 1, 1, 0],
+        [1, 1, 1, 0, 1, 0, 1],
+    ]
+
+
+def test_merge_shares_prefixes_and_keeps_per_node_sources() -> None:
+    trie = DraftTree((10, 11, 12), (-1, 0, 1), "trie", (1.0, 0.9, 0.8))
+    pool = DraftTree((10, 11, 13, 14), (-1, 0, 1, 0), "jacobi", (1.0, 0.5, 0.5, 0.5))
+    merged = trie.merge(pool)
+    assert merged.tokens == (10, 11, 12, 13, 14) and merged.parents == (-1, 0, 1, 1, 0)
+    assert merged.sources[1:] == ("trie", "trie", "jacobi", "jacobi")
+    assert merged.estimates == (1.0, 0.9, 0.8, 0.5, 0.5)
+    assert merged.source == "jacobi+trie" and trie.source == "trie"
+    with pytest.raises(ValueError, match="root"):
+        trie.merge(DraftTree.root_only(3))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.tree import DraftTree, SideRows
 
-__all__ = ["Drafter"]
+__all__ = ["Drafter", "MergedDrafter", "WindowedDrafter"]
 
 
 class Drafter(Protocol):
@@ -26,3 +26,43 @@ class Drafter(Protocol):
     def close(self) -> None:
         """The call is over (finished, failed or abandoned)."""
         ...
+
+
+@runtime_checkable
+class WindowedDrafter(Drafter, Protocol):
+    """A drafter that also wants rows of its own in each forward (the Jacobi window)."""
+
+    def side_rows(self) -> SideRows:
+        """Rows for the next forward; the model's argmax at each comes back in `observe_side`."""
+        ...
+
+    def observe_side(self, predictions: Sequence[int]) -> None:
+        """The model's most likely next token at each side row."""
+        ...
+
+
+class MergedDrafter:
+    """Several drafters as one: their trees merged under the budget, the first one's first."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.drafters = list(drafters)
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        tree = self.drafters[0].propose(context, budget)
+        for drafter in self.drafters[1:]:
+            room = budget - (len(tree) - 1)
+            if room <= 0:
+                break
+            tree = tree.merge(drafter.propose(context, room))
+        return tree
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        for drafter in self.drafters:
+            drafter.observe(tokens)
+
+    def close(self) -> None:
+        for drafter in self.drafters:
+            drafter.close()
+
+    def windowed(self) -> WindowedDrafter | None:
+        return next((d for d in self.drafters if isinstance(d, WindowedDrafter)), None)
