@@ -194,7 +194,7 @@ def test_stream_after_eliminating_its_owner_stays_consistent() -> None:
 
 def test_draft_visibility_excludes_other_queries() -> None:
     trie = build([("A", [1, 2, 3]), ("B", [1, 2, 9]), ("B", [5, 6])])
-    tokens, _, match, _ = trie.draft([1, 2], "A", 10)
+    tokens, _, match, *_ = trie.draft([1, 2], "A", 10)
     assert tokens == [3] and match == 2
     assert trie.draft([5], "A", 10)[:3] == ([], [], 0)
     assert trie.draft([1, 2], None, 10)[:3] == ([], [], 0)
@@ -204,7 +204,7 @@ def test_draft_visibility_excludes_other_queries() -> None:
 def test_draft_longest_suffix_with_fallback() -> None:
     trie = build([("A", [5, 1, 2, 3]), ("A", [7, 2, 8]), ("A", [4, 1])], max_query_length=2, branch_length=3)
     assert trie.draft([9, 1, 2], "A", 1)[:3] == ([3], [-1], 2)
-    tokens, _, match, _ = trie.draft([6, 2], "A", 5)  # (6, 2) is unknown -> fall back to (2,)
+    tokens, _, match, *_ = trie.draft([6, 2], "A", 5)  # (6, 2) is unknown -> fall back to (2,)
     assert match == 1 and sorted(tokens) == [3, 8]
     assert trie.draft([6, 2], "A", 5, min_match=2)[:3] == ([], [], 0)
     assert trie.draft([9, 1, 2], "A", 1, min_match=3)[:3] == ([], [], 0)  # longer than max_query_length
@@ -247,7 +247,7 @@ def test_draft_is_top_k_in_preorder(
     inserts: list[tuple[str, list[int]]], context: list[int], owner: str | None, length: int
 ) -> None:
     trie = build(inserts, max_query_length=2, branch_length=3)
-    tokens, parents, match, _ = trie.draft(context, owner, length)
+    tokens, parents, match, *_ = trie.draft(context, owner, length)
     assert len(tokens) == len(parents) <= length
     assert (match == 0) == (not tokens)
     if not tokens:
@@ -401,3 +401,5 @@ def test_draft_estimates_are_conditional_frequencies() -> None:
     draft = trie.draft([1], "A", 10)
     assert draft.tokens == [2, 3, 4] and draft.parents == [-1, 0, 0]
     assert draft.estimates == [1.0, 2 / 3, 1 / 3]
+    trie.insert([1, 2, 5], OUTPUT_OWNER)
+    assert trie.draft([1], "A", 10).owned == [True, True, True, False]

@@ -29,9 +29,10 @@ class TrieDraft(NamedTuple):
     parents: list[int]  # index of each token's parent in this draft; -1 = the matched node
     match_length: int  # how many context tokens matched (0: no draft)
     estimates: list[float]  # visible count of each node over its parent's: P(token | path)
+    owned: list[bool]  # whether the query owner counts the node (else only outputs do)
 
 
-_EMPTY = TrieDraft([], [], 0, [])
+_EMPTY = TrieDraft([], [], 0, [], [])
 
 # (-query count, -output count, creation order, node): heap order = best first, ties deterministic.
 _Entry = tuple[int, int, int, "Node"]
@@ -316,6 +317,7 @@ class TokenTrie:
         tokens: list[int] = []
         parents: list[int] = []
         estimates: list[float] = []
+        owned: list[bool] = []
         stack = [(child, -1) for child in reversed(kids[anchor])]
         while stack:
             node, parent = stack.pop()
@@ -323,8 +325,9 @@ class TokenTrie:
             tokens.append(node.token)  # type: ignore[arg-type]
             parents.append(parent)
             estimates.append(_visible(node, owner) / _visible(node.parent, owner))  # type: ignore[arg-type]
+            owned.append(owner in node.counts)
             stack.extend((child, index) for child in reversed(kids[node]))
-        return TrieDraft(tokens, parents, match_length, estimates)
+        return TrieDraft(tokens, parents, match_length, estimates, owned)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trie as versioned JSON (gzip when ``path`` ends with .gz), atomically."""

@@ -39,7 +39,11 @@ class TrieDrafter:
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         with self.lock:
             draft = self.trie.draft(context, self.owner, budget, self.min_match)
-        return DraftTree.from_draft(context[-1], draft.tokens, draft.parents, "trie", draft.estimates)
+        # Sources name the kind of branch and the match length, e.g. "doc2" or "out1": the
+        # acceptance statistics are kept apart for each.
+        sources = [f"{'doc' if own else 'out'}{draft.match_length}" for own in draft.owned]
+        tree = DraftTree.from_draft(context[-1], draft.tokens, draft.parents, "trie", draft.estimates)
+        return DraftTree(tree.tokens, tree.parents, ("root", *sources), tree.estimates)
 
     def observe(self, tokens: Sequence[int]) -> None:
         with self.lock:
