@@ -35,7 +35,7 @@ class AcceptanceModel:
         prior_weight: float = 4.0,
         prior_scale: float = 0.7,
         horizon: float = 400.0,
-        explore_every: int = 16,
+        explore_every: int = 32,
     ) -> None:
         self.prior_weight = prior_weight
         self.prior_scale = prior_scale

@@ -30,19 +30,21 @@ class LookaheadConfig:
         decoding_length: Most draft tokens verified in one forward (the tree size, root excluded).
         branch_length: Deepest draft branch, in tokens.
         max_query_length: Longest suffix of the context matched in the trie.
-        min_query_length: Shortest suffix match that may draft. Two tokens avoid most
-            one-token coincidences, whose drafts are rarely accepted but always paid for.
+        min_query_length: Shortest suffix match that may draft. In ``"auto"`` mode one token is
+            fine: what each match length gets accepted is learned and weighed against the cost.
+            With ``"trie"`` a 2-token minimum avoids one-token coincidences, whose drafts are
+            rarely accepted but always paid for.
         max_trie_nodes: Hard cap on trie nodes; least frequent nodes are pruned above it.
         window_size: Columns W of the Jacobi window (LADE's WINDOW_SIZE).
         ngram_size: N, the length of the window's n-grams (LADE's LEVEL).
         guess_set_size: G, most n-grams kept per first token in the pool (LADE's GUESS_SET_SIZE).
     """
 
-    mode: Mode = "trie"
+    mode: Mode = "auto"
     decoding_length: int = 16
     branch_length: int = 12
-    max_query_length: int = 2
-    min_query_length: int = 2
+    max_query_length: int = 3
+    min_query_length: int = 1
     max_trie_nodes: int = 200_000
     window_size: int = 4
     ngram_size: int = 4
