@@ -19,7 +19,7 @@ from rag_lookahead.prompts import encode_prompt, rag_messages
 
 __all__ = ["METHODS", "MethodResult", "load_records", "run_benchmark"]
 
-METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "auto")
+METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "jacobi", "auto")
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -101,7 +101,7 @@ def run_benchmark(
         "prompt_lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
         "lookahead": _engine_runner(engine, max_new_tokens),
     }
-    for mode in ("trie", "auto"):  # the engine forced into one mode, with a trie of its own
+    for mode in ("trie", "jacobi", "auto"):  # the engine forced into one mode, with its own trie
         forced = LookaheadEngine(engine.model, engine.tokenizer, replace(engine.config, mode=mode))
         runners[mode] = _engine_runner(forced, max_new_tokens)
     prompts = [encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])) for r in records]

@@ -81,6 +81,11 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
+    if args.plot:
+        from rag_lookahead.plot import plot_summary
+
+        plot_summary(summary, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -125,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="use the first N records")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default: 128)")
     bench.add_argument("--json", default=None, help="write the summary here")
+    bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
     bench.add_argument(
         "--methods", default="greedy,prompt_lookup,lookahead",
         help=f"comma-separated subset of {','.join(METHODS)} (greedy always runs as the reference)",

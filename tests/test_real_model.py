@@ -118,15 +118,16 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys) -> None:
     assert "lookahead" in capsys.readouterr().out
 
 
-def test_bench_can_force_engine_modes(tmp_path) -> None:
-    out = tmp_path / "modes.json"
+def test_bench_can_force_engine_modes_and_plot(tmp_path) -> None:
+    out, chart = tmp_path / "modes.json", tmp_path / "modes.png"
     with resources.as_file(SAMPLE) as path:
         args = ["bench", "--data", str(path), "--limit", "1", "--max-new-tokens", "6", "--json", str(out)]
-        assert main([*args, "--methods", "trie,auto"]) == 0
+        assert main([*args, "--methods", "trie,jacobi,auto", "--plot", str(chart)]) == 0
         assert main([*args, "--methods", "trie,beam"]) == 2
     methods = json.loads(out.read_text())["methods"]
-    assert set(methods) == {"greedy", "trie", "auto"}
+    assert set(methods) == {"greedy", "trie", "jacobi", "auto"}
     assert all(m["identical_to_greedy"] == 1 for m in methods.values())
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys) -> None:
