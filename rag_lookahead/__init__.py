@@ -5,7 +5,8 @@ answers; the model verifies a whole draft tree in one forward pass and keeps wha
 """
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.drafting import Drafter, TokenTrie, TrieDrafter
+from rag_lookahead.costs import CostCurve
+from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafter
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.models import DEFAULT_MODEL, load_model
 from rag_lookahead.prompts import rag_messages
@@ -19,10 +20,12 @@ __all__ = [
     "DEFAULT_MODEL",
     "Chunk",
     "Completion",
+    "CostCurve",
     "DecodeStats",
     "DraftTree",
     "Drafter",
     "GenerationParams",
+    "JacobiDrafter",
     "LookaheadConfig",
     "LookaheadEngine",
     "TextStream",

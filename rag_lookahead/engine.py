@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterable, Sequence
@@ -21,10 +20,8 @@ from rag_lookahead.budget import AcceptanceModel, plan_draft
 from rag_lookahead.cache import cache_kwarg, keep_accepted, new_tree_cache
 from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.drafting.base import Drafter, MergedDrafter
-from rag_lookahead.drafting.jacobi import JacobiDrafter
+from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.drafting.trie_drafter import TrieDrafter
 from rag_lookahead.probe import sliding_window, tree_support_problem
 from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.stats import FinishReason
@@ -207,15 +204,7 @@ class LookaheadEngine:
             )
             return None
         doc_ids = [self.tokenizer(d, add_special_tokens=False).input_ids for d in documents]
-        sequences = [prompt_ids, *doc_ids]
-        cfg = self.config
-        drafters: list[Drafter] = []
-        if cfg.mode in ("auto", "trie"):
-            owner = f"call-{uuid.uuid4().hex}"
-            drafters.append(TrieDrafter(self.trie, owner, sequences, self._lock, cfg.min_query_length))
-        if cfg.mode in ("auto", "jacobi"):
-            drafters.append(JacobiDrafter(sequences, cfg.window_size, cfg.ngram_size, cfg.guess_set_size))
-        return MergedDrafter(drafters)
+        return build_drafter(self.config, self.trie, self._lock, [prompt_ids, *doc_ids])
 
     def _run(
         self, prompt_ids: list[int], params: GenerationParams, documents: list[str], rec: StepRecorder
@@ -300,13 +289,15 @@ class LookaheadEngine:
             return self._cost_curve
 
     def _forward_timer(self) -> Callable[[int], float]:
-        """Times one forward over k chained draft tokens after a 256-token cache."""
+        """Times one forward over k chained draft tokens after a cache of up to 256 tokens."""
         vocab = int(self.model.config.vocab_size)
-        prompt = [(31 * i + 7) % vocab for i in range(256)]
+        length = min(256, (self.context_window or 512) // 2)
+        prompt = [(31 * i + 7) % vocab for i in range(length)]
         _, cache = self._forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
 
         def seconds(tokens: int) -> float:
-            tree = DraftTree(tuple(prompt[:tokens]), tuple(range(-1, tokens - 1)))
+            chain = tuple(prompt[i % length] for i in range(tokens))
+            tree = DraftTree(chain, tuple(range(-1, tokens - 1)))
             start = time.perf_counter()
             self._forward_tree(tree, cache, len(prompt))
             if self.device.type == "cuda":

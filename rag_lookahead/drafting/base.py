@@ -6,7 +6,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from rag_lookahead.tree import DraftTree, SideRows
 
-__all__ = ["Drafter", "MergedDrafter", "WindowedDrafter"]
+__all__ = ["Drafter", "WindowedDrafter"]
 
 
 class Drafter(Protocol):
@@ -39,30 +39,3 @@ class WindowedDrafter(Drafter, Protocol):
     def observe_side(self, predictions: Sequence[int]) -> None:
         """The model's most likely next token at each side row."""
         ...
-
-
-class MergedDrafter:
-    """Several drafters as one: their trees merged under the budget, the first one's first."""
-
-    def __init__(self, drafters: Sequence[Drafter]) -> None:
-        self.drafters = list(drafters)
-
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        tree = self.drafters[0].propose(context, budget)
-        for drafter in self.drafters[1:]:
-            room = budget - (len(tree) - 1)
-            if room <= 0:
-                break
-            tree = tree.merge(drafter.propose(context, room))
-        return tree
-
-    def observe(self, tokens: Sequence[int]) -> None:
-        for drafter in self.drafters:
-            drafter.observe(tokens)
-
-    def close(self) -> None:
-        for drafter in self.drafters:
-            drafter.close()
-
-    def windowed(self) -> WindowedDrafter | None:
-        return next((d for d in self.drafters if isinstance(d, WindowedDrafter)), None)
