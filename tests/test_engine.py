@@ -196,3 +196,25 @@ def test_config_validation() -> None:
     with pytest.raises(ValueError):
         GenerationParams(top_p=1.5)
     assert GenerationParams(eos_token_id=4, stop_strings="x").eos_token_id == (4,)
+
+
+def test_concurrent_calls_on_one_engine_match_their_solo_runs() -> None:
+    import threading
+
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [1, 2, 9], [8, 8, 8]]
+    solo = {i: greedy_reference(model, p, N) for i, p in enumerate(prompts)}
+    docs = {i: [CharTokenizer().decode(p + solo[i])] for i, p in enumerate(prompts)}
+    results: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        results[i] = engine.complete(prompts[i], max_new_tokens=N, documents=docs[i]).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
