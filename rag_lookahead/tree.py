@@ -102,14 +102,18 @@ class DraftTree:
         root: int,
         tokens: Sequence[int],
         parents: Sequence[int],
-        source: str,
+        source: str | Sequence[str],
         estimates: Sequence[float] = (),
     ) -> DraftTree:
-        """Attach a drafter's nodes (parent ``-1`` meaning the root) below ``root``."""
+        """Attach a drafter's nodes (parent ``-1`` meaning the root) below ``root``.
+
+        ``source`` names every node's source, or each node's in turn.
+        """
+        sources = [source] * len(tokens) if isinstance(source, str) else list(source)
         return cls(
             (root, *tokens),
             (-1, *(p + 1 for p in parents)),
-            source,
+            ("root", *sources),
             (1.0, *estimates) if estimates else (),
         )
 

@@ -57,7 +57,8 @@ def test_documents_passed_per_call_are_used_and_released(engine) -> None:
     messages = [{"role": "user", "content": "Repeat exactly: " + document}]
     completion = engine.complete(messages, max_new_tokens=24, documents=[document])
     assert "quick brown fox" in completion.text
-    assert completion.stats.tokens_per_step > 1.5
+    per_forward = completion.stats.tokens_per_step  # tokens, not time: drafts were accepted
+    assert per_forward > 1.5
     assert engine.trie.owners() <= {"__output__"}
 
 
@@ -110,9 +111,10 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys) -> None:
     assert {"model", "device", "dtype", "records", "max_new_tokens", "methods"} <= summary.keys()
     assert summary["records"] == 2 and summary["max_new_tokens"] == 8
     assert set(summary["methods"]) == {"greedy", "prompt_lookup", "lookahead"}
+    documented = {"seconds", "new_tokens", "tokens_per_s", "identical_to_greedy", "mean_accepted_per_step",
+                  "speedup_vs_greedy", "speedup_vs_prompt_lookup"}
     for m in summary["methods"].values():
-        assert {"seconds", "new_tokens", "tokens_per_s", "identical_to_greedy", "mean_accepted_per_step",
-                "speedup_vs_greedy", "speedup_vs_prompt_lookup"} <= m.keys()
+        assert documented <= m.keys()
         assert m["identical_to_greedy"] == 2
     assert summary["methods"]["lookahead"]["mean_accepted_per_step"] >= 1.0
     assert "lookahead" in capsys.readouterr().out

@@ -42,8 +42,7 @@ class TrieDrafter:
         # Sources name the kind of branch and the match length, e.g. "doc2" or "out1": the
         # acceptance statistics are kept apart for each.
         sources = [f"{'doc' if own else 'out'}{draft.match_length}" for own in draft.owned]
-        tree = DraftTree.from_draft(context[-1], draft.tokens, draft.parents, "trie", draft.estimates)
-        return DraftTree(tree.tokens, tree.parents, ("root", *sources), tree.estimates)
+        return DraftTree.from_draft(context[-1], draft.tokens, draft.parents, sources, draft.estimates)
 
     def observe(self, tokens: Sequence[int]) -> None:
         with self.lock:
