@@ -28,7 +28,7 @@ def supports_tree(cache: Any) -> bool:
     return (
         isinstance(cache, DynamicCache)
         and bool(layers)
-        and all(type(layer) is DynamicLayer for layer in layers)
+        and all(type(layer) is DynamicLayer for layer in layers)  # type: ignore[union-attr]
     )
 
 
@@ -47,7 +47,9 @@ def keep_accepted(cache: DynamicCache, past_length: int, tree_size: int, nodes: 
     kept = len(nodes)
     if list(nodes) != list(range(kept)):
         index = torch.tensor(nodes, dtype=torch.long) + past_length
-        for layer in cache.layers:
+        for layer in cache.layers:  # plain DynamicLayers: `supports_tree` checked them
+            assert isinstance(layer, DynamicLayer) and layer.keys is not None
+            assert layer.values is not None
             index = index.to(layer.keys.device)
             # Index first, then write: source and destination ranges may overlap.
             layer.keys[..., past_length : past_length + kept, :] = layer.keys[..., index, :]

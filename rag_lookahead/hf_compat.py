@@ -62,7 +62,7 @@ def generate(
         top_k=_pick(top_k, gc.top_k, None),
         top_p=_pick(top_p, gc.top_p, 1.0),
         repetition_penalty=_pick(repetition_penalty, gc.repetition_penalty, 1.0),
-        eos_token_id=eos_token_id if eos_token_id is not None else engine.eos_token_ids,
+        eos_token_id=_ids(eos_token_id) if eos_token_id is not None else engine.eos_token_ids,
         stop_strings=_pick(stop_strings, getattr(gc, "stop_strings", None), ()),
         seed=seed,
     )
@@ -93,6 +93,10 @@ def _generate_row(
     if streamer is not None:
         streamer.end()
     return tokens
+
+
+def _ids(value: int | Sequence[int]) -> tuple[int, ...]:
+    return (value,) if isinstance(value, int) else tuple(value)
 
 
 def _pick(value: Any, configured: Any, default: Any) -> Any:

@@ -128,4 +128,4 @@ def load_model(
             f"model {name_or_path!r} is neither a local directory nor in the Hugging Face cache; "
             "rag-lookahead never downloads models. Download it beforehand or pass a directory."
         ) from err
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ class TextAssembler:
         kept = list(tokens)
         stop_at = self._find_stop(text)
         if stop_at is not None:
-            kept = tokens[: self._stop_token(tokens)]
+            kept = list(tokens[: self._stop_token(tokens)])
             self.stopped = True
             text = text[:stop_at]
         self.token_ids += kept

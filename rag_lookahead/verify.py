@@ -89,7 +89,7 @@ class TokenChooser:
                 prefixes = node_prefixes(torch.tensor([context], dtype=torch.long), tree)
             else:  # the warpers look at scores only
                 prefixes = torch.zeros(len(tree), 1, dtype=torch.long)
-            scores = self.processors(prefixes.to(scores.device), scores)
+            scores = self.processors(prefixes.to(scores.device), scores)  # type: ignore[arg-type]
         if not self.do_sample:
             return scores.argmax(dim=-1).tolist()
         probs = torch.softmax(scores, dim=-1)

@@ -140,11 +140,12 @@ class TokenTrie:
 
     def counts_at(self, path: Sequence[int]) -> dict[str, int]:
         """Copy of the counts of the node reached by ``path`` from the root ({} if absent)."""
-        node: Node | None = self._root
+        node = self._root
         for token in _as_tokens(path):
-            node = node.children.get(token)
-            if node is None:
+            child = node.children.get(token)
+            if child is None:
                 return {}
+            node = child
         return dict(node.counts)
 
     def insert(self, tokens: Sequence[int], owner: str) -> None:
