@@ -95,6 +95,9 @@ def _demo(args: argparse.Namespace) -> int:
         records = load_records(path)
     print("Loading the model (the default is converted once to safetensors on first use)...")
     engine = _engine(args)
+    if engine.config.mode == "auto" and engine.tree_verification:
+        print("Measuring forward costs by draft size (once per model, device and dtype)...")
+        engine.cost_curve  # noqa: B018 - measured now so that no answer below pays for it
     plain = LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
     for record in records:
         messages = rag_messages(record["question"], record["context"])
