@@ -147,8 +147,17 @@ def _summary(
         "max_new_tokens": max_new_tokens,
         "threads": torch.get_num_threads(),
         "lookahead_config": dict(vars(engine.config)),
+        # The forward costs `auto` plans against (README: "2 tokens cost ~1.7x one").
+        "cost_curve": _cost_curve(engine),
         "methods": methods,
     }
+
+
+def _cost_curve(engine: LookaheadEngine) -> dict[str, float] | None:
+    if engine.config.mode != "auto" or not engine.tree_verification:
+        return None
+    curve = engine.cost_curve
+    return {str(k): round(v / curve(1), 3) for k, v in zip(curve.sizes, curve.seconds)}
 
 
 def format_table(summary: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from rag_lookahead.budget import AcceptanceModel, plan_draft
 from rag_lookahead.cache import cache_kwarg, keep_accepted, new_tree_cache
 from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
+from rag_lookahead.drafting.base import WindowedDrafter
 from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.probe import sliding_window, tree_support_problem
@@ -228,6 +229,7 @@ class LookaheadEngine:
         chooser = TokenChooser(params, self.device)
         ids = list(prompt_ids)
         cache = new_tree_cache() if drafter is not None else None
+        windowed = drafter.windowed() if drafter is not None else None
 
         # 1) Prefill: the prompt, and the first new token from its last position.
         logits, cache = self._forward(torch.tensor([ids]), cache, last_only=True)
@@ -254,12 +256,12 @@ class LookaheadEngine:
             tree = DraftTree.root_only(ids[-1])
             if drafter is not None and budget > 0:
                 tree = self._plan(drafter.propose(ids, budget))
-            side = self._side_rows(drafter, tree, room=window - len(ids))
+            side = self._side_rows(windowed, tree, room=window - len(ids))
             past = len(ids) - 1
             logits, cache = self._forward_tree(tree, cache, past, side)
             accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
-            if side is not None:
-                drafter.windowed().observe_side(logits[len(tree) :].argmax(-1).tolist())  # type: ignore[union-attr]
+            if windowed is not None and side is not None:
+                windowed.observe_side(logits[len(tree) :].argmax(-1).tolist())
             if len(tree) > 1 or side is not None:
                 keep_accepted(cache, past, len(tree) + len(side or ()), accepted.nodes)
             if len(tree) > 1:
@@ -308,19 +310,20 @@ class LookaheadEngine:
 
         return seconds
 
-    def _side_rows(self, drafter: MergedDrafter | None, tree: DraftTree, room: int) -> SideRows | None:
+    def _side_rows(
+        self, windowed: WindowedDrafter | None, tree: DraftTree, room: int
+    ) -> SideRows | None:
         """The Jacobi window's rows for this forward, when there is one and it is worth it."""
-        windowed = drafter.windowed() if drafter is not None else None
         if windowed is None:
             return None
-        rows = windowed.side_rows()
-        if max(rows.offsets) >= room:
-            return None  # its positions would leave the context window
-        if self.config.mode == "auto":
-            cost = self.cost_curve
-            if cost(len(tree) + len(rows)) > 1.05 * cost(len(tree)):
+        cfg = self.config
+        if cfg.window_size + cfg.ngram_size - 2 >= room:
+            return None  # its furthest row would sit past the context window
+        if cfg.mode == "auto":
+            cost, rows = self.cost_curve, cfg.window_size * (cfg.ngram_size - 1)
+            if cost(len(tree) + rows) > 1.05 * cost(len(tree)):
                 return None  # only run it where it is nearly free (a GPU, not a CPU)
-        return rows
+        return windowed.side_rows()
 
     def _forward_tree(
         self, tree: DraftTree, cache: Any, past: int, side: SideRows | None = None

@@ -99,6 +99,29 @@ def test_abandoned_stream_releases_the_calls_branches(setup) -> None:
     assert stream.stats.finish_reason == "abandoned"
 
 
+def test_a_stream_dropped_without_close_releases_the_branches(setup) -> None:
+    import gc
+
+    engine, _ = setup
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
+    next(stream)
+    del stream
+    gc.collect()
+    assert engine.trie.owners() == {OUTPUT_OWNER}
+
+
+def test_caches_that_cannot_be_rolled_back_are_refused() -> None:
+    from transformers import DynamicCache
+
+    from rag_lookahead.cache import new_tree_cache, supports_tree
+
+    sliding = DynamicCache(config=tiny_config("mistral", sliding_window=8))
+    assert not supports_tree(sliding) and not supports_tree(None)
+    cache = new_tree_cache()
+    tiny_model("llama")(torch.tensor([[1, 2, 3]]), cache=cache, use_cache=True)
+    assert supports_tree(cache)
+
+
 def test_an_error_inside_generation_releases_the_branches() -> None:
     engine = LookaheadEngine(tiny_model("llama"), CharTokenizer())
     assert engine.tree_verification
