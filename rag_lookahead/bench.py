@@ -6,6 +6,7 @@ alike; compare the ratios, not one absolute time.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -75,6 +76,22 @@ def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Ca
     return run
 
 
+def _prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
+    """Seconds of the prompt's forward alone: the same for every method, so it is timed apart."""
+
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(engine.model.forward).parameters else {}
+
+    def run(ids: list[int]) -> float:
+        input_ids = torch.tensor([ids], device=engine.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = engine.model(input_ids, use_cache=True, **keep).logits
+        logits[0, -1].argmax().item()  # waits for the device
+        return time.perf_counter() - start
+
+    return run
+
+
 def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Callable[[list[int]], tuple[list[int], int]]:
     def run(ids: list[int]) -> tuple[list[int], int]:
         completion = engine.complete(ids, max_new_tokens=max_new_tokens)
@@ -105,10 +122,14 @@ def run_benchmark(
         forced = LookaheadEngine(engine.model, engine.tokenizer, replace(engine.config, mode=mode))
         runners[mode] = _engine_runner(forced, max_new_tokens)
     prompts = [encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])) for r in records]
+    prefill = _prefill_timer(engine)
     for name in chosen:  # warm-up: first-call costs (allocations, the probe) are not timed
         runners[name](prompts[0][-32:])
+    prefill(prompts[0][-32:])
     results = {name: MethodResult() for name in chosen}
+    prefill_seconds = 0.0
     for i, ids in enumerate(progress(prompts)):
+        prefill_seconds += prefill(ids)
         order = chosen[i % len(chosen) :] + chosen[: i % len(chosen)]
         for name in order:
             start = time.perf_counter()
@@ -118,13 +139,18 @@ def run_benchmark(
             result.new_tokens += len(tokens)
             result.steps += steps
             result.outputs.append(tokens)
-    return _summary(engine, results, len(prompts), max_new_tokens)
+    return _summary(engine, results, len(prompts), max_new_tokens, prefill_seconds)
 
 
 def _summary(
-    engine: LookaheadEngine, results: dict[str, MethodResult], records: int, max_new_tokens: int
+    engine: LookaheadEngine,
+    results: dict[str, MethodResult],
+    records: int,
+    max_new_tokens: int,
+    prefill_seconds: float,
 ) -> dict[str, Any]:
     greedy = results["greedy"]
+    greedy_decode = greedy.seconds - prefill_seconds
     pld = results.get("prompt_lookup")
     methods = {}
     for name, r in results.items():
@@ -138,6 +164,8 @@ def _summary(
             "mean_accepted_per_step": round((r.new_tokens - records) / r.steps, 3) if r.steps else None,
             "speedup_vs_greedy": round(r.tokens_per_s / greedy.tokens_per_s, 3),
             "speedup_vs_prompt_lookup": round(r.tokens_per_s / pld.tokens_per_s, 3) if pld else None,
+            # The same ratio after the prompt's forward (identical for every method) is taken out.
+            "decode_speedup_vs_greedy": round(greedy_decode / (r.seconds - prefill_seconds), 3),
         }
     return {
         "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
@@ -146,6 +174,7 @@ def _summary(
         "records": records,
         "max_new_tokens": max_new_tokens,
         "threads": torch.get_num_threads(),
+        "prefill_seconds": round(prefill_seconds, 4),
         "lookahead_config": dict(vars(engine.config)),
         # The forward costs `auto` plans against (README: "2 tokens cost ~1.7x one").
         "cost_curve": _cost_curve(engine),
@@ -162,7 +191,7 @@ def _cost_curve(engine: LookaheadEngine) -> dict[str, float] | None:
 
 def format_table(summary: dict[str, Any]) -> str:
     """A plain-text table of the summary."""
-    head = f"{'method':<14}{'seconds':>9}{'tokens':>8}{'tok/s':>8}{'same':>6}{'acc/step':>9}{'vs greedy':>10}{'vs PLD':>8}"
+    head = f"{'method':<14}{'seconds':>9}{'tokens':>8}{'tok/s':>8}{'same':>6}{'acc/step':>9}{'vs greedy':>10}{'vs PLD':>8}{'decode':>8}"
     lines = [head, "-" * len(head)]
     for name, m in summary["methods"].items():
         acc = f"{m['mean_accepted_per_step']:.2f}" if m["mean_accepted_per_step"] else "-"
@@ -170,6 +199,6 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(
             f"{name:<14}{m['seconds']:>9.2f}{m['new_tokens']:>8}{m['tokens_per_s']:>8.2f}"
             f"{m['identical_to_greedy']:>4}/{summary['records']:<1}{acc:>9}"
-            f"{m['speedup_vs_greedy']:>9.2f}x{pld:>8}"
+            f"{m['speedup_vs_greedy']:>9.2f}x{pld:>8}{m['decode_speedup_vs_greedy']:>7.2f}x"
         )
     return "\n".join(lines)
