@@ -1,0 +1,181 @@
+"""Reading a corpus from disk: ``.txt``, ``.md`` and ``.jsonl`` files, or folders of them.
+
+Unreadable inputs (empty, binary, not UTF-8, a broken JSON line) are reported as `Skipped`
+rather than raised, so one bad file never stops indexing a folder; mistakes in what the caller
+named (a missing path, an unsupported file) raise, because they are not about the data.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["SUPPORTED_SUFFIXES", "Document", "Skipped", "load_documents"]
+
+SUPPORTED_SUFFIXES = (".jsonl", ".md", ".txt")
+# The same heuristic as git and grep: text files practically never hold a NUL byte.
+_BINARY_PROBE = 8192
+
+
+@dataclass(frozen=True)
+class Document:
+    """One text to index.
+
+    Attributes:
+        source: The file path, or ``path#line`` (1-based) for a record of a ``.jsonl`` file.
+        text: The text exactly as read (chunk offsets point into it).
+    """
+
+    source: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"Document.source must be a non-empty string, got {self.source!r}")
+        if not isinstance(self.text, str):
+            raise ValueError(f"Document.text must be a string, got {type(self.text).__name__}")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An input that was not indexed, and why (``"empty"``, ``"binary"``, ...)."""
+
+    source: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.source or not self.reason:
+            raise ValueError("Skipped needs a source and a reason")
+
+
+def load_documents(
+    paths: Sequence[str | Path], *, text_field: str = "text"
+) -> tuple[list[Document], list[Skipped]]:
+    """Read documents from files and folders (recursively), in a deterministic order.
+
+    Args:
+        paths: Files or folders. Folders are walked in sorted order and only their ``.txt``,
+            ``.md`` and ``.jsonl`` files are read; a file reached twice is read once.
+        text_field: The key holding the text in each ``.jsonl`` record.
+
+    Returns:
+        The documents, and the inputs that were skipped with their reasons.
+
+    Raises:
+        FileNotFoundError: A path does not exist.
+        ValueError: A file named explicitly has an unsupported extension.
+    """
+    if isinstance(paths, (str, Path)):  # a lone path would otherwise be iterated by character
+        paths = [paths]
+    documents: list[Document] = []
+    skipped: list[Skipped] = []
+    seen: set[Path] = set()
+    for file in _files(paths):
+        if file.resolve() in seen:
+            continue
+        seen.add(file.resolve())
+        loaded, bad = _read_file(file, text_field)
+        documents.extend(loaded)
+        skipped.extend(bad)
+    return documents, skipped
+
+
+def is_supported(path: Path) -> bool:
+    """Whether `load_documents` reads files with this name."""
+    return path.suffix.lower() in SUPPORTED_SUFFIXES
+
+
+def _files(paths: Sequence[str | Path]) -> Iterator[Path]:
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise FileNotFoundError(f"no such file or folder: {str(raw)!r}")
+        if path.is_dir():
+            # Sorting full paths keeps the order stable across file systems and runs.
+            yield from sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p))
+        elif is_supported(path):
+            yield path
+        else:
+            raise ValueError(
+                f"{str(raw)!r} has an unsupported extension {path.suffix!r}; "
+                f"supported: {', '.join(SUPPORTED_SUFFIXES)}"
+            )
+
+
+def _read_file(path: Path, text_field: str) -> tuple[list[Document], list[Skipped]]:
+    source = str(path)
+    data = path.read_bytes()
+    if b"\0" in data[:_BINARY_PROBE]:
+        return [], [Skipped(source, "binary")]
+    if path.suffix.lower() == ".jsonl":
+        return _read_jsonl(source, data, text_field)
+    try:
+        text = _decode(data)
+    except _NotUtf8 as err:
+        return [], [Skipped(source, err.reason(0))]
+    if not text.strip():
+        return [], [Skipped(source, "empty")]
+    return [Document(source, text)], []
+
+
+def _read_jsonl(source: str, data: bytes, text_field: str) -> tuple[list[Document], list[Skipped]]:
+    if not data.strip():
+        return [], [Skipped(source, "empty")]
+    documents: list[Document] = []
+    skipped: list[Skipped] = []
+    offset = 0
+    # Lines are decoded one by one so a single bad record does not cost the whole file.
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        line_source = f"{source}#{number}"
+        line_offset, offset = offset, offset + len(line) + 1
+        if not line.strip():
+            continue  # blank lines (a trailing newline, spacing) are not records
+        try:
+            text = _record_text(_decode(line), text_field)
+        except _NotUtf8 as err:
+            skipped.append(Skipped(line_source, err.reason(line_offset)))
+        except ValueError as err:
+            skipped.append(Skipped(line_source, str(err)))
+        else:
+            documents.append(Document(line_source, text))
+    return documents, skipped
+
+
+def _record_text(line: str, text_field: str) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"invalid JSON: {err.msg} (column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"not a JSON object but {type(record).__name__}")
+    if text_field not in record:
+        raise ValueError(f"no {text_field!r} field")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise ValueError(f"field {text_field!r} is {type(text).__name__}, not a string")
+    if not text.strip():
+        raise ValueError("empty")
+    return text
+
+
+class _NotUtf8(Exception):
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
+    def reason(self, base: int) -> str:
+        """The skip reason, with the offset counted from `base` bytes before the data."""
+        return f"not UTF-8 (invalid byte at offset {base + self.offset})"
+
+
+def _decode(data: bytes) -> str:
+    # A byte-order mark (Windows editors like to add one) is not part of the text; decoding
+    # after it by hand keeps error offsets counted in the file's bytes.
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _NotUtf8(skip + err.start) from None

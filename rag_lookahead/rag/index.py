@@ -1,0 +1,250 @@
+"""A searchable index of document chunks: FAISS inner product over unit vectors (= cosine).
+
+Row ``i`` of the FAISS index is the vector of ``chunks[i]``; every change rebuilds the flat
+index from kept and new vectors, which keeps that invariant trivially true. On disk an index
+is a directory (see `rag_lookahead.rag.store`); nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import faiss
+import numpy as np
+
+from rag_lookahead.rag import store
+from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
+from rag_lookahead.rag.documents import Document, Skipped, load_documents
+from rag_lookahead.rag.embedding import Embedder
+from rag_lookahead.rag.store import IndexFormatError
+
+__all__ = ["DocumentIndex", "Hit", "IndexFormatError", "Progress", "UpdateReport"]
+
+T = TypeVar("T")
+# Wraps the iterable of embedding batches, like `tqdm`: the CLI passes one to show a bar.
+Progress = Callable[[Iterable[Any]], Iterable[Any]]
+# Texts per `embed` call (so per progress step): small enough for a lively progress bar, big
+# enough to batch well.
+_EMBED_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A retrieved chunk and its cosine similarity to the query (higher is closer)."""
+
+    chunk: Chunk
+    score: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunk, Chunk):
+            raise ValueError(f"Hit.chunk must be a Chunk, got {type(self.chunk).__name__}")
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What `DocumentIndex.update` did, counted in sources (files or ``.jsonl`` records).
+
+    A source whose content changed counts as both removed and added.
+    """
+
+    added: int
+    removed: int
+    unchanged: int
+    skipped: tuple[Skipped, ...] = ()
+    chunks_added: int = 0
+    chunks_removed: int = 0
+
+    def __post_init__(self) -> None:
+        counts = (self.added, self.removed, self.unchanged, self.chunks_added, self.chunks_removed)
+        if min(counts) < 0:
+            raise ValueError(f"update counts cannot be negative: {counts}")
+
+
+@dataclass
+class _Batch:
+    """New chunks and their vectors, embedded before the index changes (so a failure keeps it whole)."""
+
+    chunks: list[Chunk]
+    vectors: np.ndarray  # [N, D]
+    sources: dict[str, str]  # source -> sha256 of its text
+
+
+class DocumentIndex:
+    """Chunks of documents, their vectors, and the content hash of every indexed source.
+
+    Build one with `build`, or `load` a saved one. Not safe for concurrent mutation.
+    """
+
+    def __init__(self, embedder: Embedder, config: ChunkingConfig = ChunkingConfig()) -> None:
+        self.embedder = embedder
+        self.config = config
+        self._chunks: list[Chunk] = []
+        self._sources: dict[str, str] = {}
+        self._faiss = faiss.IndexFlatIP(embedder.dimension)
+
+    @classmethod
+    def build(
+        cls,
+        paths: Sequence[str | Path],
+        embedder: Embedder,
+        config: ChunkingConfig = ChunkingConfig(),
+        progress: Progress | None = None,
+    ) -> tuple[DocumentIndex, list[Skipped]]:
+        """Index the documents under `paths` (see `load_documents`); also return what was skipped."""
+        index = cls(embedder, config)
+        documents, skipped = load_documents(paths)
+        index._apply(index._embed_documents(documents, progress), stale=set())
+        return index, skipped
+
+    def update(self, paths: Sequence[str | Path], progress: Progress | None = None) -> UpdateReport:
+        """Re-read `paths` and bring the index in line with them.
+
+        Sources under `paths` whose text changed, or that are gone or now unreadable, lose all
+        their chunks; changed and new sources are embedded; unchanged ones are kept as they are
+        (not re-embedded). Sources outside `paths` are left alone. A path that no longer
+        exists raises `FileNotFoundError`: update its parent folder to drop it.
+        """
+        if isinstance(paths, (str, Path)):
+            paths = [paths]
+        documents, skipped = load_documents(paths)
+        scope = [_absolute(p) for p in paths]
+        current = {doc.source: _sha256(doc.text) for doc in documents}
+        in_scope = [s for s in self._sources if s in current or _is_under(s, scope)]
+        unchanged = {s for s in in_scope if current.get(s) == self._sources[s]}
+        stale = set(in_scope) - unchanged
+        fresh = [doc for doc in documents if doc.source not in unchanged]
+        removed_chunks = sum(chunk.source in stale for chunk in self._chunks)
+        batch = self._embed_documents(fresh, progress)
+        self._apply(batch, stale)
+        return UpdateReport(
+            added=len(fresh),
+            removed=len(stale),
+            unchanged=len(unchanged),
+            skipped=tuple(skipped),
+            chunks_added=len(batch.chunks),
+            chunks_removed=removed_chunks,
+        )
+
+    def search(self, query: str, k: int = 4) -> list[Hit]:
+        """The `k` chunks most similar to `query`, best first (fewer if the index is smaller)."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("the search query is empty")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if not self._chunks:
+            return []
+        vector = self._checked(self.embedder.embed([query]), 1)  # [1, D]
+        scores, rows = self._faiss.search(vector, min(k, len(self._chunks)))  # [1, k] each
+        return [
+            Hit(self._chunks[row], float(score))
+            for score, row in zip(scores[0], rows[0])
+            if row >= 0
+        ]
+
+    def save(self, directory: str | Path) -> None:
+        """Write the index to `directory`, atomically replacing an index already there."""
+        store.save(Path(directory), self._faiss, self._chunks, self._meta())
+
+    @classmethod
+    def load(cls, directory: str | Path, embedder: Embedder | None = None) -> DocumentIndex:
+        """Read an index saved by `save`.
+
+        Args:
+            directory: The index directory.
+            embedder: The model the index was built with; ``None`` loads the default model,
+                which is only right if the index was built with it.
+
+        Raises:
+            IndexFormatError: The directory is missing, is not an index, is of another format
+                version, or does not match `embedder`.
+        """
+        meta = store.read_meta(Path(directory))
+        embedder = store.check_embedder(meta, embedder)
+        index = cls(embedder, store.chunking_config(meta))
+        index._faiss, index._chunks = store.read_rows(Path(directory), meta)
+        index._sources = dict(meta["sources"])
+        return index
+
+    def __len__(self) -> int:
+        """The number of chunks."""
+        return len(self._chunks)
+
+    @property
+    def chunks(self) -> tuple[Chunk, ...]:
+        """All chunks, in index order."""
+        return tuple(self._chunks)
+
+    @property
+    def sources(self) -> Mapping[str, str]:
+        """Every indexed source and the SHA-256 of its text (iterate it for the names)."""
+        return dict(self._sources)
+
+    def __repr__(self) -> str:
+        return f"DocumentIndex({len(self._sources)} sources, {len(self)} chunks, {self.embedder.name!r})"
+
+    def _embed_documents(self, documents: Sequence[Document], progress: Progress | None) -> _Batch:
+        chunks = [
+            chunk
+            for doc in documents
+            for chunk in split_document(doc, self.config, self.embedder.tokenizer)
+        ]
+        texts = [chunk.text for chunk in chunks]
+        batches = [texts[i : i + _EMBED_BATCH] for i in range(0, len(texts), _EMBED_BATCH)]
+        vectors = [
+            self._checked(self.embedder.embed(batch), len(batch)) for batch in _wrap(batches, progress)
+        ]  # each [B, D]
+        dimension = self.embedder.dimension
+        stacked = np.concatenate(vectors) if vectors else np.zeros((0, dimension), np.float32)
+        return _Batch(chunks, stacked, {doc.source: _sha256(doc.text) for doc in documents})
+
+    def _apply(self, batch: _Batch, stale: set[str]) -> None:
+        """Drop the chunks of `stale` sources and add `batch`, rebuilding the flat index."""
+        keep = [i for i, chunk in enumerate(self._chunks) if chunk.source not in stale]
+        old = self._faiss.reconstruct_n(0, self._faiss.ntotal) if self._chunks else None  # [M, D]
+        rebuilt = faiss.IndexFlatIP(self.embedder.dimension)
+        if old is not None and keep:
+            rebuilt.add(np.ascontiguousarray(old[keep]))  # [K, D]
+        if len(batch.chunks):
+            rebuilt.add(batch.vectors)
+        self._faiss = rebuilt
+        self._chunks = [self._chunks[i] for i in keep] + batch.chunks
+        for source in stale:
+            del self._sources[source]
+        self._sources.update(batch.sources)
+
+    def _checked(self, vectors: np.ndarray, count: int) -> np.ndarray:
+        """`vectors` as contiguous float32 ``[count, D]``, or a clear error from a bad embedder."""
+        array = np.ascontiguousarray(vectors, dtype=np.float32)
+        if array.shape != (count, self.embedder.dimension):
+            raise ValueError(
+                f"embedder {self.embedder.name!r} returned shape {array.shape}, "
+                f"expected ({count}, {self.embedder.dimension})"
+            )
+        return array
+
+    def _meta(self) -> dict[str, Any]:
+        return store.make_meta(self.embedder, self.config, self._sources)
+
+
+def _wrap(items: list[T], progress: Progress | None) -> Iterable[T]:
+    return items if progress is None else progress(items)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _absolute(path: str | Path) -> Path:
+    # abspath, not resolve: a symlink inside a folder is still inside it.
+    return Path(os.path.abspath(path))
+
+
+def _is_under(source: str, scope: Sequence[Path]) -> bool:
+    """Whether the file of `source` is one of the `scope` paths or inside one of them."""
+    path = _absolute(store.source_file(source))
+    return any(path == root or root in path.parents for root in scope)

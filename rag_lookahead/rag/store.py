@@ -1,0 +1,248 @@
+"""The on-disk form of a `DocumentIndex`: a directory of three files, written atomically.
+
+- ``index.faiss``: the FAISS flat inner-product index (row ``i`` = line ``i`` of chunks.jsonl);
+- ``chunks.jsonl``: one chunk per line (id, source, start, end, text);
+- ``meta.json``: format name and version, embedder name and dimension, chunking settings and
+  the SHA-256 of every source's text.
+
+No pickle: every file is plain JSON or FAISS's own format, safe to read from anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+
+from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
+from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "IndexFormatError"]
+
+FORMAT = "rag-lookahead-index"
+FORMAT_VERSION = 1
+_REBUILD = "rebuild it with `rag-lookahead index`"
+_INDEX, _CHUNKS, _META = "index.faiss", "chunks.jsonl", "meta.json"
+
+
+class IndexFormatError(ValueError):
+    """A directory does not hold an index this version can use with this embedder."""
+
+
+def make_meta(embedder: Embedder, config: ChunkingConfig, sources: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "embedder": embedder.name,
+        "dimension": embedder.dimension,
+        "chunking": dataclasses.asdict(config),
+        "sources": dict(sorted(sources.items())),
+    }
+
+
+def source_file(source: str) -> str:
+    """The file a source comes from: ``data.jsonl#3`` -> ``data.jsonl``."""
+    match = re.fullmatch(r"(.*\.jsonl)#\d+", source, flags=re.IGNORECASE | re.DOTALL)
+    return match.group(1) if match else source
+
+
+# ---------------------------------------------------------------------------------- saving
+
+
+def save(target: Path, index: Any, chunks: Sequence[Chunk], meta: dict[str, Any]) -> None:
+    """Write into a scratch sibling, then swap it in: a crash never leaves a half-written index."""
+    _refuse_foreign(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        faiss.write_index(index, str(scratch / _INDEX))
+        _write_text(scratch / _CHUNKS, "".join(_chunk_line(chunk) for chunk in chunks))
+        _write_text(scratch / _META, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        for name in (_INDEX, _CHUNKS, _META):
+            _fsync(scratch / name)
+        _swap(scratch, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # gone already after a successful swap
+
+
+def _refuse_foreign(target: Path) -> None:
+    # Replacing the target deletes it, so it had better be an index (or nothing at all).
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a directory; choose another index path")
+    if any(target.iterdir()) and _format_of(target) != FORMAT:
+        raise FileExistsError(
+            f"{target} exists and is not a rag-lookahead index; refusing to replace it"
+        )
+
+
+def _swap(scratch: Path, target: Path) -> None:
+    if not target.exists():
+        scratch.rename(target)
+        return
+    # Two renames: if we die between them the old index is still whole, under `old`.
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    target.rename(old)
+    try:
+        scratch.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _chunk_line(chunk: Chunk) -> str:
+    record = dataclasses.asdict(chunk)  # id, source, text, start, end
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    with path.open("w", encoding="utf-8", newline="\n") as file:
+        file.write(text)
+
+
+def _fsync(path: Path) -> None:
+    # Without it a power cut after the rename can leave the new names pointing at empty files.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------- loading
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """The validated meta.json of `directory`."""
+    if not directory.is_dir():
+        raise IndexFormatError(
+            f"no index at {directory}{_leftover_hint(directory)}; build one with `rag-lookahead index`"
+        )
+    try:
+        meta = json.loads((directory / _META).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexFormatError(
+            f"{directory} is not a rag-lookahead index (no {_META}); {_REBUILD}"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise IndexFormatError(f"{directory / _META} is unreadable ({err}); {_REBUILD}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise IndexFormatError(f"{directory} is not a rag-lookahead index; {_REBUILD}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{directory} holds index format version {meta.get('format_version')!r}, but this "
+            f"rag-lookahead reads version {FORMAT_VERSION}; {_REBUILD}"
+        )
+    _check_fields(directory, meta)
+    return meta
+
+
+def _check_fields(directory: Path, meta: dict[str, Any]) -> None:
+    sources = meta.get("sources")
+    valid = (
+        isinstance(meta.get("embedder"), str)
+        and isinstance(meta.get("dimension"), int)
+        and isinstance(meta.get("chunking"), dict)
+        and isinstance(sources, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items())
+    )
+    if not valid:
+        raise IndexFormatError(f"{directory / _META} is damaged (missing or mistyped fields); {_REBUILD}")
+
+
+def check_embedder(meta: Mapping[str, Any], embedder: Embedder | None) -> Embedder:
+    """The embedder to search with: `embedder`, or the default model if the index used it."""
+    built_with = meta["embedder"]
+    if embedder is None:
+        if built_with != DEFAULT_EMBEDDER:
+            raise IndexFormatError(
+                f"the index was built with embedder {built_with!r}; load it with that model: "
+                f"DocumentIndex.load(directory, embedder=SentenceTransformerEmbedder({built_with!r}))"
+            )
+        embedder = SentenceTransformerEmbedder()
+    if embedder.name != built_with:
+        raise IndexFormatError(
+            f"the index was built with embedder {built_with!r}, not {embedder.name!r}; "
+            f"load it with the same embedder, or {_REBUILD}"
+        )
+    if embedder.dimension != meta["dimension"]:
+        raise IndexFormatError(
+            f"the index holds {meta['dimension']}-dimensional vectors but embedder "
+            f"{embedder.name!r} makes {embedder.dimension}-dimensional ones; {_REBUILD}"
+        )
+    return embedder
+
+
+def chunking_config(meta: Mapping[str, Any]) -> ChunkingConfig:
+    try:
+        return ChunkingConfig(**meta["chunking"])
+    except (TypeError, ValueError) as err:
+        raise IndexFormatError(f"the index's chunking settings are invalid ({err}); {_REBUILD}") from None
+
+
+def read_rows(directory: Path, meta: Mapping[str, Any]) -> tuple[Any, list[Chunk]]:
+    """The FAISS index and its chunks, checked against each other and against `meta`."""
+    chunks = _read_chunks(directory / _CHUNKS, meta["sources"])
+    try:
+        index = faiss.read_index(str(directory / _INDEX))
+    except RuntimeError as err:
+        raise IndexFormatError(f"{directory / _INDEX} is unreadable ({str(err)[:200]}); {_REBUILD}") from None
+    if not isinstance(index, faiss.IndexFlatIP) or index.d != meta["dimension"]:
+        raise IndexFormatError(
+            f"{directory / _INDEX} is not a {meta['dimension']}-dimensional flat inner-product "
+            f"index; {_REBUILD}"
+        )
+    if index.ntotal != len(chunks):
+        raise IndexFormatError(
+            f"{directory} has {index.ntotal} vectors but {len(chunks)} chunks; {_REBUILD}"
+        )
+    return index, chunks
+
+
+def _read_chunks(path: Path, sources: Mapping[str, str]) -> list[Chunk]:
+    try:
+        # split("\n"), not splitlines(): JSON leaves U+2028 and friends unescaped in texts.
+        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+    except (OSError, ValueError) as err:
+        raise IndexFormatError(f"{path} is unreadable ({err}); {_REBUILD}") from None
+    chunks = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            chunks.append(_parse_chunk(line, sources))
+        except (ValueError, TypeError, KeyError) as err:
+            raise IndexFormatError(f"{path} line {number} is damaged ({err}); {_REBUILD}") from None
+    return chunks
+
+
+def _parse_chunk(line: str, sources: Mapping[str, str]) -> Chunk:
+    record = json.loads(line)
+    chunk = Chunk(record["id"], record["source"], record["text"], record["start"], record["end"])
+    if chunk.source not in sources:
+        raise ValueError(f"source {chunk.source!r} is not in meta.json")
+    if chunk.id != chunk_id(chunk.source, chunk.text, chunk.start, chunk.end):
+        raise ValueError(f"chunk id {chunk.id!r} does not match its content")
+    return chunk
+
+
+def _format_of(directory: Path) -> object:
+    try:
+        return json.loads((directory / _META).read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _leftover_hint(directory: Path) -> str:
+    # An interrupted save between its two renames leaves the previous index here, whole.
+    leftovers = sorted(directory.parent.glob(f".{directory.name}.old-*")) if directory.name else []
+    return f" (an interrupted save left the previous index at {leftovers[0]})" if leftovers else ""

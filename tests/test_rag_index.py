@@ -1,0 +1,406 @@
+"""The document/index layer: loading, chunking, embedding, search, save/load and update."""
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_lookahead.rag import (
+    DEFAULT_EMBEDDER,
+    Chunk,
+    ChunkingConfig,
+    Document,
+    DocumentIndex,
+    IndexFormatError,
+    SentenceTransformerEmbedder,
+    Skipped,
+    load_documents,
+    split_document,
+)
+from rag_lookahead.rag import chunking, store
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+SMALL = ChunkingConfig(size=48, overlap=12)
+
+
+class CountingEmbedder:
+    """The real model, remembering every text it embedded (and optionally lying about itself)."""
+
+    def __init__(self, inner, name=None, dimension=None) -> None:
+        self.inner = inner
+        self.name = name or inner.name
+        self.dimension = dimension or inner.dimension
+        self.tokenizer = inner.tokenizer
+        self.embedded: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.embedded.extend(texts)
+        return self.inner.embed(texts)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+@pytest.fixture(scope="module")
+def built(embedder) -> DocumentIndex:
+    index, skipped = DocumentIndex.build([CORPUS], embedder, SMALL)
+    assert skipped == []
+    return index
+
+
+def tokens(tokenizer, text: str) -> list[tuple[int, int]]:
+    return tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+
+
+# ---------------------------------------------------------------------------- documents
+
+
+def test_folders_are_read_recursively_in_sorted_order() -> None:
+    documents, skipped = load_documents([CORPUS])
+    names = [d.source.removeprefix(str(CORPUS) + "/") for d in documents]
+    assert names == [
+        "guides/bicycle-chain.md",
+        "honeybees.txt",
+        "lighthouses.md",
+        "records.jsonl#1",
+        "records.jsonl#2",
+        "records.jsonl#3",
+        "sourdough.txt",
+    ]
+    assert skipped == []
+    assert documents[1].text == (CORPUS / "honeybees.txt").read_text()
+    assert documents[4].text.startswith("Green tea and black tea")
+
+
+def test_a_file_named_twice_is_read_once() -> None:
+    documents, _ = load_documents([CORPUS / "honeybees.txt", CORPUS, str(CORPUS / "honeybees.txt")])
+    assert len(documents) == 7 and documents[0].source == str(CORPUS / "honeybees.txt")
+
+
+def test_bad_inputs_are_skipped_with_reasons(tmp_path: Path) -> None:
+    (tmp_path / "a-empty.txt").write_text("")
+    (tmp_path / "b-blank.md").write_text("  \n\t\n")
+    (tmp_path / "c-binary.txt").write_bytes(b"PK\x03\x04\x00\x00 zipped")
+    (tmp_path / "d-latin1.txt").write_bytes("Caf\u00e9 au lait".encode("latin-1"))
+    (tmp_path / "e-bom.txt").write_bytes(b"\xef\xbb\xbfWith a byte-order mark.")
+    (tmp_path / "f-ignored.csv").write_text("a,b\n1,2\n")
+    lines = [
+        '{"text": "A good record."}',
+        '{"text": "broken',
+        "",  # blank lines are not records
+        '{"body": "no text field"}',
+        '["not", "an", "object"]',
+        '{"text": 42}',
+        '{"text": "   "}',
+        '{"text": "caf\xe9"}',
+    ]
+    data = "\n".join(lines[:-1]).encode() + b"\n" + lines[-1].encode("latin-1") + b"\n"
+    (tmp_path / "g-records.jsonl").write_bytes(data)
+
+    documents, skipped = load_documents([tmp_path])
+
+    def src(name: str) -> str:
+        return str(tmp_path / name)
+
+    assert documents == [
+        Document(src("e-bom.txt"), "With a byte-order mark."),
+        Document(src("g-records.jsonl") + "#1", "A good record."),
+    ]
+    reasons = {s.source.removeprefix(str(tmp_path) + "/"): s.reason for s in skipped}
+    assert reasons["a-empty.txt"] == "empty"
+    assert reasons["b-blank.md"] == "empty"
+    assert reasons["c-binary.txt"] == "binary"
+    assert reasons["d-latin1.txt"] == "not UTF-8 (invalid byte at offset 3)"
+    assert reasons["g-records.jsonl#2"].startswith("invalid JSON")
+    assert reasons["g-records.jsonl#4"] == "no 'text' field"
+    assert reasons["g-records.jsonl#5"] == "not a JSON object but list"
+    assert reasons["g-records.jsonl#6"] == "field 'text' is int, not a string"
+    assert reasons["g-records.jsonl#7"] == "empty"
+    last_line_start = len("\n".join(lines[:-1]).encode()) + 1
+    bad_byte = last_line_start + lines[-1].index("\xe9")
+    assert reasons["g-records.jsonl#8"] == f"not UTF-8 (invalid byte at offset {bad_byte})"
+    assert len(skipped) == 10
+
+
+def test_named_files_must_exist_and_be_supported(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such file or folder: .*nowhere"):
+        load_documents([tmp_path / "nowhere"])
+    (tmp_path / "table.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"unsupported extension '\.csv'.*\.txt"):
+        load_documents([tmp_path / "table.csv"])
+
+
+def test_jsonl_text_field_is_configurable(tmp_path: Path) -> None:
+    (tmp_path / "qa.jsonl").write_text('{"body": "Text here."}\n')
+    documents, skipped = load_documents([tmp_path], text_field="body")
+    assert documents == [Document(str(tmp_path / "qa.jsonl#1"), "Text here.")] and skipped == []
+
+
+# ----------------------------------------------------------------------------- chunking
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"size": 0}, "size must be a positive"),
+        ({"size": 10, "overlap": 10}, "less than size"),
+        ({"overlap": -1}, "at least 0"),
+        ({"unit": "words"}, "'tokens' or 'sentences'"),
+    ],
+)
+def test_chunking_config_is_validated(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ChunkingConfig(**kwargs)
+
+
+def test_token_chunks_are_exact_windows_with_the_overlap(embedder) -> None:
+    doc = load_documents([CORPUS / "lighthouses.md"])[0][0]
+    config = ChunkingConfig(size=30, overlap=8)
+    chunks = split_document(doc, config, embedder.tokenizer)
+    spans = tokens(embedder.tokenizer, doc.text)
+    step = config.size - config.overlap
+    assert len(chunks) == -(-(len(spans) - config.overlap) // step) > 3
+    for i, chunk in enumerate(chunks):
+        assert doc.text[chunk.start : chunk.end] == chunk.text
+        window = spans[i * step : i * step + config.size]
+        assert (chunk.start, chunk.end) == (window[0][0], window[-1][1])
+    assert chunks[-1].end == spans[-1][1]  # nothing lost at the end
+
+
+def test_huge_documents_are_tokenized_in_blocks_without_changing_chunks(embedder, monkeypatch) -> None:
+    text = (CORPUS / "honeybees.txt").read_text() + (CORPUS / "sourdough.txt").read_text()
+    doc = Document("long.txt", text * 3)
+    whole = split_document(doc, SMALL, embedder.tokenizer)
+    monkeypatch.setattr(chunking, "_BLOCK_CHARS", 97)
+    assert split_document(doc, SMALL, embedder.tokenizer) == whole
+
+
+def test_sentence_chunks_pack_whole_sentences(embedder) -> None:
+    doc = load_documents([CORPUS / "honeybees.txt"])[0][0]
+    config = ChunkingConfig(size=40, overlap=15, unit="sentences")
+    chunks = split_document(doc, config, embedder.tokenizer)
+    sentences = list(chunking._sentences(doc.text))
+    starts, ends = {s for s, _ in sentences}, {e for _, e in sentences}
+    assert len(chunks) > 3
+    for chunk, following in zip(chunks, chunks[1:]):
+        assert doc.text[chunk.start : chunk.end] == chunk.text
+        assert chunk.start in starts and chunk.end in ends
+        assert len(tokens(embedder.tokenizer, chunk.text)) <= config.size
+        assert chunk.start < following.start
+    # Some next chunk repeats the previous one's last sentence(s), no more than the overlap.
+    repeats = [b.start for a, b in zip(chunks, chunks[1:]) if b.start < a.end]
+    assert repeats
+    for a, b in zip(chunks, chunks[1:]):
+        assert len(tokens(embedder.tokenizer, doc.text[b.start : a.end])) <= config.overlap
+
+
+def test_a_sentence_longer_than_the_size_is_cut_by_tokens(embedder) -> None:
+    long = "word " * 50
+    doc = Document("s.txt", f"Short one. {long.strip()}. Another short one.")
+    chunks = split_document(doc, ChunkingConfig(size=20, overlap=5, unit="sentences"), embedder.tokenizer)
+    assert chunks[0].text == "Short one."
+    assert chunks[-1].text == "Another short one."
+    middle = chunks[1:-1]
+    assert len(middle) >= 3 and all(len(tokens(embedder.tokenizer, c.text)) <= 20 for c in middle)
+    assert all(doc.text[c.start : c.end] == c.text for c in chunks)
+
+
+def test_chunk_ids_are_stable_and_chunks_validated() -> None:
+    assert Chunk.make("a.txt", "hello", 3, 8) == Chunk.make("a.txt", "hello", 3, 8)
+    assert Chunk.make("a.txt", "hello", 3, 8).id != Chunk.make("b.txt", "hello", 3, 8).id
+    assert len(Chunk.make("a.txt", "hello", 3, 8).id) == 16
+    with pytest.raises(ValueError, match="offsets span"):
+        Chunk("x", "a.txt", "hello", 0, 3)
+    with pytest.raises(ValueError, match="start <= end"):
+        Chunk("x", "a.txt", "", 5, 4)
+
+
+# ------------------------------------------------------------------------------- search
+
+
+@pytest.mark.parametrize(
+    "question, source",
+    [
+        ("How often should I feed my sourdough starter?", "sourdough.txt"),
+        ("Who designed the lens used in lighthouses?", "lighthouses.md"),
+        ("How do bees tell each other where the flowers are?", "honeybees.txt"),
+        ("When does a bicycle chain need replacing?", "guides/bicycle-chain.md"),
+        ("What is the difference between green and black tea?", "records.jsonl#2"),
+    ],
+)
+def test_retrieval_finds_the_right_document(built, question: str, source: str) -> None:
+    hits = built.search(question, k=3)
+    assert hits[0].chunk.source == str(CORPUS / source)
+    assert hits[0].score >= hits[1].score >= hits[2].score
+
+
+def test_search_edge_cases(built, embedder) -> None:
+    assert len(built.search("bees", k=1000)) == len(built) > 10
+    with pytest.raises(ValueError, match="empty"):
+        built.search("   ")
+    with pytest.raises(ValueError, match="positive"):
+        built.search("bees", k=0)
+    assert DocumentIndex(embedder).search("anything") == []
+
+
+def test_progress_wraps_the_embedding_batches(embedder) -> None:
+    seen: list[list[str]] = []
+
+    def progress(batches):
+        for batch in batches:
+            seen.append(batch)
+            yield batch
+
+    index, _ = DocumentIndex.build([CORPUS / "honeybees.txt"], embedder, SMALL, progress=progress)
+    assert [text for batch in seen for text in batch] == [c.text for c in index.chunks]
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> None:
+    built.save(tmp_path / "idx")
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["chunks.jsonl", "index.faiss", "meta.json"]
+    meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+    assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 1
+    assert meta["embedder"] == DEFAULT_EMBEDDER and meta["dimension"] == 384
+    assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens"}
+    assert set(meta["sources"]) == set(built.sources)
+    # embedder=None builds the default model; hand it the one already loaded.
+    monkeypatch.setattr(store, "SentenceTransformerEmbedder", lambda: embedder)
+    loaded = DocumentIndex.load(tmp_path / "idx")
+    assert loaded.chunks == built.chunks and loaded.sources == built.sources
+    assert loaded.config == built.config and len(loaded) == len(built)
+    for question in ("bee dances", "Etna lava", "chain oil"):
+        before, after = built.search(question, k=5), loaded.search(question, k=5)
+        assert [h.chunk for h in before] == [h.chunk for h in after]
+        assert [h.score for h in before] == pytest.approx([h.score for h in after])
+    assert not list(tmp_path.glob(".idx*"))  # no scratch left behind
+
+
+def test_load_errors_say_what_to_do(built, embedder, tmp_path: Path) -> None:
+    with pytest.raises(IndexFormatError, match="no index at .*build one with `rag-lookahead index`"):
+        DocumentIndex.load(tmp_path / "missing", embedder)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(IndexFormatError, match="not a rag-lookahead index"):
+        DocumentIndex.load(tmp_path / "plain", embedder)
+
+    built.save(tmp_path / "idx")
+    meta_path = tmp_path / "idx" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "format_version": 2}))
+    with pytest.raises(IndexFormatError, match="format version 2.*reads version 1; rebuild it"):
+        DocumentIndex.load(tmp_path / "idx", embedder)
+
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(IndexFormatError, match="384-dimensional vectors .* 512-dimensional"):
+        DocumentIndex.load(tmp_path / "idx", CountingEmbedder(embedder, dimension=512))
+    with pytest.raises(IndexFormatError, match="built with embedder 'all-MiniLM-L6-v2', not 'other'"):
+        DocumentIndex.load(tmp_path / "idx", CountingEmbedder(embedder, name="other"))
+
+    meta_path.write_text(json.dumps({**meta, "embedder": "/models/e5"}))
+    with pytest.raises(IndexFormatError, match=r"embedder=SentenceTransformerEmbedder\('/models/e5'\)"):
+        DocumentIndex.load(tmp_path / "idx")
+
+    meta_path.write_text(json.dumps(meta))
+    (tmp_path / "idx" / "chunks.jsonl").write_text("")
+    with pytest.raises(IndexFormatError, match="vectors but 0 chunks"):
+        DocumentIndex.load(tmp_path / "idx", embedder)
+
+
+def test_a_failed_save_keeps_the_previous_index(built, embedder, tmp_path: Path, monkeypatch) -> None:
+    target = tmp_path / "idx"
+    small, _ = DocumentIndex.build([CORPUS / "honeybees.txt"], embedder, SMALL)
+    small.save(target)
+
+    real_write = store._write_text
+
+    def crash_midway(path: Path, text: str) -> None:
+        real_write(path, text[: len(text) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "_write_text", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        built.save(target)
+    monkeypatch.undo()
+
+    def refuse_rename(self, other):
+        raise OSError("rename failed")
+
+    real_rename = Path.rename
+    def rename(self, other):  # only the swap-in of the new index fails
+        return (refuse_rename if ".tmp-" in self.name else real_rename)(self, other)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OSError, match="rename failed"):
+        built.save(target)
+    monkeypatch.undo()
+
+    assert DocumentIndex.load(target, embedder).chunks == small.chunks
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no scratch or backup left
+
+
+def test_save_never_replaces_something_that_is_not_an_index(built, tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a rag-lookahead index"):
+        built.save(tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------------- update
+
+
+def test_update_replaces_only_what_changed(embedder, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    counting = CountingEmbedder(embedder)
+    index, _ = DocumentIndex.build([corpus], counting, SMALL)
+    bees_chunks = [c for c in index.chunks if c.source.endswith("honeybees.txt")]
+
+    (corpus / "sourdough.txt").write_text("A sourdough starter needs flour, water and patience.\n")
+    (corpus / "lighthouses.md").unlink()
+    kites = "A kite flies best in a steady wind of fifteen to twenty-five kilometres per hour."
+    (corpus / "guides" / "kites.txt").write_text(kites + "\n")
+    (corpus / "broken.txt").write_bytes(b"\x00\x01")
+    counting.embedded.clear()
+
+    report = index.update([corpus])
+
+    assert (report.added, report.removed, report.unchanged) == (2, 2, 5)
+    assert report.skipped == (Skipped(str(corpus / "broken.txt"), "binary"),)
+    assert counting.embedded == [  # in sorted source order
+        kites,
+        "A sourdough starter needs flour, water and patience.",
+    ]
+    assert report.chunks_added == 2
+    # No stale chunk: every chunk is a slice of its file as it is now.
+    for chunk in index.chunks:
+        text = load_documents([store.source_file(chunk.source)])[0]
+        assert chunk.text in {d.text[chunk.start : chunk.end] for d in text if d.source == chunk.source}
+    assert not any("lighthouses" in s for s in index.sources)
+    assert [c for c in index.chunks if c.source.endswith("honeybees.txt")] == bees_chunks
+    # The result is what a fresh build would give, and the vectors still line up with chunks.
+    fresh, _ = DocumentIndex.build([corpus], embedder, SMALL)
+    assert sorted(c.id for c in index.chunks) == sorted(c.id for c in fresh.chunks)
+    assert index.sources == fresh.sources
+    assert index.search("kite wind", k=1)[0].chunk.source == str(corpus / "guides" / "kites.txt")
+    assert index.search("Fresnel lens keeper", k=1)[0].chunk.source != str(corpus / "lighthouses.md")
+
+    counting.embedded.clear()
+    again = index.update([corpus])
+    assert counting.embedded == [] and (again.added, again.removed, again.unchanged) == (0, 0, 7)
+
+
+def test_update_leaves_sources_outside_its_paths_alone(embedder, tmp_path: Path) -> None:
+    shutil.copytree(CORPUS, tmp_path / "corpus")
+    index, _ = DocumentIndex.build([tmp_path / "corpus"], embedder, SMALL)
+    (tmp_path / "corpus" / "honeybees.txt").unlink()
+    report = index.update([tmp_path / "corpus" / "guides"])
+    assert (report.added, report.removed, report.unchanged) == (0, 0, 1)
+    assert str(tmp_path / "corpus" / "honeybees.txt") in index.sources
