@@ -10,6 +10,7 @@ from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafte
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.models import DEFAULT_MODEL, load_model
 from rag_lookahead.prompts import rag_messages
+from rag_lookahead.scope import DocumentScope
 from rag_lookahead.stats import DecodeStats
 from rag_lookahead.stream import Chunk, Completion, TextStream
 from rag_lookahead.tree import DraftTree
@@ -22,6 +23,7 @@ __all__ = [
     "Completion",
     "CostCurve",
     "DecodeStats",
+    "DocumentScope",
     "DraftTree",
     "Drafter",
     "GenerationParams",

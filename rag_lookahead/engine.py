@@ -25,6 +25,7 @@ from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.probe import sliding_window, tree_support_problem
 from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.scope import DocumentScope
 from rag_lookahead.stats import FinishReason
 from rag_lookahead.stream import Completion, StepRecorder, TextStream
 from rag_lookahead.text import TextAssembler
@@ -125,6 +126,7 @@ class LookaheadEngine:
         params: GenerationParams | None = None,
         *,
         documents: Iterable[str] = (),
+        scope: DocumentScope | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt``, yielding new text as it is decided.
@@ -134,12 +136,15 @@ class LookaheadEngine:
             params: Token choice and stopping; keyword ``overrides`` replace single fields,
                 e.g. ``max_new_tokens=64``.
             documents: Texts this call may draft from besides its prompt (retrieved passages).
+            scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
         """
         params = (params or GenerationParams()).with_overrides(**overrides)
         prompt_ids = encode_prompt(self.tokenizer, prompt)
         self._check_length(prompt_ids)
+        if scope is not None and scope.closed:
+            raise ValueError("the document scope passed to this call is closed")
         recorder = StepRecorder(prompt_tokens=len(prompt_ids))
-        steps = self._run(prompt_ids, params, list(documents), recorder)
+        steps = self._run(prompt_ids, params, list(documents), recorder, scope)
         return TextStream(steps, TextAssembler(self.tokenizer, params.stop_strings), recorder)
 
     def complete(
@@ -148,10 +153,21 @@ class LookaheadEngine:
         params: GenerationParams | None = None,
         *,
         documents: Iterable[str] = (),
+        scope: DocumentScope | None = None,
         **overrides: Any,
     ) -> Completion:
         """Blocking `stream`: the whole new text, its token ids and the stats."""
-        return self.stream(prompt, params, documents=documents, **overrides).complete()
+        return self.stream(prompt, params, documents=documents, scope=scope, **overrides).complete()
+
+    def scope(self, documents: Iterable[str] = ()) -> DocumentScope:
+        """Documents for several calls: insert them now, eliminate them when the scope closes.
+
+        Use it as ``with engine.scope(passages) as docs: engine.complete(q, scope=docs)``;
+        calls not given the scope never draft from its documents.
+        """
+        scope = DocumentScope(self.trie, self._lock, self._tokenize)
+        scope.add(documents)
+        return scope
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """Drop-in for `model.generate`: see `rag_lookahead.hf_compat.generate`."""
@@ -188,7 +204,11 @@ class LookaheadEngine:
                 )
 
     def _drafter(
-        self, prompt_ids: list[int], documents: list[str], params: GenerationParams
+        self,
+        prompt_ids: list[int],
+        documents: list[str],
+        params: GenerationParams,
+        scope: DocumentScope | None,
     ) -> MergedDrafter | None:
         self._ensure_probed()
         if self._tree_problem is not None:
@@ -204,13 +224,22 @@ class LookaheadEngine:
                 stacklevel=4,
             )
             return None
-        doc_ids = [self.tokenizer(d, add_special_tokens=False).input_ids for d in documents]
-        return build_drafter(self.config, self.trie, self._lock, [prompt_ids, *doc_ids])
+        doc_ids = [self._tokenize(d) for d in documents]
+        shared = (scope.owner, scope.sequences) if scope is not None else None
+        return build_drafter(self.config, self.trie, self._lock, [prompt_ids, *doc_ids], shared)
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def _run(
-        self, prompt_ids: list[int], params: GenerationParams, documents: list[str], rec: StepRecorder
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        documents: list[str],
+        rec: StepRecorder,
+        scope: DocumentScope | None,
     ) -> Generator[list[int], None, None]:
-        drafter = self._drafter(prompt_ids, documents, params)
+        drafter = self._drafter(prompt_ids, documents, params, scope)
         try:
             yield from self._decode(prompt_ids, params, drafter, rec)
         finally:

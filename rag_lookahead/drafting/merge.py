@@ -21,15 +21,25 @@ def build_drafter(
     trie: TokenTrie,
     lock: threading.RLock,
     sequences: Sequence[Sequence[int]],
+    scope: tuple[str, Sequence[Sequence[int]]] | None = None,
 ) -> MergedDrafter:
-    """The drafters ``config.mode`` asks for, for one call whose prompt is ``sequences[0]``."""
+    """The drafters ``config.mode`` asks for, for one call whose prompt is ``sequences[0]``.
+
+    ``scope`` is a `DocumentScope`'s owner and documents: the call's branches then join the
+    scope's, which outlive the call.
+    """
     drafters: list[Drafter] = []
     if config.mode in ("auto", "trie"):
-        owner = f"call-{uuid.uuid4().hex}"
-        drafters.append(TrieDrafter(trie, owner, sequences, lock, config.min_query_length))
-    if config.mode in ("auto", "jacobi"):
+        owner = scope[0] if scope else f"call-{uuid.uuid4().hex}"
         drafters.append(
-            JacobiDrafter(sequences, config.window_size, config.ngram_size, config.guess_set_size)
+            TrieDrafter(
+                trie, owner, sequences, lock, config.min_query_length, eliminate_on_close=scope is None
+            )
+        )
+    if config.mode in ("auto", "jacobi"):
+        pooled = [*sequences, *scope[1]] if scope else sequences
+        drafters.append(
+            JacobiDrafter(pooled, config.window_size, config.ngram_size, config.guess_set_size)
         )
     return MergedDrafter(drafters)
 

@@ -14,9 +14,10 @@ __all__ = ["TrieDrafter"]
 class TrieDrafter:
     """Drafts from the branches this call owns (prompt, documents) and from past outputs.
 
-    The call's branches are inserted on construction and eliminated by `close`; the tokens it
-    generates are added to the shared output branches as they are accepted, so they help the
-    rest of this answer as well as later calls.
+    The call's branches are inserted on construction and eliminated by `close`, unless the
+    owner is a `DocumentScope`'s, which eliminates them itself; the tokens it generates are
+    added to the shared output branches as they are accepted, so they help the rest of this
+    answer as well as later calls.
     """
 
     def __init__(
@@ -26,9 +27,12 @@ class TrieDrafter:
         sequences: Sequence[Sequence[int]],
         lock: threading.RLock,
         min_match: int,
+        *,
+        eliminate_on_close: bool = True,
     ) -> None:
         self.trie = trie
         self.owner = owner
+        self.eliminate_on_close = eliminate_on_close
         self.lock = lock
         self.min_match = min_match
         with lock:
@@ -49,5 +53,6 @@ class TrieDrafter:
             self._outputs.extend(tokens)
 
     def close(self) -> None:
-        with self.lock:
-            self.trie.eliminate(self.owner)
+        if self.eliminate_on_close:
+            with self.lock:
+                self.trie.eliminate(self.owner)

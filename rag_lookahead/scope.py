@@ -1,0 +1,69 @@
+"""Documents that several generation calls draft from, until the scope is closed.
+
+A RAG query may make several model calls (LangChain runs, LlamaIndex refine/compact), and its
+retrieved documents should feed all of them and then leave the trie. A scope inserts them once,
+owned by the scope, and eliminates them on `close` (or leaving a ``with`` block, or when the
+scope is garbage-collected unclosed). Calls draft from a scope's documents only when given it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Callable, Iterable, Sequence
+
+from rag_lookahead.drafting.trie import TokenTrie
+
+__all__ = ["DocumentScope"]
+
+
+class DocumentScope:
+    """Document branches owned by one query, visible to the calls that are passed this scope."""
+
+    def __init__(
+        self, trie: TokenTrie, lock: threading.RLock, tokenize: Callable[[str], list[int]]
+    ) -> None:
+        self.owner = f"scope-{uuid.uuid4().hex}"
+        self._trie = trie
+        self._lock = lock
+        self._tokenize = tokenize
+        self._sequences: list[list[int]] = []
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def sequences(self) -> Sequence[Sequence[int]]:
+        """The token ids of the documents added so far."""
+        return tuple(self._sequences)
+
+    def add(self, documents: Iterable[str]) -> None:
+        """Insert ``documents`` as branches owned by this scope."""
+        if self._closed:
+            raise RuntimeError("this document scope is closed; open a new one")
+        sequences = [self._tokenize(text) for text in documents if text]
+        with self._lock:
+            for seq in sequences:
+                self._trie.insert(seq, self.owner)
+            self._sequences.extend(sequences)
+
+    def close(self) -> None:
+        """Eliminate this scope's branches from the trie (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            with self._lock:
+                self._trie.eliminate(self.owner)
+
+    def __enter__(self) -> DocumentScope:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter shutdown)
+            pass

@@ -1,0 +1,73 @@
+"""Document scopes: documents shared by several calls, private to them, gone when closed."""
+
+import gc
+
+import pytest
+
+from fakes import CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+
+PROMPT = [3, 14, 15, 9, 26]
+N = 16
+
+
+@pytest.fixture
+def engine_and_document() -> tuple[LookaheadEngine, str, list[int]]:
+    """An engine, and a document holding the prompt's whole greedy continuation."""
+    model = tiny_model("llama")
+    reference = greedy_reference(model, PROMPT, N)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    return engine, CharTokenizer().decode(PROMPT + reference), reference
+
+
+def test_calls_in_a_scope_draft_from_its_documents_and_keep_them(engine_and_document) -> None:
+    engine, document, reference = engine_and_document
+    with engine.scope([document]) as scope:
+        assert scope.owner in engine.trie.owners()
+        for _ in range(2):  # several calls share the scope's branches
+            completion = engine.complete(PROMPT, max_new_tokens=N, scope=scope)
+            assert completion.token_ids == reference
+            assert completion.stats.steps < N  # drafts from the document were accepted
+            assert scope.owner in engine.trie.owners()
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_a_call_without_the_scope_never_sees_its_documents(engine_and_document) -> None:
+    engine, document, reference = engine_and_document
+    alone = LookaheadEngine(engine.model, engine.tokenizer, engine.config)
+    with engine.scope([document]):
+        completion = engine.complete(PROMPT, max_new_tokens=N)
+    assert completion.token_ids == reference
+    # Exactly the steps of an engine that never held the document.
+    assert completion.stats.steps == alone.complete(PROMPT, max_new_tokens=N).stats.steps
+
+
+def test_documents_added_later_are_eliminated_too(engine_and_document) -> None:
+    engine, document, _ = engine_and_document
+    scope = engine.scope()
+    scope.add([document])
+    assert engine.trie.count_owned(scope.owner) > 0
+    scope.close()
+    scope.close()  # idempotent
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+    with pytest.raises(RuntimeError, match="closed"):
+        scope.add(["x"])
+    with pytest.raises(ValueError, match="closed"):
+        engine.complete(PROMPT, max_new_tokens=2, scope=scope)
+
+
+def test_an_unclosed_scope_is_eliminated_when_collected(engine_and_document) -> None:
+    engine, document, _ = engine_and_document
+    scope = engine.scope([document])
+    del scope
+    gc.collect()
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_an_error_inside_a_scope_still_eliminates_it(engine_and_document) -> None:
+    engine, document, _ = engine_and_document
+    with pytest.raises(KeyError):
+        with engine.scope([document]):
+            raise KeyError("boom")
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
