@@ -18,10 +18,18 @@ import torch
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.prompts import encode_prompt, rag_messages
 
-__all__ = ["METHODS", "MethodResult", "load_records", "run_benchmark"]
+__all__ = ["METHODS", "BenchInput", "MethodResult", "gold_inputs", "load_records", "run_benchmark"]
 
 METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "jacobi", "auto")
 PROMPT_LOOKUP_TOKENS = 10
+
+
+@dataclass(frozen=True)
+class BenchInput:
+    """One prompt as every method sees it; ``documents`` also feed the engine's drafts."""
+
+    prompt_ids: list[int]
+    documents: tuple[str, ...] = ()
 
 
 @dataclass
@@ -57,10 +65,22 @@ def load_records(path: Path, limit: int | None = None) -> list[dict[str, str]]:
     return records
 
 
-def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Callable[[list[int]], tuple[list[int], int]]:
+def gold_inputs(engine: LookaheadEngine, records: Sequence[dict[str, str]]) -> list[BenchInput]:
+    """Each record's question asked about its own (gold) context."""
+    return [
+        BenchInput(encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])))
+        for r in records
+    ]
+
+
+Runner = Callable[[BenchInput], tuple[list[int], int]]
+
+
+def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Runner:
     model = engine.model
 
-    def run(ids: list[int]) -> tuple[list[int], int]:
+    def run(item: BenchInput) -> tuple[list[int], int]:
+        ids = item.prompt_ids
         input_ids = torch.tensor([ids], device=engine.device)
         with torch.inference_mode():
             out = model.generate(
@@ -92,9 +112,9 @@ def _prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
     return run
 
 
-def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Callable[[list[int]], tuple[list[int], int]]:
-    def run(ids: list[int]) -> tuple[list[int], int]:
-        completion = engine.complete(ids, max_new_tokens=max_new_tokens)
+def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Runner:
+    def run(item: BenchInput) -> tuple[list[int], int]:
+        completion = engine.complete(item.prompt_ids, max_new_tokens=max_new_tokens, documents=item.documents)
         return completion.token_ids, completion.stats.steps
 
     return run
@@ -102,12 +122,12 @@ def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Callable[[li
 
 def run_benchmark(
     engine: LookaheadEngine,
-    records: Sequence[dict[str, str]],
+    inputs: Sequence[BenchInput],
     max_new_tokens: int,
     methods: Iterable[str] = METHODS,
     progress: Callable[[Iterable[Any]], Iterator[Any]] = iter,
 ) -> dict[str, Any]:
-    """Time each method on each record; return the JSON-ready summary."""
+    """Time each method on each input (see `gold_inputs`); return the JSON-ready summary."""
     methods = list(methods)
     chosen = ["greedy", *(m for m in METHODS if m in methods and m != "greedy")]
     unknown = set(methods) - set(METHODS)
@@ -121,25 +141,27 @@ def run_benchmark(
     for mode in ("trie", "jacobi", "auto"):  # the engine forced into one mode, with its own trie
         forced = LookaheadEngine(engine.model, engine.tokenizer, replace(engine.config, mode=mode))
         runners[mode] = _engine_runner(forced, max_new_tokens)
-    prompts = [encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])) for r in records]
+    if not inputs:
+        raise ValueError("nothing to benchmark: no inputs")
     prefill = _prefill_timer(engine)
+    warm = BenchInput(inputs[0].prompt_ids[-32:])
     for name in chosen:  # warm-up: first-call costs (allocations, the probe) are not timed
-        runners[name](prompts[0][-32:])
-    prefill(prompts[0][-32:])
+        runners[name](warm)
+    prefill(warm.prompt_ids)
     results = {name: MethodResult() for name in chosen}
     prefill_seconds = 0.0
-    for i, ids in enumerate(progress(prompts)):
-        prefill_seconds += prefill(ids)
+    for i, item in enumerate(progress(inputs)):
+        prefill_seconds += prefill(item.prompt_ids)
         order = chosen[i % len(chosen) :] + chosen[: i % len(chosen)]
         for name in order:
             start = time.perf_counter()
-            tokens, steps = runners[name](ids)
+            tokens, steps = runners[name](item)
             result = results[name]
             result.seconds += time.perf_counter() - start
             result.new_tokens += len(tokens)
             result.steps += steps
             result.outputs.append(tokens)
-    return _summary(engine, results, len(prompts), max_new_tokens, prefill_seconds)
+    return _summary(engine, results, len(inputs), max_new_tokens, prefill_seconds)
 
 
 def _summary(

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence, Union
 
 import torch
 
-__all__ = ["Prompt", "encode_prompt", "rag_messages"]
+__all__ = ["RAG_SYSTEM", "Prompt", "encode_prompt", "rag_messages"]
 
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]], torch.Tensor]
 

@@ -23,7 +23,7 @@ from rag_lookahead.rag import (
 from rag_lookahead.rag import chunking, store
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
-SMALL = ChunkingConfig(size=48, overlap=12)
+SMALL = ChunkingConfig(size=48, overlap=12, unit="tokens")
 
 
 class CountingEmbedder:
@@ -160,7 +160,7 @@ def test_chunking_config_is_validated(kwargs, message) -> None:
 
 def test_token_chunks_are_exact_windows_with_the_overlap(embedder) -> None:
     doc = load_documents([CORPUS / "lighthouses.md"])[0][0]
-    config = ChunkingConfig(size=30, overlap=8)
+    config = ChunkingConfig(size=30, overlap=8, unit="tokens")
     chunks = split_document(doc, config, embedder.tokenizer)
     spans = tokens(embedder.tokenizer, doc.text)
     step = config.size - config.overlap

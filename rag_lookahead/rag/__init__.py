@@ -13,9 +13,18 @@ from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
 from rag_lookahead.rag.documents import Document, Skipped, load_documents
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
 from rag_lookahead.rag.index import DocumentIndex, Hit, IndexFormatError, Progress, UpdateReport
+from rag_lookahead.rag.pipeline import (
+    Answer,
+    AnswerStream,
+    PreparedQuery,
+    RagPipeline,
+    RetrievalConfig,
+)
 
 __all__ = [
     "DEFAULT_EMBEDDER",
+    "Answer",
+    "AnswerStream",
     "Chunk",
     "ChunkingConfig",
     "Document",
@@ -23,7 +32,10 @@ __all__ = [
     "Embedder",
     "Hit",
     "IndexFormatError",
+    "PreparedQuery",
     "Progress",
+    "RagPipeline",
+    "RetrievalConfig",
     "SentenceTransformerEmbedder",
     "Skipped",
     "UpdateReport",

@@ -42,7 +42,7 @@ class ChunkingConfig:
 
     size: int = 200
     overlap: int = 40
-    unit: Unit = "tokens"
+    unit: Unit = "sentences"
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:

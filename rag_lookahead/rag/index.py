@@ -94,14 +94,18 @@ class DocumentIndex:
         embedder: Embedder,
         config: ChunkingConfig = ChunkingConfig(),
         progress: Progress | None = None,
+        *,
+        text_field: str = "text",
     ) -> tuple[DocumentIndex, list[Skipped]]:
         """Index the documents under `paths` (see `load_documents`); also return what was skipped."""
         index = cls(embedder, config)
-        documents, skipped = load_documents(paths)
+        documents, skipped = load_documents(paths, text_field=text_field)
         index._apply(index._embed_documents(documents, progress), stale=set())
         return index, skipped
 
-    def update(self, paths: Sequence[str | Path], progress: Progress | None = None) -> UpdateReport:
+    def update(
+        self, paths: Sequence[str | Path], progress: Progress | None = None, *, text_field: str = "text"
+    ) -> UpdateReport:
         """Re-read `paths` and bring the index in line with them.
 
         Sources under `paths` whose text changed, or that are gone or now unreadable, lose all
@@ -111,7 +115,7 @@ class DocumentIndex:
         """
         if isinstance(paths, (str, Path)):
             paths = [paths]
-        documents, skipped = load_documents(paths)
+        documents, skipped = load_documents(paths, text_field=text_field)
         scope = [_absolute(p) for p in paths]
         current = {doc.source: _sha256(doc.text) for doc in documents}
         in_scope = [s for s in self._sources if s in current or _is_under(s, scope)]
@@ -129,6 +133,12 @@ class DocumentIndex:
             chunks_added=len(batch.chunks),
             chunks_removed=removed_chunks,
         )
+
+    def add(self, documents: Sequence[Document], progress: Progress | None = None) -> int:
+        """Index documents already in memory (replacing sources of the same name); returns chunks added."""
+        batch = self._embed_documents(documents, progress)
+        self._apply(batch, stale={doc.source for doc in documents} & set(self._sources))
+        return len(batch.chunks)
 
     def search(self, query: str, k: int = 4) -> list[Hit]:
         """The `k` chunks most similar to `query`, best first (fewer if the index is smaller)."""

@@ -26,12 +26,13 @@ import faiss
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "IndexFormatError"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "META_FILE", "IndexFormatError"]
 
 FORMAT = "rag-lookahead-index"
 FORMAT_VERSION = 1
 _REBUILD = "rebuild it with `rag-lookahead index`"
 _INDEX, _CHUNKS, _META = "index.faiss", "chunks.jsonl", "meta.json"
+META_FILE = _META  # its presence tells an index directory apart
 
 
 class IndexFormatError(ValueError):

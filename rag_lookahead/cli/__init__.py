@@ -1,0 +1,159 @@
+"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo` and `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rag_lookahead.bench import METHODS
+from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
+from rag_lookahead.cli.benchmark import run_bench
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
+
+__all__ = ["build_parser", "main"]
+
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default=None,
+        help="local model directory or a hub id already in the local cache "
+        "(default: the embedded SmolLM2-135M-Instruct; nothing is downloaded)",
+    )
+    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
+    group.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float16", "bfloat16"],
+        help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
+    )
+    group.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    group.add_argument(
+        "--trust-remote-code", action="store_true", help="run model code shipped with the checkpoint"
+    )
+    look = parser.add_argument_group("lookahead")
+    defaults = LookaheadConfig()
+    look.add_argument(
+        "--mode", default=defaults.mode, choices=["auto", "trie", "jacobi", "off"],
+        help="auto: trie drafts, Jacobi n-grams when they pay, cost-aware budget; trie / jacobi: "
+        f"that drafter alone, fixed budget; off: plain decoding (default: {defaults.mode})",
+    )
+    look.add_argument(
+        "--decoding-length", type=int, default=defaults.decoding_length,
+        help=f"most draft tokens verified per forward (default: {defaults.decoding_length})",
+    )
+    look.add_argument(
+        "--branch-length", type=int, default=defaults.branch_length,
+        help=f"deepest draft branch (default: {defaults.branch_length})",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)"
+    )
+
+
+def _retrieval_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = RetrievalConfig()
+    group = parser.add_argument_group("retrieval")
+    group.add_argument(
+        "--top-k", type=int, default=defaults.top_k,
+        help=f"chunks retrieved per question (default: {defaults.top_k})",
+    )
+    group.add_argument(
+        "--min-score", type=float, default=defaults.min_score,
+        help=f"least cosine similarity of a relevant chunk (default: {defaults.min_score})",
+    )
+
+
+def _index_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = ChunkingConfig()
+    group = parser.add_argument_group("indexing")
+    group.add_argument(
+        "--chunk-size", type=int, default=defaults.size,
+        help=f"chunk size in --chunk-unit (default: {defaults.size}; the default embedder reads 256 tokens)",
+    )
+    group.add_argument(
+        "--chunk-overlap", type=int, default=defaults.overlap,
+        help=f"tokens repeated between neighbouring chunks (default: {defaults.overlap})",
+    )
+    group.add_argument(
+        "--chunk-unit", default=defaults.unit, choices=["tokens", "sentences"],
+        help="pack whole sentences, or cut at any token (default: sentences)",
+    )
+    group.add_argument(
+        "--embedder", default=None,
+        help="sentence-transformers model directory (default: all-MiniLM-L6-v2 from its wheel)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rag-lookahead",
+        description="Lossless lookahead decoding for RAG answers: faster, token for token the same.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    index = sub.add_parser("index", help="build or update a document index")
+    index.add_argument("paths", nargs="+", type=Path, help=".txt, .md, .jsonl files or folders")
+    index.add_argument("--out", required=True, type=Path, help="the index directory")
+    index.add_argument("--text-field", default="text", help="the text field of .jsonl records (default: text)")
+    _index_flags(index)
+    index.set_defaults(run=run_index)
+
+    ask = sub.add_parser("ask", help="answer one question from an index, streaming, then its sources")
+    ask.add_argument("question")
+    ask.add_argument("--index", required=True, type=Path, help="an index built by `index`")
+    ask.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
+    _retrieval_flags(ask)
+    _model_flags(ask)
+    ask.set_defaults(run=run_ask)
+
+    chat = sub.add_parser("chat", help="ask questions about an index interactively")
+    chat.add_argument("--index", required=True, type=Path, help="an index built by `index`")
+    chat.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
+    chat.add_argument(
+        "--debug", action="store_true",
+        help="mark, per step, the tokens that came from drafts and their source",
+    )
+    _retrieval_flags(chat)
+    _model_flags(chat)
+    chat.set_defaults(run=run_chat)
+
+    demo = sub.add_parser("demo", help="index the bundled corpus, answer with and without lookahead")
+    _retrieval_flags(demo)
+    _model_flags(demo)
+    demo.set_defaults(run=run_demo)
+
+    bench = sub.add_parser("bench", help="time greedy, prompt lookup and lookahead on a JSONL set")
+    bench.add_argument("--data", required=True, type=Path, help="JSONL with 'question' and 'context'")
+    bench.add_argument("--limit", type=int, default=None, help="use the first N records")
+    bench.add_argument("--json", default=None, help="write the summary here")
+    bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
+    bench.add_argument(
+        "--methods", default="greedy,prompt_lookup,lookahead",
+        help=f"comma-separated subset of {','.join(METHODS)} (greedy always runs as the reference)",
+    )
+    bench.add_argument(
+        "--retrieval", default="gold", choices=["gold", "faiss"],
+        help="gold: each question with its own context; faiss: index every context of the file "
+        "and answer from the top-k retrieved chunks (default: gold)",
+    )
+    _retrieval_flags(bench)
+    _model_flags(bench)
+    bench.set_defaults(run=run_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ValueError, FileNotFoundError, FileExistsError, IndexFormatError) as err:
+        print(f"rag-lookahead: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130

@@ -1,0 +1,153 @@
+"""`index`, `ask`, `chat` and `demo`: documents in, streamed answers with their sources out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+from rag_lookahead.cli.setup import (
+    make_embedder,
+    make_engine,
+    make_pipeline,
+    plain_engine,
+    progress,
+    retrieval_config,
+)
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, RagPipeline
+from rag_lookahead.rag.pipeline import Answer, source_name
+from rag_lookahead.rag.store import META_FILE
+
+__all__ = ["run_ask", "run_chat", "run_demo", "run_index"]
+
+
+def run_index(args: argparse.Namespace) -> int:
+    """Build the index at ``--out``, or bring an existing one in line with the paths."""
+    config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
+    out = Path(args.out)
+    if (out / META_FILE).is_file():
+        index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
+        if index.config != config:
+            print(f"note: keeping the index's chunking {index.config}; rebuild into a new folder to change it")
+        report = index.update(args.paths, progress("embedding"), text_field=args.text_field)
+        skipped = report.skipped
+        print(
+            f"updated {out}: {report.added} sources added or changed, {report.removed} removed or "
+            f"changed, {report.unchanged} unchanged ({report.chunks_added} chunks in, "
+            f"{report.chunks_removed} out)"
+        )
+    else:
+        index, skipped_list = DocumentIndex.build(
+            args.paths, make_embedder(args.embedder), config, progress("embedding"), text_field=args.text_field
+        )
+        skipped = tuple(skipped_list)
+        print(f"built {out}: {len(index.sources)} sources, {len(index)} chunks")
+    for item in skipped:
+        print(f"skipped {item.source}: {item.reason}")
+    index.save(out)
+    return 0
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    pipeline = make_pipeline(args)
+    _answer(pipeline.stream(args.question, max_new_tokens=args.max_new_tokens), sys.stdout)
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    pipeline = make_pipeline(args)
+    print(f"Chatting over {args.index} ({len(pipeline.index)} chunks). An empty line or Ctrl-D ends.")
+    while True:
+        try:
+            question = input("\nyou> ").strip()
+        except EOFError:
+            print()
+            return 0
+        if not question or question in {"exit", "quit"}:
+            return 0
+        try:
+            stream = pipeline.stream(question, max_new_tokens=args.max_new_tokens)
+        except ValueError as err:
+            print(f"error: {err}")
+            continue
+        _answer(stream, sys.stdout, debug=args.debug, engine=pipeline.engine)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The main job on bundled data: index a small real corpus, answer with and without lookahead."""
+    data = resources.files("rag_lookahead") / "data"
+    with resources.as_file(data / "corpus") as corpus, tempfile.TemporaryDirectory() as tmp:
+        print(f"Indexing the bundled corpus ({', '.join(sorted(p.name for p in Path(corpus).iterdir()))})...")
+        index, _ = DocumentIndex.build([corpus], make_embedder(None), progress=progress("embedding"))
+        index.save(Path(tmp) / "index")  # what `rag-lookahead index` does, read back as `ask` does
+        index = DocumentIndex.load(Path(tmp) / "index")
+    questions = (data / "demo_questions.txt").read_text(encoding="utf-8").split("\n")
+    print("Loading the model (the default is converted once to safetensors on first use)...")
+    engine = make_engine(args)
+    pipelines = {
+        "plain": RagPipeline(plain_engine(engine), index, retrieval_config(args)),
+        "lookahead": RagPipeline(engine, index, retrieval_config(args)),
+    }
+    for question in filter(None, (q.strip() for q in questions)):
+        print(f"\n=== {question}")
+        answers = {name: p.ask(question, max_new_tokens=args.max_new_tokens) for name, p in pipelines.items()}
+        plain, fast = answers["plain"], answers["lookahead"]
+        print(fast.text.strip())
+        _print_sources(fast, sys.stdout)
+        for name, answer in answers.items():
+            s = answer.stats
+            print(f"  {name:>9}: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per forward")
+        speedup = fast.stats.tokens_per_s / max(plain.stats.tokens_per_s, 1e-9)
+        print(f"  identical: {plain.text == fast.text}; lookahead speedup: {speedup:.2f}x")
+    return 0
+
+
+def _answer(stream: AnswerStream, out: TextIO, debug: bool = False, engine: LookaheadEngine | None = None) -> None:
+    """Stream an answer to ``out``, then its sources and stats."""
+    for note in stream.notes:
+        out.write(f"note: {note}\n")
+    with stream:
+        if debug and engine is not None:
+            _debug_steps(stream, engine, out)
+        else:
+            for text in stream:
+                out.write(text)
+                out.flush()
+        answer = stream.answer()
+    out.write("\n")
+    _print_sources(answer, out)
+    s = answer.stats
+    out.write(
+        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per "
+        f"forward, {s.steps} forwards]\n"
+    )
+
+
+def _debug_steps(stream: AnswerStream, engine: LookaheadEngine, out: TextIO) -> None:
+    """Each step's drafted tokens as ``[source|text]``, then the model's own token."""
+    decode = engine.tokenizer.decode
+    for n, chunk in enumerate(stream.chunks()):
+        stats = stream.stats
+        step = n - 1  # the first chunk is the prefill's token, which belongs to no step
+        if not chunk.token_ids or step < 0 or step >= stats.steps:
+            out.write(chunk.text)
+            continue
+        accepted = stats.accepted_per_step[step]
+        drafted = decode(chunk.token_ids[:accepted]) if accepted else ""
+        own = decode(chunk.token_ids[accepted:])
+        out.write(f"[{stats.draft_sources[step]}|{drafted}]{own}" if drafted else own)
+        out.flush()
+
+
+def _print_sources(answer: Answer, out: TextIO) -> None:
+    if not answer.sources:
+        out.write("sources: none (the answer is not grounded in the index)\n")
+        return
+    out.write("sources:\n")
+    for i, hit in enumerate(answer.sources, 1):
+        snippet = " ".join(hit.chunk.text.split())[:90]
+        out.write(f"  [{i}] {source_name(hit.chunk.source)} (score {hit.score:.2f}): {snippet}...\n")

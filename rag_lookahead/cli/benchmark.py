@@ -1,0 +1,53 @@
+"""`bench`: every method on the same prompts, with gold or retrieved contexts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rag_lookahead.bench import BenchInput, format_table, gold_inputs, load_records, run_benchmark
+from rag_lookahead.cli.setup import make_embedder, make_engine, progress, retrieval_config
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
+
+__all__ = ["run_bench"]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    records = load_records(args.data, args.limit)
+    engine = make_engine(args)
+    if args.retrieval == "faiss":
+        inputs = _retrieved_inputs(args, engine, records)
+    else:
+        inputs = gold_inputs(engine, records)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    summary = run_benchmark(engine, inputs, args.max_new_tokens, methods, progress=progress("records"))
+    summary["data"] = Path(args.data).name
+    summary["retrieval"] = args.retrieval
+    if args.retrieval == "faiss":
+        summary["top_k"] = args.top_k
+    print(format_table(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from rag_lookahead.plot import plot_summary
+
+        plot_summary(summary, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _retrieved_inputs(
+    args: argparse.Namespace, engine: LookaheadEngine, records: list[dict[str, str]]
+) -> list[BenchInput]:
+    """True RAG: every context of the file indexed, each question answered from its top-k chunks."""
+    contexts = dict.fromkeys(r["context"] for r in load_records(args.data))  # all records, once each
+    name = Path(args.data).name
+    documents = [Document(f"{name}#{i}", text) for i, text in enumerate(contexts, 1) if text.strip()]
+    index = DocumentIndex(make_embedder(None))
+    index.add(documents, progress("indexing contexts"))
+    pipeline = RagPipeline(engine, index, retrieval_config(args))
+    queries = [pipeline.prepare(r["question"], args.max_new_tokens) for r in records]
+    return [BenchInput(q.prompt_ids, q.documents) for q in queries]

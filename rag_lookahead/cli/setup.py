@@ -1,0 +1,64 @@
+"""What the commands share: the engine, the embedder and the index from the flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+
+__all__ = ["make_embedder", "make_engine", "make_pipeline", "plain_engine", "progress", "retrieval_config"]
+
+
+def make_engine(args: argparse.Namespace) -> LookaheadEngine:
+    """The engine the model and lookahead flags describe (measuring its cost curve first)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = LookaheadConfig(
+        mode="off" if getattr(args, "no_lookahead", False) else args.mode,
+        decoding_length=args.decoding_length,
+        branch_length=args.branch_length,
+    )
+    engine = LookaheadEngine.from_pretrained(
+        args.model, config=config, device=args.device, dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+    )
+    if engine.config.mode == "auto" and engine.tree_verification:
+        # Measured once per model, device and dtype (then cached), so no answer pays for it.
+        engine.cost_curve  # noqa: B018
+    return engine
+
+
+def plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
+    """An engine on the same model that decodes plainly: the reference to compare with."""
+    return LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
+
+
+def make_embedder(path: str | None) -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(path)
+
+
+def make_pipeline(args: argparse.Namespace) -> RagPipeline:
+    """The pipeline over the saved index at ``args.index`` (read before the model is loaded)."""
+    index = DocumentIndex.load(Path(args.index))
+    return RagPipeline(make_engine(args), index, retrieval_config(args))
+
+
+def retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
+    return RetrievalConfig(top_k=args.top_k, min_score=args.min_score)
+
+
+def progress(description: str) -> Any:
+    """A progress-bar wrapper for the library's ``progress`` arguments."""
+    from tqdm import tqdm
+
+    def wrap(items: Iterable[Any]) -> Iterator[Any]:
+        return iter(tqdm(items, desc=description, file=sys.stderr, leave=False))
+
+    return wrap

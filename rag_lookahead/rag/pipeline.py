@@ -1,0 +1,241 @@
+"""Retrieval-augmented answers: retrieve chunks, prompt with them, draft from them, stream.
+
+Each question's retrieved chunks are passed to the engine as that call's documents: inserted
+into the trie as branches owned by the call before it generates, eliminated when it ends (also
+on an error, a cancelled or an abandoned stream). Concurrent questions never draft from each
+other's documents; the model's own past answers stay in the trie and help later questions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from rag_lookahead.config import GenerationParams
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.prompts import RAG_SYSTEM, encode_prompt, rag_messages
+from rag_lookahead.rag.index import DocumentIndex, Hit
+from rag_lookahead.stats import DecodeStats
+from rag_lookahead.stream import Chunk, TextStream
+
+__all__ = ["Answer", "AnswerStream", "PreparedQuery", "RagPipeline", "RetrievalConfig"]
+
+NO_SOURCES = "No relevant documents were found for this question."
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """How a question's sources are chosen.
+
+    Attributes:
+        top_k: Chunks retrieved per question (all of them feed the drafts).
+        min_score: Chunks less similar than this (cosine) are not relevant.
+        max_context_tokens: Token budget of the prompt; ``None``: the model's context window
+            minus the answer's ``max_new_tokens``. Sources that do not fit are cut, with a note.
+    """
+
+    top_k: int = 4
+    min_score: float = 0.2
+    max_context_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
+        if not -1.0 <= self.min_score <= 1.0:
+            raise ValueError(f"min_score is a cosine similarity in [-1, 1], got {self.min_score!r}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 16:
+            raise ValueError(f"max_context_tokens must be at least 16, got {self.max_context_tokens!r}")
+
+
+@dataclass(frozen=True)
+class PreparedQuery:
+    """A question ready for the engine: its prompt, the sources in it and its draft documents."""
+
+    question: str
+    prompt_ids: list[int]
+    sources: tuple[Hit, ...]  # the chunks the prompt shows, best first
+    documents: tuple[str, ...]  # every relevant retrieved chunk: the call's draft branches
+    notes: tuple[str, ...] = ()  # what the user should know (no sources, cut sources)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A finished answer with its sources and the engine's stats."""
+
+    question: str
+    text: str
+    sources: tuple[Hit, ...]
+    stats: DecodeStats
+    notes: tuple[str, ...] = ()
+
+    @property
+    def grounded(self) -> bool:
+        """Whether the answer was given with sources from the index."""
+        return bool(self.sources)
+
+
+@dataclass
+class AnswerStream(Iterator[str]):
+    """The answer's text as it is decided; the sources and notes are known from the start."""
+
+    query: PreparedQuery
+    stream: TextStream
+    _done: bool = field(default=False, repr=False)
+
+    @property
+    def sources(self) -> tuple[Hit, ...]:
+        return self.query.sources
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.query.notes
+
+    @property
+    def stats(self) -> DecodeStats:
+        return self.stream.stats
+
+    def __iter__(self) -> AnswerStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self.stream)
+
+    def chunks(self) -> Iterator[Chunk]:
+        """(token ids, text) per decoding step, for views that show where tokens came from."""
+        return self.stream.chunks()
+
+    def close(self) -> None:
+        """Stop generating and release the question's trie branches."""
+        self.stream.close()
+
+    def __enter__(self) -> AnswerStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def answer(self) -> Answer:
+        """Run to the end and return the whole answer."""
+        completion = self.stream.complete()
+        q = self.query
+        return Answer(q.question, completion.text, q.sources, completion.stats, q.notes)
+
+
+class RagPipeline:
+    """Questions answered from a `DocumentIndex` by a `LookaheadEngine`.
+
+    Thread-safe for concurrent questions: the engine serialises model forwards and trie updates,
+    and the index is only read.
+    """
+
+    def __init__(
+        self,
+        engine: LookaheadEngine,
+        index: DocumentIndex,
+        config: RetrievalConfig | None = None,
+        *,
+        system_prompt: str | None = RAG_SYSTEM,
+    ) -> None:
+        self.engine = engine
+        self.index = index
+        self.config = config or RetrievalConfig()
+        self.system_prompt = system_prompt
+
+    def retrieve(self, question: str) -> list[Hit]:
+        """The relevant chunks for ``question``, best first (possibly none)."""
+        if not len(self.index):
+            raise ValueError("the index holds no documents; add some with `rag-lookahead index`")
+        hits = self.index.search(question, self.config.top_k)
+        return [hit for hit in hits if hit.score >= self.config.min_score]
+
+    def prepare(self, question: str, max_new_tokens: int) -> PreparedQuery:
+        """Retrieve, and build the prompt through the chat template within the token budget."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question is empty")
+        hits = self.retrieve(question)
+        if not hits:
+            ids = self._encode(question, NO_SOURCES)
+            notes = (f"{NO_SOURCES} The answer is not grounded in the index.",)
+            return PreparedQuery(question, ids, (), (), notes)
+        shown, notes = self._fit(question, hits, self._budget(max_new_tokens))
+        if not shown:
+            raise ValueError("the question alone fills the context window; shorten it")
+        ids = self._encode(question, format_sources(shown))
+        return PreparedQuery(question, ids, tuple(shown), tuple(h.chunk.text for h in hits), tuple(notes))
+
+    def stream(
+        self, question: str, params: GenerationParams | None = None, **overrides: Any
+    ) -> AnswerStream:
+        """Answer ``question``, streaming the text; sources and notes are on the returned stream."""
+        params = (params or GenerationParams()).with_overrides(**overrides)
+        query = self.prepare(question, params.max_new_tokens)
+        return AnswerStream(query, self.engine.stream(query.prompt_ids, params, documents=query.documents))
+
+    def ask(self, question: str, params: GenerationParams | None = None, **overrides: Any) -> Answer:
+        """Blocking `stream`."""
+        return self.stream(question, params, **overrides).answer()
+
+    def _encode(self, question: str, context: str) -> list[int]:
+        return encode_prompt(self.engine.tokenizer, rag_messages(question, context, self.system_prompt))
+
+    def _budget(self, max_new_tokens: int) -> int | None:
+        window = self.engine.context_window
+        room = None if window is None else window - max_new_tokens
+        limits = [x for x in (room, self.config.max_context_tokens) if x is not None]
+        return min(limits) if limits else None
+
+    def _fit(self, question: str, hits: list[Hit], budget: int | None) -> tuple[list[Hit], list[str]]:
+        """As many sources as fit ``budget`` prompt tokens; the first that does not is cut to fit."""
+        shown: list[Hit] = []
+        for i, hit in enumerate(hits):
+            if budget is None or self._measure(question, [*shown, hit]) <= budget:
+                shown.append(hit)
+                continue
+            notes = []
+            cut = self._trim(question, shown, hit, budget)
+            if cut is not None:
+                shown.append(cut)
+                notes.append(
+                    f"Source [{len(shown)}] ({source_name(hit.chunk.source)}) was cut from "
+                    f"{len(hit.chunk.text)} to {len(cut.chunk.text)} characters to fit the context window."
+                )
+            left = len(hits) - len(shown)
+            if left:
+                notes.append(f"{left} retrieved source(s) did not fit the context window and were left out.")
+            return shown, notes
+        return shown, []
+
+    def _measure(self, question: str, hits: list[Hit]) -> int:
+        return len(self._encode(question, format_sources(hits)))
+
+    def _trim(self, question: str, shown: list[Hit], hit: Hit, budget: int) -> Hit | None:
+        """``hit`` cut to the tokens that still fit after ``shown``, or None if none do."""
+        text = hit.chunk.text
+        ends = [end for _, end in self.engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True).offset_mapping]
+        keep = len(ends)
+        for _ in range(4):  # a cut text may tokenize a little differently in the prompt: re-measure
+            over = self._measure(question, [*shown, _prefix(hit, ends[keep - 1])]) - budget
+            if over <= 0:
+                return _prefix(hit, ends[keep - 1])
+            keep -= over
+            if keep < 1:
+                return None
+        return None
+
+
+def _prefix(hit: Hit, end: int) -> Hit:
+    chunk = hit.chunk
+    cut = type(chunk).make(chunk.source, chunk.text[:end], chunk.start, chunk.start + end)
+    return Hit(cut, hit.score)
+
+
+def format_sources(hits: list[Hit] | tuple[Hit, ...]) -> str:
+    """The prompt's context: numbered sources, each headed by its document's name."""
+    return "\n\n".join(f"[{i}] {source_name(h.chunk.source)}\n{h.chunk.text}" for i, h in enumerate(hits, 1))
+
+
+def source_name(source: str) -> str:
+    """A short name for a chunk's source: the file name (with a ``#record`` suffix if any)."""
+    path, sep, record = source.partition("#")
+    return Path(path).name + sep + record

@@ -1,0 +1,126 @@
+"""The RAG pipeline with the real default model: lossless answers, query branches always released."""
+
+import gc
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+
+pytestmark = pytest.mark.slow
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+QUESTION = "How often should a sourdough starter be fed?"
+N = 24
+
+
+@pytest.fixture(scope="module")
+def engine() -> LookaheadEngine:
+    torch.set_num_threads(2)
+    try:
+        return LookaheadEngine.from_pretrained(config=LookaheadConfig(mode="trie"))
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def index() -> DocumentIndex:
+    return DocumentIndex.build([CORPUS], SentenceTransformerEmbedder())[0]
+
+
+@pytest.fixture
+def pipeline(engine, index) -> RagPipeline:
+    return RagPipeline(engine, index)
+
+
+def query_owners(engine: LookaheadEngine) -> set[str]:
+    return engine.trie.owners() - {OUTPUT_OWNER}
+
+
+def test_answers_are_those_of_plain_decoding_with_their_sources(pipeline, engine, index) -> None:
+    plain = RagPipeline(LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off")), index)
+    answer = pipeline.ask(QUESTION, max_new_tokens=N)
+    assert answer.text == plain.ask(QUESTION, max_new_tokens=N).text
+    assert answer.grounded and answer.sources[0].chunk.source.endswith("sourdough.txt")
+    assert answer.stats.steps < answer.stats.new_tokens  # drafts were accepted
+    assert not query_owners(engine)
+
+
+def test_the_querys_documents_are_in_the_trie_only_while_it_runs(pipeline, engine) -> None:
+    stream = pipeline.stream(QUESTION, max_new_tokens=N)
+    next(stream)
+    (owner,) = query_owners(engine)
+    assert engine.trie.count_owned(owner) > 0
+    for _ in stream:
+        pass
+    assert not query_owners(engine)
+
+
+def test_cancelled_abandoned_and_failed_queries_release_their_branches(pipeline, engine, monkeypatch) -> None:
+    stream = pipeline.stream(QUESTION, max_new_tokens=N)
+    next(stream)
+    stream.close()  # cancelled
+    assert not query_owners(engine) and stream.stats.finish_reason == "abandoned"
+
+    stream = pipeline.stream(QUESTION, max_new_tokens=N)
+    next(stream)
+    del stream  # abandoned without close
+    gc.collect()
+    assert not query_owners(engine)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "_forward_tree", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        pipeline.ask(QUESTION, max_new_tokens=N)
+    assert not query_owners(engine)
+
+
+def test_concurrent_queries_with_overlapping_documents_match_their_solo_runs(pipeline, engine) -> None:
+    questions = [QUESTION, "What makes a sourdough starter healthy?", "Why do lighthouses flash?"]
+    solo = [pipeline.ask(q, max_new_tokens=N).text for q in questions]
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        results[i] = pipeline.ask(questions[i], max_new_tokens=N).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(questions))] == solo
+    assert not query_owners(engine)
+
+
+def test_a_question_with_no_relevant_documents_gets_a_labelled_answer(engine, index) -> None:
+    strict = RagPipeline(engine, index, RetrievalConfig(min_score=0.99))
+    answer = strict.ask("What is the capital of Mongolia?", max_new_tokens=8)
+    assert not answer.grounded and "not grounded" in answer.notes[0]
+
+
+def test_sources_beyond_the_token_budget_are_cut_with_a_note(engine, index) -> None:
+    small = RagPipeline(engine, index, RetrievalConfig(top_k=4, max_context_tokens=160))
+    query = small.prepare(QUESTION, max_new_tokens=N)
+    assert len(query.prompt_ids) <= 160
+    assert any("did not fit" in n or "was cut" in n for n in query.notes)
+    assert len(query.documents) > len(query.sources) or any("was cut" in n for n in query.notes)
+    originals = {(c.source, c.start): c.text for c in index.chunks}
+    for hit in query.sources:  # a cut source is a prefix of the chunk it was cut from
+        assert originals[hit.chunk.source, hit.chunk.start].startswith(hit.chunk.text)
+
+
+@pytest.mark.parametrize("question", ["", "   "])
+def test_bad_questions_are_clear_errors(pipeline, question) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        pipeline.ask(question)
+
+
+def test_an_empty_index_is_a_clear_error(engine) -> None:
+    empty = DocumentIndex(SentenceTransformerEmbedder())
+    with pytest.raises(ValueError, match="holds no documents"):
+        RagPipeline(engine, empty).ask(QUESTION)
