@@ -1,8 +1,8 @@
 """Retrieval-augmented answers: retrieve chunks, prompt with them, draft from them, stream.
 
-Each question's retrieved chunks are passed to the engine as that call's documents: inserted
-into the trie as branches owned by the call before it generates, eliminated when it ends (also
-on an error, a cancelled or an abandoned stream). Concurrent questions never draft from each
+Each question's retrieved chunks reach the trie as branches owned by that call, inserted before
+it generates and eliminated when it ends (also on an error, a cancelled or an abandoned stream):
+the chunks the prompt shows as part of the prompt, the ones it has no room for as documents. Concurrent questions never draft from each
 other's documents; the model's own past answers stay in the trie and help later questions.
 """
 
@@ -55,7 +55,7 @@ class PreparedQuery:
     question: str
     prompt_ids: list[int]
     sources: tuple[Hit, ...]  # the chunks the prompt shows, best first
-    documents: tuple[str, ...]  # every relevant retrieved chunk: the call's draft branches
+    documents: tuple[str, ...]  # retrieved chunks the prompt has no room for: extra draft branches
     notes: tuple[str, ...] = ()  # what the user should know (no sources, cut sources)
 
 
@@ -162,7 +162,10 @@ class RagPipeline:
         if not shown:
             raise ValueError("the question alone fills the context window; shorten it")
         ids = self._encode(question, format_sources(shown))
-        return PreparedQuery(question, ids, tuple(shown), tuple(h.chunk.text for h in hits), tuple(notes))
+        # The prompt's branches already hold what it shows; the rest feeds drafts as documents.
+        in_full = {h.chunk.id for h in shown}
+        documents = tuple(h.chunk.text for h in hits if h.chunk.id not in in_full)
+        return PreparedQuery(question, ids, tuple(shown), documents, tuple(notes))
 
     def stream(
         self, question: str, params: GenerationParams | None = None, **overrides: Any
