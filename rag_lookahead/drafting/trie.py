@@ -7,50 +7,25 @@ Owners are query ids (prompt and retrieved documents) plus ``OUTPUT_OWNER`` for 
 
 from __future__ import annotations
 
-import heapq
-import operator
 import os
 from itertools import chain
-from typing import Iterator, NamedTuple, Sequence
+from typing import Iterator, Sequence
 from weakref import WeakSet
 
-__all__ = ["OUTPUT_OWNER", "Node", "TokenTrie", "TrieDraft", "TrieStream"]
+from rag_lookahead.drafting.trie_nodes import (
+    NO_OWNER,
+    OUTPUT_OWNER,
+    Node,
+    as_tokens,
+    check_int,
+    check_owner,
+)
+from rag_lookahead.drafting.trie_read import TrieDraft, read_draft
 
-OUTPUT_OWNER = "__output__"
+__all__ = ["NO_OWNER", "OUTPUT_OWNER", "Node", "TokenTrie", "TrieDraft", "TrieStream"]
 
 _MIN_NODES = 1000
 _PRUNE_FRACTION = 0.75
-NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owner
-
-class TrieDraft(NamedTuple):
-    """A draft read from the trie, in pre-order with best siblings first."""
-
-    tokens: list[int]
-    parents: list[int]  # index of each token's parent in this draft; -1 = the matched node
-    match_length: int  # how many context tokens matched (0: no draft)
-    estimates: list[float]  # visible count of each node over its parent's: P(token | path)
-    owned: list[bool]  # whether the query owner counts the node (else only outputs do)
-
-
-_EMPTY = TrieDraft([], [], 0, [], [])
-
-# (-query count, -output count, creation order, node): heap order = best first, ties deterministic.
-_Entry = tuple[int, int, int, "Node"]
-
-
-class Node:
-    """One n-gram: ``counts`` maps owner -> occurrences. A pruned node has ``parent = None``."""
-
-    __slots__ = ("token", "parent", "children", "counts", "depth", "order")
-
-    def __init__(self, token: int | None, parent: Node | None, depth: int, order: int) -> None:
-        self.token = token
-        self.parent = parent
-        self.children: dict[int, Node] = {}
-        self.counts: dict[str, int] = {}
-        self.depth = depth
-        self.order = order  # creation order, the final tie-break of draft ranking
-
 
 class TrieStream:
     """Feeds tokens to a trie as they are generated; each token is visible immediately."""
@@ -67,7 +42,7 @@ class TrieStream:
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Count ``tokens`` as the continuation of everything extended so far."""
-        for token in _as_tokens(tokens):
+        for token in as_tokens(tokens):
             self._step(token)
 
     def _step(self, token: int) -> None:
@@ -94,9 +69,9 @@ class TokenTrie:
     def __init__(
         self, max_query_length: int = 2, branch_length: int = 12, max_nodes: int = 200_000
     ) -> None:
-        _check_int("max_query_length", max_query_length, 1)
-        _check_int("branch_length", branch_length, 1)
-        _check_int("max_nodes", max_nodes, _MIN_NODES)
+        check_int("max_query_length", max_query_length, 1)
+        check_int("branch_length", branch_length, 1)
+        check_int("max_nodes", max_nodes, _MIN_NODES)
         self._max_query_length = max_query_length
         self._branch_length = branch_length
         self._max_nodes = max_nodes
@@ -141,7 +116,7 @@ class TokenTrie:
     def counts_at(self, path: Sequence[int]) -> dict[str, int]:
         """Copy of the counts of the node reached by ``path`` from the root ({} if absent)."""
         node = self._root
-        for token in _as_tokens(path):
+        for token in as_tokens(path):
             child = node.children.get(token)
             if child is None:
                 return {}
@@ -150,8 +125,8 @@ class TokenTrie:
 
     def insert(self, tokens: Sequence[int], owner: str) -> None:
         """Count every window ``tokens[i : i + window]`` for ``owner``."""
-        _check_owner(owner)
-        toks = _as_tokens(tokens)
+        check_owner(owner)
+        toks = as_tokens(tokens)
         width = self.window
         for start in range(len(toks)):
             node = self._root
@@ -162,7 +137,7 @@ class TokenTrie:
 
     def open_stream(self, owner: str = OUTPUT_OWNER) -> TrieStream:
         """A stream whose ``extend`` matches ``insert`` of the concatenated tokens."""
-        _check_owner(owner)
+        check_owner(owner)
         return TrieStream(self, owner)
 
     def _bump(self, node: Node, token: int, owner: str) -> Node:
@@ -202,7 +177,7 @@ class TokenTrie:
         """Remove least valuable subtrees until ``len(self) <= target`` (default 3/4 of the cap)."""
         if target is None:
             target = int(self._max_nodes * _PRUNE_FRACTION)
-        _check_int("target", target, 0)
+        check_int("target", target, 0)
         if self._size <= target:
             return 0
         removed = 0
@@ -273,62 +248,7 @@ class TokenTrie:
         Only ``owner``'s and output counts are visible. The tree comes in pre-order with best
         siblings first; ``parents[i] == -1`` hangs off the matched node.
         """
-        _check_int("decoding_length", decoding_length, 0)
-        _check_int("min_match", min_match, 1)
-        if decoding_length == 0 or len(context) == 0:
-            return _EMPTY
-        tail = _as_tokens(context[-self._max_query_length :])
-        owner = owner or NO_OWNER
-        for length in range(len(tail), min_match - 1, -1):
-            anchor = self._walk(tail[len(tail) - length :], owner)
-            if anchor is None:
-                continue
-            heap: list[_Entry] = []
-            _push_children(heap, anchor, owner, decoding_length)
-            if heap:
-                return self._select(anchor, heap, owner, decoding_length, length)
-        return _EMPTY
-
-    def _walk(self, path: list[int], owner: str) -> Node | None:
-        node = self._root
-        for token in path:
-            child = node.children.get(token)
-            if child is None:
-                return None
-            if not (child.counts.get(owner) or child.counts.get(OUTPUT_OWNER)):
-                return None  # another query's n-gram
-            node = child
-        return node
-
-    def _select(
-        self, anchor: Node, heap: list[_Entry], owner: str, budget: int, match_length: int
-    ) -> TrieDraft:
-        # Counts are monotone, so popping best-first yields the top-``budget`` connected subtree,
-        # and each parent's children are popped (hence listed) best first.
-        limit = anchor.depth + self._branch_length
-        kids: dict[Node, list[Node]] = {anchor: []}
-        taken = 0
-        while heap and taken < budget:
-            node = heapq.heappop(heap)[3]
-            kids[node.parent].append(node)  # type: ignore[index]
-            kids[node] = []
-            taken += 1
-            if node.depth < limit:
-                _push_children(heap, node, owner, budget - taken)
-        tokens: list[int] = []
-        parents: list[int] = []
-        estimates: list[float] = []
-        owned: list[bool] = []
-        stack = [(child, -1) for child in reversed(kids[anchor])]
-        while stack:
-            node, parent = stack.pop()
-            index = len(tokens)
-            tokens.append(node.token)  # type: ignore[arg-type]
-            parents.append(parent)
-            estimates.append(_visible(node, owner) / _visible(node.parent, owner))  # type: ignore[arg-type]
-            owned.append(owner in node.counts)
-            stack.extend((child, index) for child in reversed(kids[node]))
-        return TrieDraft(tokens, parents, match_length, estimates, owned)
+        return read_draft(self, context, owner, decoding_length, min_match)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trie as versioned JSON (gzip when ``path`` ends with .gz), atomically."""
@@ -360,42 +280,3 @@ class TokenTrie:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-
-def _visible(node: Node, owner: str) -> int:
-    counts = node.counts
-    return counts.get(owner, 0) + counts.get(OUTPUT_OWNER, 0)
-
-
-def _push_children(heap: list[_Entry], node: Node, owner: str, room: int) -> None:
-    entries: list[_Entry] = []
-    for child in node.children.values():
-        counts = child.counts
-        query = counts.get(owner, 0)
-        output = counts.get(OUTPUT_OWNER, 0)
-        if query or output:
-            entries.append((-query, -output, child.order, child))
-    if len(entries) > room:
-        # A child ranked below ``room`` of its own siblings can never be selected.
-        entries = heapq.nsmallest(room, entries)
-    for entry in entries:
-        heapq.heappush(heap, entry)
-
-
-def _as_tokens(tokens: Sequence[int]) -> list[int]:
-    # operator.index accepts numpy/torch integer scalars but rejects floats.
-    return [operator.index(token) for token in tokens]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if not _is_int(value) or value < minimum:  # type: ignore[operator]
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_owner(owner: object) -> None:
-    if not isinstance(owner, str) or owner == NO_OWNER:
-        raise ValueError(f"owner must be a non-empty str, got {owner!r}")

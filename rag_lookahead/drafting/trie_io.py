@@ -7,7 +7,8 @@ import json
 import os
 from typing import IO, Any
 
-from rag_lookahead.drafting.trie import NO_OWNER, Node, TokenTrie, _is_int
+from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.drafting.trie_nodes import NO_OWNER, Node, is_int
 
 __all__ = ["FORMAT", "VERSION", "load_trie", "save_trie"]
 
@@ -66,14 +67,14 @@ def _restore(trie: TokenTrie, i: int, entry: Any, built: list[Node]) -> Node:
     if not (isinstance(entry, list) and len(entry) == 3):
         raise ValueError(f"trie node #{i}: expected [token, parent_index, counts]")
     token, parent_index, counts = entry
-    if not (_is_int(token) and _is_int(parent_index) and -1 <= parent_index < i):
+    if not (is_int(token) and is_int(parent_index) and -1 <= parent_index < i):
         raise ValueError(f"trie node #{i}: bad token or parent index")
     parent = trie.root if parent_index == -1 else built[parent_index]
     if token in parent.children or not isinstance(counts, dict) or not counts:
         raise ValueError(f"trie node #{i}: duplicate child or empty counts")
     for owner, count in counts.items():
         limit = count if parent is trie.root else parent.counts.get(owner, 0)
-        if owner == NO_OWNER or not (_is_int(count) and 1 <= count <= limit):
+        if owner == NO_OWNER or not (is_int(count) and 1 <= count <= limit):
             raise ValueError(f"trie node #{i}: count for {owner!r} must be 1..parent's count")
     return trie._restore_node(parent, token, counts)
 

@@ -1,0 +1,50 @@
+"""The trie's nodes and owners, shared by the trie and its draft read-out."""
+
+from __future__ import annotations
+
+import operator
+from typing import Sequence
+
+__all__ = ["NO_OWNER", "OUTPUT_OWNER", "Node", "as_tokens", "check_int", "check_owner", "is_int", "visible"]
+
+OUTPUT_OWNER = "__output__"
+NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owner
+
+
+class Node:
+    """One n-gram: ``counts`` maps owner -> occurrences. A pruned node has ``parent = None``."""
+
+    __slots__ = ("token", "parent", "children", "counts", "depth", "order")
+
+    def __init__(self, token: int | None, parent: Node | None, depth: int, order: int) -> None:
+        self.token = token
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.counts: dict[str, int] = {}
+        self.depth = depth
+        self.order = order  # creation order, the final tie-break of draft ranking
+
+
+def visible(node: Node, owner: str) -> int:
+    """The node's count as ``owner`` sees it: its own plus the shared outputs'."""
+    counts = node.counts
+    return counts.get(owner, 0) + counts.get(OUTPUT_OWNER, 0)
+
+
+def as_tokens(tokens: Sequence[int]) -> list[int]:
+    # operator.index accepts numpy/torch integer scalars but rejects floats.
+    return [operator.index(token) for token in tokens]
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, minimum: int) -> None:
+    if not is_int(value) or value < minimum:  # type: ignore[operator]
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_owner(owner: object) -> None:
+    if not isinstance(owner, str) or owner == NO_OWNER:
+        raise ValueError(f"owner must be a non-empty str, got {owner!r}")
