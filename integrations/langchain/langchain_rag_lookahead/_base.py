@@ -118,7 +118,7 @@ class LookaheadSettings(BaseModel):
         """The model's name, for traces and `response_metadata`."""
         if self.engine is not None:
             name = str(getattr(self.engine.model, "name_or_path", "") or "")
-            return _display_name(name) if name else DEFAULT_MODEL
+            return _display_name(name) if name else type(self.engine.model).__name__
         return self.model or DEFAULT_MODEL
 
     def resolved_config(self) -> LookaheadConfig:
