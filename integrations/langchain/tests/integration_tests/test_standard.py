@@ -19,7 +19,7 @@ class TestChatLookaheadIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         # Every test builds its own ChatLookahead; they share one loaded model and trie.
-        return {"engine": shared_engine(), "max_tokens": 24}
+        return {"engine": shared_engine(), "max_tokens": 16}
 
     @property
     def has_tool_calling(self) -> bool:
