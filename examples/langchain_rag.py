@@ -24,9 +24,6 @@ import warnings
 from importlib import resources
 from typing import Any, Sequence
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # langchain-community announces its sunset on import
-    from langchain_community.vectorstores import FAISS
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -108,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=3, help="how many sample questions")
     parser.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
     args = parser.parse_args(argv)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # langchain-community announces its sunset on import
+        from langchain_community.vectorstores import FAISS
 
     embeddings = MiniLMEmbeddings()
     questions, chunks = load_corpus(embeddings)
