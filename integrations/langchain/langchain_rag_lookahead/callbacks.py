@@ -14,8 +14,9 @@ parent run id of its run manager, or of the runnable config of the code calling 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from langchain_core.callbacks import (
@@ -148,7 +149,13 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
         self._start(run_id, parent_run_id)
 
     def on_chat_model_start(
-        self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+        self,
+        serialized: Any,
+        messages: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
     ) -> None:
         self._start(run_id, parent_run_id)
 
@@ -159,7 +166,13 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
         self._end(run_id)
 
     def on_tool_start(
-        self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+        self,
+        serialized: Any,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
     ) -> None:
         self._start(run_id, parent_run_id)
 

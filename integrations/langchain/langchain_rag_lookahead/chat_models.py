@@ -1,9 +1,12 @@
-"""`ChatLookahead`: a LangChain chat model over the lookahead engine, prompting through the
-model's own chat template."""
+"""`ChatLookahead`: a LangChain chat model over the lookahead engine.
+
+Messages are prompted through the model's own chat template.
+"""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
@@ -133,7 +136,7 @@ def to_chat_messages(messages: list[BaseMessage]) -> list[dict[str, str]]:
             raise ValueError(f"unsupported message type {message.type!r}")
         content = message.content
         if isinstance(content, list):
-            kinds = {b.get("type") for b in content if isinstance(b, dict)} - {"text"}
+            kinds = {str(b.get("type")) for b in content if isinstance(b, dict)} - {"text"}
             if kinds:
                 raise ValueError(f"ChatLookahead takes text only; got content blocks {sorted(kinds)}")
         converted.append({"role": role, "content": message.text})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseLLM, LangSmithParams, LanguageModelInput
@@ -28,7 +29,7 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         from langchain_rag_lookahead import LookaheadLLM
 
         llm = LookaheadLLM(model="/models/my-causal-lm", max_tokens=64)
-        llm.invoke("The lighthouse at Alexandria", stop=["\\n\\n"])
+        llm.invoke("The lighthouse at Alexandria", stop=["."])
         ```
     """
 

@@ -4,7 +4,8 @@ stop sequences, streaming callbacks, async and batch."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
@@ -55,7 +56,12 @@ def format_docs(documents: Sequence[Document]) -> str:
 
 
 def rag_chain(llm: Runnable, retriever: Runnable) -> Runnable:
-    return {"context": retriever | format_docs, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
+    return (
+        {"context": retriever | format_docs, "question": RunnablePassthrough()}
+        | PROMPT
+        | llm
+        | StrOutputParser()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +80,12 @@ def references(corpus, engine) -> dict[str, str]:
     """Each question's answer from the same chain with lookahead off."""
     questions, retriever = corpus
     plain = rag_chain(ChatLookahead(engine=engine, lookahead=False, max_tokens=MAX_TOKENS), retriever)
-    return dict(zip(questions, plain.batch(questions)))
+    return dict(zip(questions, plain.batch(questions), strict=True))
 
 
-def test_lookahead_chain_answers_exactly_as_without_and_uses_the_documents(corpus, engine, references) -> None:
+def test_lookahead_chain_answers_exactly_as_without_and_uses_the_documents(
+    corpus, engine, references
+) -> None:
     questions, retriever = corpus
     handler, recorder = LookaheadCallbackHandler(), Recorder(engine)
     chain = rag_chain(ChatLookahead(engine=engine, max_tokens=MAX_TOKENS), retriever)

@@ -1,6 +1,6 @@
 """Fixtures over the tiny model: no weights are loaded from disk."""
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

@@ -55,7 +55,9 @@ def test_usage_and_lookahead_stats_in_the_metadata(engine) -> None:
     message = ChatLookahead(engine=engine, max_tokens=N).invoke(QUESTION)
     prompt_tokens = len(engine.tokenizer.apply_chat_template(chat_prompt())["input_ids"])
     assert message.usage_metadata == {
-        "input_tokens": prompt_tokens, "output_tokens": N, "total_tokens": prompt_tokens + N
+        "input_tokens": prompt_tokens,
+        "output_tokens": N,
+        "total_tokens": prompt_tokens + N,
     }
     meta = message.response_metadata
     assert meta["model_name"] and meta["finish_reason"] == "length"
@@ -87,11 +89,15 @@ def test_stop_sequences_cut_exactly_also_while_streaming(engine) -> None:
     assert "".join(streamed) == expected  # no chunk leaked a partial stop string
     assert ChatLookahead(engine=engine, max_tokens=N, stop=[stop]).invoke(QUESTION).content == expected
     # A call's own stop list replaces the instance's.
-    assert ChatLookahead(engine=engine, max_tokens=N, stop=[stop]).invoke(QUESTION, stop=[]).content == reference
+    assert (
+        ChatLookahead(engine=engine, max_tokens=N, stop=[stop]).invoke(QUESTION, stop=[]).content == reference
+    )
 
     raw_reference = plain(engine, QUESTION)
     raw_stop, raw_expected = _stop_in(raw_reference)
-    assert "".join(LookaheadLLM(engine=engine, max_tokens=N).stream(QUESTION, stop=[raw_stop])) == raw_expected
+    assert (
+        "".join(LookaheadLLM(engine=engine, max_tokens=N).stream(QUESTION, stop=[raw_stop])) == raw_expected
+    )
 
 
 def test_every_chunk_reaches_on_llm_new_token(engine) -> None:
@@ -122,7 +128,9 @@ def test_documents_passed_at_call_time_feed_the_trie_of_that_call_only() -> None
             seen.append(set(engine.trie.owners()))
 
     llm = ChatLookahead(engine=engine, max_tokens=N)
-    with_docs = llm.invoke(QUESTION, documents=[Document(page_content=document)], config={"callbacks": [Owners()]})
+    with_docs = llm.invoke(
+        QUESTION, documents=[Document(page_content=document)], config={"callbacks": [Owners()]}
+    )
     assert with_docs.content == reference
     assert any(owners - {OUTPUT_OWNER} for owners in seen)  # the call's branches, during it
     assert engine.trie.owners() <= {OUTPUT_OWNER}  # and gone after it

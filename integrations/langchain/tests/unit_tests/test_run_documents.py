@@ -15,7 +15,12 @@ from langchain_core.runnables import Runnable, RunnableLambda, RunnableParallel,
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 
-from langchain_rag_lookahead import ChatLookahead, LookaheadCallbackHandler, LookaheadLLM, with_retrieved_documents
+from langchain_rag_lookahead import (
+    ChatLookahead,
+    LookaheadCallbackHandler,
+    LookaheadLLM,
+    with_retrieved_documents,
+)
 from langchain_rag_lookahead.chat_models import to_chat_messages
 from tests.unit_tests.tiny import tiny_engine
 
@@ -69,7 +74,11 @@ def rag_chain(llm: Runnable, documents: list[Document]) -> Runnable:
 def setup() -> tuple[LookaheadEngine, str, list[Document]]:
     engine = tiny_engine()
     reference = answer(engine)
-    return engine, reference, [Document(page_content="assistant: " + reference), Document(page_content="noise")]
+    return (
+        engine,
+        reference,
+        [Document(page_content="assistant: " + reference), Document(page_content="noise")],
+    )
 
 
 def test_retrieved_documents_are_in_the_trie_during_the_call_and_gone_after(setup) -> None:
@@ -84,9 +93,12 @@ def test_retrieved_documents_are_in_the_trie_during_the_call_and_gone_after(setu
     # Without the handler the same chain drafts without them: same text, more steps.
     fresh = tiny_engine()
     plain = CallRecorder(fresh)
-    assert rag_chain(ChatLookahead(engine=fresh, max_tokens=N), documents).invoke(
-        QUESTION, config={"callbacks": [plain]}
-    ) == reference
+    assert (
+        rag_chain(ChatLookahead(engine=fresh, max_tokens=N), documents).invoke(
+            QUESTION, config={"callbacks": [plain]}
+        )
+        == reference
+    )
     assert not plain.scope_owners()
     assert recorder.stats[0]["steps"] < plain.stats[0]["steps"]
 
@@ -114,7 +126,9 @@ def test_completion_model_in_a_chain(setup) -> None:
     engine, _, documents = setup
     llm = LookaheadLLM(engine=engine, max_tokens=N)
     recorder = CallRecorder(engine)
-    text = with_retrieved_documents(rag_chain(llm, documents)).invoke(QUESTION, config={"callbacks": [recorder]})
+    text = with_retrieved_documents(rag_chain(llm, documents)).invoke(
+        QUESTION, config={"callbacks": [recorder]}
+    )
     assert text == LookaheadLLM(engine=engine, max_tokens=N, lookahead=False).invoke(QUESTION)
     assert recorder.scope_owners()
     assert engine.trie.owners() <= {OUTPUT_OWNER}
@@ -161,16 +175,19 @@ def test_plain_decoding_inserts_nothing(setup) -> None:
     engine, reference, documents = setup
     off = ChatLookahead(engine=engine, max_tokens=N, lookahead=False)
     recorder = CallRecorder(off.get_engine())
-    assert with_retrieved_documents(rag_chain(off, documents)).invoke(
-        QUESTION, config={"callbacks": [recorder]}
-    ) == reference
+    assert (
+        with_retrieved_documents(rag_chain(off, documents)).invoke(QUESTION, config={"callbacks": [recorder]})
+        == reference
+    )
     assert not recorder.scope_owners()
 
 
 def test_a_handler_on_an_inner_chain_scopes_to_that_chain(setup) -> None:
     engine, reference, documents = setup
     handler, recorder = LookaheadCallbackHandler(), CallRecorder(engine)
-    inner = rag_chain(ChatLookahead(engine=engine, max_tokens=N), documents).with_config(callbacks=[handler, recorder])
+    inner = rag_chain(ChatLookahead(engine=engine, max_tokens=N), documents).with_config(
+        callbacks=[handler, recorder]
+    )
     outer = RunnableLambda(lambda q: q) | inner | RunnableLambda(lambda text: text.upper())
     assert outer.invoke(QUESTION) == reference.upper()
     assert recorder.scope_owners()

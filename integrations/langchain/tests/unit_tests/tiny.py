@@ -6,8 +6,9 @@ need: the same text with lookahead on and off, stop strings cut exactly, callbac
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import Any
 
 import torch
 from rag_lookahead import LookaheadConfig, LookaheadEngine
@@ -40,7 +41,7 @@ class AsciiTokenizer:
         return {"input_ids": self.encode(text)}
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_model(seed: int = 0) -> Any:
     torch.manual_seed(seed)
     config = LlamaConfig(
