@@ -32,7 +32,8 @@ from rag_lookahead import DocumentScope, LookaheadEngine
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]
 
-R = TypeVar("R", bound=Runnable)
+Input = TypeVar("Input")
+Output = TypeVar("Output")
 
 
 @dataclass
@@ -183,9 +184,9 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
         self._end(run_id)
 
 
-def with_retrieved_documents(runnable: R) -> R:
+def with_retrieved_documents(runnable: Runnable[Input, Output]) -> Runnable[Input, Output]:
     """``runnable`` with a `LookaheadCallbackHandler` attached to every run of it."""
-    return runnable.with_config(callbacks=[LookaheadCallbackHandler()])  # type: ignore[return-value]
+    return runnable.with_config(callbacks=[LookaheadCallbackHandler()])
 
 
 @dataclass(frozen=True)

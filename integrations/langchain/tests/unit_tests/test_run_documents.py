@@ -154,6 +154,17 @@ def test_several_calls_of_one_run_share_its_scope(setup) -> None:
     assert engine.trie.owners() <= {OUTPUT_OWNER}
 
 
+def test_a_stream_left_early_ends_its_run(setup) -> None:
+    engine, _, documents = setup
+    handler = LookaheadCallbackHandler()
+    chain = rag_chain(ChatLookahead(engine=engine, max_tokens=N), documents)
+    stream = chain.stream(QUESTION, config={"callbacks": [handler]})
+    next(stream)
+    assert handler.active_runs == 1 and any(o.startswith("scope-") for o in engine.trie.owners())
+    stream.close()
+    assert handler.active_runs == 0 and engine.trie.owners() <= {OUTPUT_OWNER}
+
+
 def test_documents_that_never_reach_a_model_do_not_linger(setup) -> None:
     engine, _, documents = setup
     handler = LookaheadCallbackHandler()
