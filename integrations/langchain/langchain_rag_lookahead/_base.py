@@ -1,0 +1,270 @@
+"""Settings, engine and call handling shared by `ChatLookahead` and `LookaheadLLM`.
+
+Both models are thin adapters over `LookaheadEngine.stream`: a call turns its LangChain
+arguments into a prompt, `GenerationParams` and documents, and `_open` returns the engine's text
+pieces followed by the call's `DecodeStats`. Everything else (blocking calls, async, callbacks)
+is built on that one iterator by the subclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.documents import Document
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.prompts import Prompt
+from typing_extensions import Self
+
+from langchain_rag_lookahead.callbacks import RunLink, run_link
+
+__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
+
+#: What a call may override with keyword arguments (``llm.invoke(x, max_tokens=32)``).
+CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed")
+
+#: One item of `LookaheadSettings._open`: new text, then the call's stats last.
+Piece = str | DecodeStats
+
+DocumentLike = str | Document
+
+# LangChain's finish reasons; the engine's own reason stays in the lookahead stats.
+_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "context_window": "length"}
+
+_LOAD_FIELDS = frozenset({"model", "device", "dtype", "trust_remote_code"})
+
+
+class LookaheadSettings(BaseModel):
+    """Fields and engine handling common to the chat model and the completion model."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
+
+    model: str | None = Field(
+        default=None,
+        description="A local model directory, or a Hugging Face id already in the local cache; "
+        "None loads the embedded SmolLM2-135M-Instruct. Nothing is ever downloaded.",
+    )
+    engine: LookaheadEngine | None = Field(
+        default=None,
+        exclude=True,
+        description="An existing `rag_lookahead.LookaheadEngine` to use (its model, tokenizer "
+        "and trie); replaces `model`, `device`, `dtype` and `trust_remote_code`.",
+    )
+    lookahead: bool = Field(
+        default=True,
+        description="Draft from the trie and verify (True), or decode plainly with the same "
+        "model (False). Greedy outputs are token for token the same either way.",
+    )
+    lookahead_config: LookaheadConfig | None = Field(
+        default=None,
+        description="Drafting settings (`rag_lookahead.LookaheadConfig`); None: the engine's "
+        "own, or the library defaults.",
+    )
+    device: str = Field(default="cpu", description="Where the model runs: 'cpu', 'cuda', 'cuda:1'...")
+    dtype: str | None = Field(
+        default=None,
+        description="Torch dtype name such as 'bfloat16'; None keeps fp32 on CPU and the "
+        "checkpoint's dtype elsewhere.",
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Run model code shipped with the checkpoint (only if trusted)."
+    )
+    max_tokens: int = Field(default=256, gt=0, description="Most new tokens per call.")
+    temperature: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="0 decodes greedily (lossless: the same tokens as plain greedy decoding); "
+        "above 0 samples at this temperature.",
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int | None = Field(default=None, gt=0, description="Sample among the k likeliest tokens.")
+    repetition_penalty: float = Field(default=1.0, gt=0.0, description="HF-style repetition penalty.")
+    seed: int | None = Field(default=None, description="Seed for sampling (None: not reseeded).")
+    stop: list[str] | None = Field(
+        default=None,
+        description="Stop sequences of any length; the output ends just before the first one. "
+        "A `stop` passed at call time replaces these.",
+    )
+    streaming: bool = Field(
+        default=False,
+        description="Whether `invoke` goes through the streaming path (LangChain's convention). "
+        "Every chunk reaches `on_llm_new_token` either way.",
+    )
+
+    _resolved: LookaheadEngine | None = PrivateAttr(default=None)
+    _resolve_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="after")
+    def _check_source(self) -> Self:
+        if self.engine is not None and _LOAD_FIELDS & self.model_fields_set:
+            raise ValueError("pass either `engine` or `model`/`device`/`dtype`/`trust_remote_code`, not both")
+        if self.model is not None:
+            path = Path(self.model).expanduser()
+            looks_local = self.model.startswith((".", "/", "~")) or path.exists()
+            if looks_local and not path.is_dir():
+                raise ValueError(f"model {self.model!r} is not a model directory")
+        return self
+
+    # ------------------------------------------------------------------ engine
+
+    @property
+    def model_name(self) -> str:
+        """The model's name, for traces and `response_metadata`."""
+        if self.engine is not None:
+            name = str(getattr(self.engine.model, "name_or_path", "") or "")
+            return _display_name(name) if name else type(self.engine.model).__name__
+        return self.model or DEFAULT_MODEL
+
+    def resolved_config(self) -> LookaheadConfig:
+        """The drafting settings calls run with (mode ``"off"`` when ``lookahead=False``)."""
+        config = self.lookahead_config
+        if config is None:
+            config = self.engine.config if self.engine is not None else LookaheadConfig()
+        return config if self.lookahead else dataclasses.replace(config, mode="off")
+
+    def get_engine(self) -> LookaheadEngine:
+        """The engine calls run on, loading the model on first use (thread-safe)."""
+        with self._resolve_lock:
+            if self._resolved is None:
+                self._resolved = self._build_engine()
+            return self._resolved
+
+    def _build_engine(self) -> LookaheadEngine:
+        config = self.resolved_config()
+        if self.engine is None:
+            return LookaheadEngine.from_pretrained(
+                self.model,
+                config=config,
+                device=self.device,
+                dtype=self.dtype,
+                trust_remote_code=self.trust_remote_code,
+            )
+        if self.engine.config == config:
+            return self.engine  # shares the engine's trie, so its past answers help too
+        # Same weights and tokenizer, other drafting settings (e.g. lookahead off).
+        return LookaheadEngine(self.engine.model, self.engine.tokenizer, config)
+
+    def _settings(self) -> dict[str, Any]:
+        """Model and lookahead settings, for `_identifying_params`."""
+        return {
+            "model_name": self.model_name,
+            "lookahead": self.lookahead,
+            **dataclasses.asdict(self.resolved_config()),
+            **{name: getattr(self, name) for name in CALL_OPTIONS},
+            "stop": self.stop,
+        }
+
+    # ------------------------------------------------------------------ calls
+
+    def _open(
+        self,
+        prompt: Prompt,
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> Iterator[Piece]:
+        """Check the call's arguments now; the returned iterator generates when first advanced.
+
+        Everything that depends on the caller's context (the chain run this call belongs to)
+        is read here, so the iterator may then run in another thread.
+        """
+        options = dict(kwargs)
+        documents = _document_texts(options.pop("documents", None) or ())
+        options.pop("stream", None)  # LangChain's own routing flag, not a generation option
+        unknown = set(options) - set(CALL_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unexpected call option(s) {sorted(unknown)}; accepted: documents, {', '.join(CALL_OPTIONS)}"
+            )
+        params = self._generation_params(stop, options)
+        link = run_link(run_manager)
+        return self._pieces(prompt, params, documents, link)
+
+    def _pieces(
+        self, prompt: Prompt, params: GenerationParams, documents: list[str], link: RunLink
+    ) -> Iterator[Piece]:
+        engine = self.get_engine()
+        scope = link.scope(engine)
+        with engine.stream(prompt, params, documents=documents, scope=scope) as stream:
+            yield from stream
+            yield stream.stats
+
+    def _generation_params(self, stop: list[str] | None, options: dict[str, Any]) -> GenerationParams:
+        values = {name: options.get(name, getattr(self, name)) for name in CALL_OPTIONS}
+        temperature = float(values["temperature"])
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        stops = stop if stop is not None else self.stop
+        return GenerationParams(
+            max_new_tokens=values["max_tokens"],
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else 1.0,
+            top_k=values["top_k"],
+            top_p=values["top_p"],
+            repetition_penalty=values["repetition_penalty"],
+            seed=values["seed"],
+            stop_strings=tuple(s for s in stops or () if s),
+        )
+
+    def _response_metadata(self, stats: DecodeStats) -> dict[str, Any]:
+        """``model_name``, ``finish_reason`` and the lookahead stats of a finished call."""
+        return {
+            "model_name": self.model_name,
+            "finish_reason": _FINISH_REASONS.get(stats.finish_reason, stats.finish_reason),
+            "lookahead": stats_dict(stats),
+        }
+
+
+def usage(stats: DecodeStats) -> dict[str, int]:
+    """Token counts in LangChain's `UsageMetadata` shape."""
+    return {
+        "input_tokens": stats.prompt_tokens,
+        "output_tokens": stats.new_tokens,
+        "total_tokens": stats.prompt_tokens + stats.new_tokens,
+    }
+
+
+def stats_dict(stats: DecodeStats) -> dict[str, Any]:
+    """`DecodeStats` as plain JSON-ready values, with its derived rates."""
+    return {
+        "steps": stats.steps,
+        "accepted_per_step": list(stats.accepted_per_step),
+        "drafted_per_step": list(stats.drafted_per_step),
+        "draft_sources": list(stats.draft_sources),
+        "tokens_per_step": stats.tokens_per_step,
+        "acceptance_rate": stats.acceptance_rate,
+        "prompt_tokens": stats.prompt_tokens,
+        "new_tokens": stats.new_tokens,
+        "prefill_seconds": stats.prefill_seconds,
+        "seconds": stats.seconds,
+        "tokens_per_s": stats.tokens_per_s,
+        "finish_reason": stats.finish_reason,
+    }
+
+
+def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[str]:
+    if isinstance(documents, (str, Document)):
+        documents = [documents]
+    texts = []
+    for doc in documents:
+        if isinstance(doc, Document):
+            texts.append(doc.page_content)
+        elif isinstance(doc, str):
+            texts.append(doc)
+        else:
+            raise TypeError(f"documents are strings or LangChain Documents, got {type(doc).__name__}")
+    return texts
+
+
+def _display_name(name_or_path: str) -> str:
+    from rag_lookahead.models import default_cache_dir
+
+    path = Path(name_or_path)
+    if path.parent == default_cache_dir() / "models":
+        return DEFAULT_MODEL  # the converted embedded model
+    return name_or_path

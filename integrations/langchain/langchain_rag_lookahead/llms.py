@@ -1,0 +1,182 @@
+"""`LookaheadLLM`: a LangChain text-completion model over the lookahead engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseLLM, LangSmithParams, LanguageModelInput
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from langchain_core.runnables import Runnable, RunnableConfig
+from pydantic import ConfigDict
+
+from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
+from langchain_rag_lookahead._threads import iterate_in_thread
+
+__all__ = ["LookaheadLLM"]
+
+
+class LookaheadLLM(LookaheadSettings, BaseLLM):
+    """Completion model running a local Hugging Face model with lossless lookahead decoding.
+
+    The prompt string is tokenized as it is (no chat template; use `ChatLookahead` for chat
+    models). Only the new text comes back; each generation's ``generation_info`` carries
+    ``usage_metadata``, ``model_name``, ``finish_reason`` and the ``lookahead`` stats.
+
+    Example:
+        ```python
+        from langchain_rag_lookahead import LookaheadLLM
+
+        llm = LookaheadLLM(model="/models/my-causal-lm", max_tokens=64)
+        llm.invoke("The lighthouse at Alexandria", stop=["."])
+        ```
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
+
+    @property
+    def _llm_type(self) -> str:
+        return "rag-lookahead"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return self._settings()
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider="rag_lookahead",
+            ls_model_name=model if isinstance(model, str) else self.model_name,
+            ls_model_type="llm",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # BaseLLM.batch runs every prompt through one `_generate` call with the first prompt's run
+    # manager only; one call per prompt on a thread pool keeps callbacks and runs per prompt.
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Invoke on each input, on a thread pool of ``max_concurrency`` workers."""
+        return Runnable.batch(self, inputs, config, return_exceptions=return_exceptions, **kwargs)
+
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Invoke asynchronously on each input, at most ``max_concurrency`` at a time."""
+        return await Runnable.abatch(self, inputs, config, return_exceptions=return_exceptions, **kwargs)
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        return self._chunks(prompt, stop, run_manager, kwargs, report=True)
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._achunks(prompt, stop, run_manager, kwargs, report=True):
+            yield chunk
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        # With several prompts LangChain hands over the first prompt's run manager only, so
+        # tokens are reported for a single prompt (`batch` makes one call per prompt).
+        report = len(prompts) == 1
+        return self._result(
+            [[_merge(list(self._chunks(p, stop, run_manager, kwargs, report)))] for p in prompts]
+        )
+
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        report = len(prompts) == 1
+        generations = []
+        for prompt in prompts:
+            chunks = [c async for c in self._achunks(prompt, stop, run_manager, kwargs, report)]
+            generations.append([_merge(chunks)])
+        return self._result(generations)
+
+    def _chunks(
+        self,
+        prompt: str,
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        report: bool,
+    ) -> Iterator[GenerationChunk]:
+        pieces = self._open(prompt, stop, run_manager, kwargs)  # checks arguments eagerly
+
+        def chunks() -> Iterator[GenerationChunk]:
+            for piece in pieces:
+                chunk = self._chunk(piece)
+                if report and run_manager is not None:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+
+        return chunks()
+
+    async def _achunks(
+        self,
+        prompt: str,
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        report: bool,
+    ) -> AsyncIterator[GenerationChunk]:
+        async for piece in iterate_in_thread(self._open(prompt, stop, run_manager, kwargs)):
+            chunk = self._chunk(piece)
+            if report and run_manager is not None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    def _chunk(self, piece: Piece) -> GenerationChunk:
+        if isinstance(piece, str):
+            return GenerationChunk(text=piece)
+        info = {**self._response_metadata(piece), "usage_metadata": usage(piece)}
+        return GenerationChunk(text="", generation_info=info)
+
+    def _result(self, generations: list[list[Generation]]) -> LLMResult:
+        totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        for (generation,) in generations:
+            for key, value in (generation.generation_info or {}).get("usage_metadata", {}).items():
+                totals[key] += value
+        return LLMResult(
+            generations=generations, llm_output={"model_name": self.model_name, "token_usage": totals}
+        )
+
+
+def _merge(chunks: list[GenerationChunk]) -> Generation:
+    text = "".join(chunk.text for chunk in chunks)
+    info = chunks[-1].generation_info if chunks else None
+    return Generation(text=text, generation_info=info)

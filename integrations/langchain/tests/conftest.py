@@ -1,0 +1,10 @@
+"""Settings for every test: offline, and few threads on a shared 2-core machine."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402 - after the environment is set
+
+torch.set_num_threads(2)

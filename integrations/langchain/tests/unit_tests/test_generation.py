@@ -1,0 +1,156 @@
+"""Generation through both adapters on the tiny model: same text as plain decoding, only new
+text, stop sequences, callbacks, metadata, call-time documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.messages import HumanMessage
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+
+from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
+from langchain_rag_lookahead.chat_models import to_chat_messages
+from tests.unit_tests.tiny import tiny_engine
+
+N = 40
+QUESTION = "Where is the lighthouse?"
+
+
+def plain(engine: LookaheadEngine, prompt: Any, n: int = N) -> str:
+    """Plain greedy decoding of ``prompt`` with the same model."""
+    off = LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
+    return off.complete(prompt, max_new_tokens=n).text
+
+
+def chat_prompt(text: str = QUESTION) -> list[dict[str, str]]:
+    return to_chat_messages([HumanMessage(text)])
+
+
+class TokenRecorder(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+
+def test_chat_returns_only_the_new_text_of_plain_greedy_decoding(engine) -> None:
+    reference = plain(engine, chat_prompt())
+    result = ChatLookahead(engine=engine, max_tokens=N).invoke(QUESTION)
+    assert result.content == reference
+    assert ChatLookahead(engine=engine, max_tokens=N, lookahead=False).invoke(QUESTION).content == reference
+
+
+def test_llm_returns_only_the_new_text_of_plain_greedy_decoding(engine) -> None:
+    reference = plain(engine, QUESTION)
+    assert LookaheadLLM(engine=engine, max_tokens=N).invoke(QUESTION) == reference
+    assert "".join(LookaheadLLM(engine=engine, max_tokens=N).stream(QUESTION)) == reference
+
+
+def test_usage_and_lookahead_stats_in_the_metadata(engine) -> None:
+    message = ChatLookahead(engine=engine, max_tokens=N).invoke(QUESTION)
+    prompt_tokens = len(engine.tokenizer.apply_chat_template(chat_prompt())["input_ids"])
+    assert message.usage_metadata == {
+        "input_tokens": prompt_tokens,
+        "output_tokens": N,
+        "total_tokens": prompt_tokens + N,
+    }
+    meta = message.response_metadata
+    assert meta["model_name"] and meta["finish_reason"] == "length"
+    stats = meta["lookahead"]
+    assert stats["steps"] == len(stats["accepted_per_step"]) == len(stats["draft_sources"])
+    assert stats["new_tokens"] == N and stats["finish_reason"] == "length"
+
+    result = LookaheadLLM(engine=engine, max_tokens=N).generate([QUESTION, "Why?"])
+    infos = [g[0].generation_info for g in result.generations]
+    assert all(info["usage_metadata"]["output_tokens"] == N and "lookahead" in info for info in infos)
+    assert result.llm_output["token_usage"]["output_tokens"] == 2 * N
+
+
+def _stop_in(reference: str) -> tuple[str, str]:
+    """A three-character stop string first occurring mid-text, and the text before it."""
+    for start in range(N // 3, len(reference) - 3):
+        stop = reference[start : start + 3]
+        if reference.find(stop) > 0 and stop.strip():
+            return stop, reference[: reference.find(stop)]
+    raise AssertionError("no usable stop string in the reference")
+
+
+def test_stop_sequences_cut_exactly_also_while_streaming(engine) -> None:
+    reference = plain(engine, chat_prompt())
+    stop, expected = _stop_in(reference)
+    llm = ChatLookahead(engine=engine, max_tokens=N)
+    assert llm.invoke(QUESTION, stop=[stop]).content == expected
+    streamed = [chunk.content for chunk in llm.stream(QUESTION, stop=["never there", stop])]
+    assert "".join(streamed) == expected  # no chunk leaked a partial stop string
+    assert ChatLookahead(engine=engine, max_tokens=N, stop=[stop]).invoke(QUESTION).content == expected
+    # A call's own stop list replaces the instance's.
+    assert (
+        ChatLookahead(engine=engine, max_tokens=N, stop=[stop]).invoke(QUESTION, stop=[]).content == reference
+    )
+
+    raw_reference = plain(engine, QUESTION)
+    raw_stop, raw_expected = _stop_in(raw_reference)
+    assert (
+        "".join(LookaheadLLM(engine=engine, max_tokens=N).stream(QUESTION, stop=[raw_stop])) == raw_expected
+    )
+
+
+def test_every_chunk_reaches_on_llm_new_token(engine) -> None:
+    llm = ChatLookahead(engine=engine, max_tokens=N)
+    for streaming in (False, True):
+        recorder = TokenRecorder()
+        message = llm.invoke(QUESTION, config={"callbacks": [recorder]}, stream=streaming)
+        assert "".join(recorder.tokens) == message.content
+        assert len(recorder.tokens) > 2  # one per chunk, not one for the whole answer
+
+    recorder = TokenRecorder()
+    chunks = list(llm.stream(QUESTION, config={"callbacks": [recorder]}))
+    assert recorder.tokens == [chunk.content for chunk in chunks]
+
+    recorder = TokenRecorder()
+    text = LookaheadLLM(engine=engine, max_tokens=N).invoke(QUESTION, config={"callbacks": [recorder]})
+    assert "".join(recorder.tokens) == text and len(recorder.tokens) > 2
+
+
+def test_documents_passed_at_call_time_feed_the_trie_of_that_call_only() -> None:
+    engine = tiny_engine()
+    reference = plain(engine, chat_prompt())
+    document = QUESTION + " " + reference  # holds the whole answer
+    seen: list[set[str]] = []
+
+    class Owners(BaseCallbackHandler):
+        def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            seen.append(set(engine.trie.owners()))
+
+    llm = ChatLookahead(engine=engine, max_tokens=N)
+    with_docs = llm.invoke(
+        QUESTION, documents=[Document(page_content=document)], config={"callbacks": [Owners()]}
+    )
+    assert with_docs.content == reference
+    assert any(owners - {OUTPUT_OWNER} for owners in seen)  # the call's branches, during it
+    assert engine.trie.owners() <= {OUTPUT_OWNER}  # and gone after it
+
+    without = ChatLookahead(engine=tiny_engine(), max_tokens=N).invoke(QUESTION)
+    assert with_docs.response_metadata["lookahead"]["steps"] < without.response_metadata["lookahead"]["steps"]
+    assert llm.invoke(QUESTION, documents=document).content == reference  # a bare string is fine
+
+
+def test_unknown_call_options_are_rejected(engine) -> None:
+    with pytest.raises(TypeError, match="unexpected call option"):
+        ChatLookahead(engine=engine).invoke(QUESTION, tools=[])
+    with pytest.raises(TypeError, match="unexpected call option"):
+        LookaheadLLM(engine=engine).invoke(QUESTION, model="other")
+
+
+def test_call_options_override_fields(engine) -> None:
+    message = ChatLookahead(engine=engine, max_tokens=N).invoke(QUESTION, max_tokens=5)
+    assert message.usage_metadata["output_tokens"] == 5
+    # Sampling: drafts change the random draws, so a seed repeats only without lookahead.
+    sampled = ChatLookahead(engine=engine, max_tokens=N, temperature=0.7, seed=1, lookahead=False)
+    assert sampled.invoke(QUESTION).content == sampled.invoke(QUESTION).content
+    assert ChatLookahead(engine=engine, max_tokens=N, temperature=0.7).invoke(QUESTION).content
