@@ -11,6 +11,7 @@ import inspect
 import threading
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterable, Sequence
 
@@ -168,6 +169,18 @@ class LookaheadEngine:
         scope = DocumentScope(self.trie, self._lock, self._tokenize)
         scope.add(documents)
         return scope
+
+    def plain(self) -> LookaheadEngine:
+        """An engine on the same model that decodes plainly (``mode="off"``): the reference.
+
+        It shares this engine's lock, so the two can serve threads side by side.
+        """
+        other = LookaheadEngine(
+            self.model, self.tokenizer, replace(self.config, mode="off"), self.trie,
+            cost_curve=self._cost_curve, cache_dir=self._cache_dir,
+        )
+        other._lock = self._lock
+        return other
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """Drop-in for `model.generate`: see `rag_lookahead.hf_compat.generate`."""

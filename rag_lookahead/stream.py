@@ -38,8 +38,9 @@ class StepRecorder:
         self.accepted.append(accepted)
         self.sources.append(source)
 
-    def finish(self, reason: FinishReason) -> None:
-        if self.finish_reason is None:
+    def finish(self, reason: FinishReason, *, override: bool = False) -> None:
+        """Record why generation ended; the first reason stands unless ``override``."""
+        if self.finish_reason is None or override:
             self.finish_reason = reason
             self.ended = time.perf_counter()
 
@@ -115,7 +116,9 @@ class TextStream(Iterator[str]):
             self._recorder.new_tokens += len(kept)
             self.text += text
             if self._assembler.stopped:
-                self._recorder.finish("stop_string")
+                # The text ends at the stop string even when the same step also held an EOS
+                # or reached the token budget further on.
+                self._recorder.finish("stop_string", override=True)
                 self.close()
             yield Chunk(kept, text)
 

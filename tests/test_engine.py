@@ -55,6 +55,17 @@ def test_multi_token_stop_string_cuts_after_its_last_token(setup) -> None:
     assert completion.stats.finish_reason == "stop_string"
 
 
+def test_a_stop_string_before_an_eos_in_the_same_step_is_the_finish_reason(setup) -> None:
+    engine, reference = setup
+    tokenizer = CharTokenizer()
+    cut = next(k for k in range(4, N) if reference.index(reference[k]) == k and k > 6)
+    stop = tokenizer.decode(reference[3:5])
+    completion = engine.complete(PROMPT, max_new_tokens=N, stop_strings=[stop], eos_token_id=reference[cut])
+    assert completion.stats.finish_reason == "stop_string"
+    assert completion.stats.steps < 5  # stop and EOS were accepted in one multi-token step
+    assert completion.text == tokenizer.decode(reference)[: tokenizer.decode(reference).find(stop)]
+
+
 def test_stream_chunks_concatenate_to_the_text_and_hold_back_partial_stops(setup) -> None:
     engine, reference = setup
     text = CharTokenizer().decode(reference)

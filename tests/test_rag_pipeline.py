@@ -41,7 +41,7 @@ def query_owners(engine: LookaheadEngine) -> set[str]:
 
 
 def test_answers_are_those_of_plain_decoding_with_their_sources(pipeline, engine, index) -> None:
-    plain = RagPipeline(LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off")), index)
+    plain = RagPipeline(engine.plain(), index)
     answer = pipeline.ask(QUESTION, max_new_tokens=N)
     assert answer.text == plain.ask(QUESTION, max_new_tokens=N).text
     assert answer.grounded and answer.sources[0].chunk.source.endswith("sourdough.txt")

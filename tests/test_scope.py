@@ -71,3 +71,12 @@ def test_an_error_inside_a_scope_still_eliminates_it(engine_and_document) -> Non
         with engine.scope([document]):
             raise KeyError("boom")
     assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_plain_is_the_same_model_decoding_plainly_under_the_same_lock(engine_and_document) -> None:
+    engine, _, reference = engine_and_document
+    plain = engine.plain()
+    assert plain.model is engine.model and plain.config.mode == "off"
+    assert plain._lock is engine._lock  # forwards of both are serialised
+    completion = plain.complete(PROMPT, max_new_tokens=N)
+    assert completion.token_ids == reference and not any(completion.stats.accepted_per_step)

@@ -13,7 +13,6 @@ from rag_lookahead.cli.setup import (
     make_embedder,
     make_engine,
     make_pipeline,
-    plain_engine,
     progress,
     retrieval_config,
 )
@@ -89,7 +88,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print("Loading the model (the default is converted once to safetensors on first use)...")
     engine = make_engine(args)
     pipelines = {
-        "plain": RagPipeline(plain_engine(engine), index, retrieval_config(args)),
+        "plain": RagPipeline(engine.plain(), index, retrieval_config(args)),
         "lookahead": RagPipeline(engine, index, retrieval_config(args)),
     }
     for question in filter(None, (q.strip() for q in questions)):

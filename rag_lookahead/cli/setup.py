@@ -13,7 +13,7 @@ from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
 
-__all__ = ["make_embedder", "make_engine", "make_pipeline", "plain_engine", "progress", "retrieval_config"]
+__all__ = ["make_embedder", "make_engine", "make_pipeline", "progress", "retrieval_config"]
 
 
 def make_engine(args: argparse.Namespace) -> LookaheadEngine:
@@ -33,11 +33,6 @@ def make_engine(args: argparse.Namespace) -> LookaheadEngine:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.
         engine.cost_curve  # noqa: B018
     return engine
-
-
-def plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
-    """An engine on the same model that decodes plainly: the reference to compare with."""
-    return LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
 
 
 def make_embedder(path: str | None) -> SentenceTransformerEmbedder:
