@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from conftest import MAX_NEW_TOKENS, CallSpy
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.llms import MockLLM
 from rag_lookahead.drafting import OUTPUT_OWNER
 
@@ -144,6 +145,15 @@ def test_async_query_and_async_streaming(
     for call in spy.calls:
         assert call["documents"] == TOP_K and call["nodes_in_trie"] > 0
         assert call["owner"] not in llm.engine.trie.owners()
+
+
+def test_structured_output_keeps_the_lookahead_llm(index: Any, llm: LookaheadLLM) -> None:
+    class Answer(BaseModel):
+        text: str
+
+    engine = LookaheadQueryEngine.from_index(index, llm=llm.as_structured_llm(Answer))
+    assert engine.llm is llm  # the scope goes to the trie of the LLM under the wrapper
+    assert isinstance(engine.with_retriever(index.as_retriever()), LookaheadQueryEngine)
 
 
 def test_needs_a_lookahead_llm(index: Any) -> None:

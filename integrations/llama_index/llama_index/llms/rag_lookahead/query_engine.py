@@ -10,6 +10,7 @@ streaming one when its generator is exhausted, closed or garbage-collected.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.llms.llm import LLM
+from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
@@ -62,13 +64,15 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
         """As `RetrieverQueryEngine`; ``llm`` defaults to the synthesizer's LLM."""
         super().__init__(retriever, response_synthesizer, node_postprocessors, callback_manager)
         # `BaseSynthesizer` keeps its LLM private and offers no accessor.
-        llm = llm or getattr(self._response_synthesizer, "_llm", None)
-        if not isinstance(llm, LookaheadLLM):
+        found: Any = llm or getattr(self._response_synthesizer, "_llm", None)
+        if isinstance(found, StructuredLLM):  # a structured-output wrapper: the LLM under it
+            found = found.llm
+        if not isinstance(found, LookaheadLLM):
             raise TypeError(
                 "LookaheadQueryEngine needs a LookaheadLLM to synthesize with, "
-                f"got {type(llm).__name__}"
+                f"got {type(found).__name__}"
             )
-        self._llm = llm
+        self._llm = found
 
     @classmethod
     def from_args(  # type: ignore[override]
@@ -123,7 +127,7 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
         nodes: list[NodeWithScore],
         additional_source_nodes: Sequence[NodeWithScore] | None = None,
     ) -> RESPONSE_TYPE:
-        scope = self._open_scope(nodes, additional_source_nodes)
+        scope = await asyncio.to_thread(self._open_scope, nodes, additional_source_nodes)
         try:
             # Tasks the synthesizer spawns copy this context, so they see the scope too.
             with use_scope(self._llm.engine.trie, scope):
