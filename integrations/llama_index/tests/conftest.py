@@ -95,9 +95,6 @@ class CallSpy:
             }
         )
 
-    def scope_owners(self) -> set[str]:
-        return {o for o in self.llm.engine.trie.owners() if o.startswith("scope-")}
-
 
 @pytest.fixture
 def spy(llm: LookaheadLLM) -> Iterator[CallSpy]:
