@@ -51,7 +51,7 @@ def retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
 
 def progress(description: str) -> Any:
     """A progress-bar wrapper for the library's ``progress`` arguments."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     def wrap(items: Iterable[Any]) -> Iterator[Any]:
         return iter(tqdm(items, desc=description, file=sys.stderr, leave=False))

@@ -156,8 +156,8 @@ class RagPipeline:
         hits = self.retrieve(question)
         if not hits:
             ids = self._encode(question, NO_SOURCES)
-            notes = (f"{NO_SOURCES} The answer is not grounded in the index.",)
-            return PreparedQuery(question, ids, (), (), notes)
+            note = f"{NO_SOURCES} The answer is not grounded in the index."
+            return PreparedQuery(question, ids, (), (), (note,))
         shown, notes = self._fit(question, hits, self._budget(max_new_tokens))
         if not shown:
             raise ValueError("the question alone fills the context window; shorten it")

@@ -12,10 +12,11 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
+from langchain_core.language_models import LangSmithParams
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.prompts import Prompt
@@ -41,6 +42,8 @@ _LOAD_FIELDS = frozenset({"model", "device", "dtype", "trust_remote_code"})
 
 class LookaheadSettings(BaseModel):
     """Fields and engine handling common to the chat model and the completion model."""
+
+    _ls_model_type: ClassVar[Literal["chat", "llm"]] = "chat"  # LangSmith's name for the kind
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
 
@@ -151,8 +154,9 @@ class LookaheadSettings(BaseModel):
         # Same weights and tokenizer, other drafting settings (e.g. lookahead off).
         return LookaheadEngine(self.engine.model, self.engine.tokenizer, config)
 
-    def _settings(self) -> dict[str, Any]:
-        """Model and lookahead settings, for `_identifying_params`."""
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        """Model and lookahead settings: what makes two instances answer alike."""
         return {
             "model_name": self.model_name,
             "lookahead": self.lookahead,
@@ -160,6 +164,19 @@ class LookaheadSettings(BaseModel):
             **{name: getattr(self, name) for name in CALL_OPTIONS},
             "stop": self.stop,
         }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider="rag_lookahead",
+            ls_model_name=model if isinstance(model, str) else self.model_name,
+            ls_model_type=self._ls_model_type,
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
 
     # ------------------------------------------------------------------ calls
 

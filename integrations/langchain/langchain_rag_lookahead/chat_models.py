@@ -6,10 +6,10 @@ Messages are prompted through the model's own chat template.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.messages import AIMessageChunk, BaseMessage, ChatMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
@@ -50,22 +50,7 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
     def _llm_type(self) -> str:
         return "rag-lookahead-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return self._settings()
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        model = kwargs.get("model")
-        params = LangSmithParams(
-            ls_provider="rag_lookahead",
-            ls_model_name=model if isinstance(model, str) else self.model_name,
-            ls_model_type="chat",
-            ls_temperature=kwargs.get("temperature", self.temperature),
-            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
-        )
-        if stop or self.stop:
-            params["ls_stop"] = stop or self.stop
-        return params
+    _ls_model_type: ClassVar[Literal["chat", "llm"]] = "chat"
 
     def _stream(
         self,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseLLM, LangSmithParams, LanguageModelInput
+from langchain_core.language_models import BaseLLM, LanguageModelInput
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict
@@ -39,22 +39,7 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
     def _llm_type(self) -> str:
         return "rag-lookahead"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return self._settings()
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        model = kwargs.get("model")
-        params = LangSmithParams(
-            ls_provider="rag_lookahead",
-            ls_model_name=model if isinstance(model, str) else self.model_name,
-            ls_model_type="llm",
-            ls_temperature=kwargs.get("temperature", self.temperature),
-            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
-        )
-        if stop or self.stop:
-            params["ls_stop"] = stop or self.stop
-        return params
+    _ls_model_type: ClassVar[Literal["chat", "llm"]] = "llm"
 
     # BaseLLM.batch runs every prompt through one `_generate` call with the first prompt's run
     # manager only; one call per prompt on a thread pool keeps callbacks and runs per prompt.
