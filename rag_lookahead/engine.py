@@ -144,6 +144,9 @@ class LookaheadEngine:
         self._check_length(prompt_ids)
         if scope is not None and scope.closed:
             raise ValueError("the document scope passed to this call is closed")
+        if scope is not None and scope.trie is not self.trie:
+            # Its branches live in another trie: this call could neither see nor release them.
+            raise ValueError("the document scope passed to this call belongs to another engine")
         recorder = StepRecorder(prompt_tokens=len(prompt_ids))
         steps = self._run(prompt_ids, params, list(documents), recorder, scope)
         return TextStream(steps, TextAssembler(self.tokenizer, params.stop_strings), recorder)

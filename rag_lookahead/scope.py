@@ -35,6 +35,11 @@ class DocumentScope:
         return self._closed
 
     @property
+    def trie(self) -> TokenTrie:
+        """The trie holding this scope's branches (that of the engine that opened it)."""
+        return self._trie
+
+    @property
     def sequences(self) -> Sequence[Sequence[int]]:
         """The token ids of the documents added so far."""
         return tuple(self._sequences)

@@ -80,3 +80,13 @@ def test_plain_is_the_same_model_decoding_plainly_under_the_same_lock(engine_and
     assert plain._lock is engine._lock  # forwards of both are serialised
     completion = plain.complete(PROMPT, max_new_tokens=N)
     assert completion.token_ids == reference and not any(completion.stats.accepted_per_step)
+
+
+def test_a_scope_of_another_engine_is_refused(engine_and_document) -> None:
+    engine, document, _ = engine_and_document
+    other = LookaheadEngine(engine.model, engine.tokenizer, engine.config)
+    with engine.scope([document]) as scope:
+        with pytest.raises(ValueError, match="another engine"):
+            other.complete(PROMPT, max_new_tokens=2, scope=scope)
+        assert engine.plain().complete(PROMPT, max_new_tokens=2, scope=scope).token_ids  # same trie
+    assert other.trie.owners() <= {OUTPUT_OWNER}
