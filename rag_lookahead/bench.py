@@ -99,7 +99,8 @@ def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Ru
 def _prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
     """Seconds of the prompt's forward alone: the same for every method, so it is timed apart."""
 
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(engine.model.forward).parameters else {}
+    takes_keep = "logits_to_keep" in inspect.signature(engine.model.forward).parameters
+    keep = {"logits_to_keep": 1} if takes_keep else {}
 
     def run(ids: list[int]) -> float:
         input_ids = torch.tensor([ids], device=engine.device)

@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", help="build or update a document index")
     index.add_argument("paths", nargs="+", type=Path, help=".txt, .md, .jsonl files or folders")
     index.add_argument("--out", required=True, type=Path, help="the index directory")
-    index.add_argument("--text-field", default="text", help="the text field of .jsonl records (default: text)")
+    index.add_argument(
+        "--text-field", default="text", help="the text field of .jsonl records (default: text)"
+    )
     _index_flags(index)
     index.set_defaults(run=run_index)
 

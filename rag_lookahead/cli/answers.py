@@ -31,7 +31,7 @@ def run_index(args: argparse.Namespace) -> int:
     if (out / META_FILE).is_file():
         index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
         if index.config != config:
-            print(f"note: keeping the index's chunking {index.config}; rebuild into a new folder to change it")
+            print(f"note: keeping the index's chunking {index.config}; rebuild it elsewhere to change it")
         report = index.update(args.paths, progress("embedding"), text_field=args.text_field)
         skipped = report.skipped
         print(
@@ -41,7 +41,8 @@ def run_index(args: argparse.Namespace) -> int:
         )
     else:
         index, skipped_list = DocumentIndex.build(
-            args.paths, make_embedder(args.embedder), config, progress("embedding"), text_field=args.text_field
+            args.paths, make_embedder(args.embedder), config, progress("embedding"),
+            text_field=args.text_field,
         )
         skipped = tuple(skipped_list)
         print(f"built {out}: {len(index.sources)} sources, {len(index)} chunks")
@@ -99,13 +100,18 @@ def run_demo(args: argparse.Namespace) -> int:
         _print_sources(fast, sys.stdout)
         for name, answer in answers.items():
             s = answer.stats
-            print(f"  {name:>9}: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per forward")
+            print(
+                f"  {name:>9}: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, "
+                f"{s.tokens_per_step:.2f} tokens per forward"
+            )
         speedup = fast.stats.tokens_per_s / max(plain.stats.tokens_per_s, 1e-9)
         print(f"  identical: {plain.text == fast.text}; lookahead speedup: {speedup:.2f}x")
     return 0
 
 
-def _answer(stream: AnswerStream, out: TextIO, debug: bool = False, engine: LookaheadEngine | None = None) -> None:
+def _answer(
+    stream: AnswerStream, out: TextIO, debug: bool = False, engine: LookaheadEngine | None = None
+) -> None:
     """Stream an answer to ``out``, then its sources and stats."""
     for note in stream.notes:
         out.write(f"note: {note}\n")

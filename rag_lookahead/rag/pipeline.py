@@ -2,8 +2,9 @@
 
 Each question's retrieved chunks reach the trie as branches owned by that call, inserted before
 it generates and eliminated when it ends (also on an error, a cancelled or an abandoned stream):
-the chunks the prompt shows as part of the prompt, the ones it has no room for as documents. Concurrent questions never draft from each
-other's documents; the model's own past answers stay in the trie and help later questions.
+the chunks the prompt shows as part of the prompt, the ones it has no room for as documents.
+Concurrent questions never draft from each other's documents; the model's own past answers stay
+in the trie and help later questions.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any, Iterator
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.prompts import RAG_SYSTEM, encode_prompt, rag_messages
+from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
 from rag_lookahead.stats import DecodeStats
-from rag_lookahead.stream import Chunk, TextStream
+from rag_lookahead.stream import Chunk as StepChunk
+from rag_lookahead.stream import TextStream
 
 __all__ = ["Answer", "AnswerStream", "PreparedQuery", "RagPipeline", "RetrievalConfig"]
 
@@ -101,7 +104,7 @@ class AnswerStream(Iterator[str]):
     def __next__(self) -> str:
         return next(self.stream)
 
-    def chunks(self) -> Iterator[Chunk]:
+    def chunks(self) -> Iterator[StepChunk]:
         """(token ids, text) per decoding step, for views that show where tokens came from."""
         return self.stream.chunks()
 
@@ -191,7 +194,7 @@ class RagPipeline:
     def _fit(self, question: str, hits: list[Hit], budget: int | None) -> tuple[list[Hit], list[str]]:
         """As many sources as fit ``budget`` prompt tokens; the first that does not is cut to fit."""
         shown: list[Hit] = []
-        for i, hit in enumerate(hits):
+        for hit in hits:
             if budget is None or self._measure(question, [*shown, hit]) <= budget:
                 shown.append(hit)
                 continue
@@ -214,8 +217,8 @@ class RagPipeline:
 
     def _trim(self, question: str, shown: list[Hit], hit: Hit, budget: int) -> Hit | None:
         """``hit`` cut to the tokens that still fit after ``shown``, or None if none do."""
-        text = hit.chunk.text
-        ends = [end for _, end in self.engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True).offset_mapping]
+        encoded = self.engine.tokenizer(hit.chunk.text, add_special_tokens=False, return_offsets_mapping=True)
+        ends = [end for _, end in encoded.offset_mapping]  # where each token's text ends
         keep = len(ends)
         for _ in range(4):  # a cut text may tokenize a little differently in the prompt: re-measure
             over = self._measure(question, [*shown, _prefix(hit, ends[keep - 1])]) - budget
@@ -229,7 +232,7 @@ class RagPipeline:
 
 def _prefix(hit: Hit, end: int) -> Hit:
     chunk = hit.chunk
-    cut = type(chunk).make(chunk.source, chunk.text[:end], chunk.start, chunk.start + end)
+    cut = Chunk.make(chunk.source, chunk.text[:end], chunk.start, chunk.start + end)
     return Hit(cut, hit.score)
 
 
