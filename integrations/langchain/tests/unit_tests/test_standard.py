@@ -4,14 +4,10 @@ from typing import Any
 
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from langchain_rag_lookahead import ChatLookahead
+from tests.capabilities import LocalChatModelCapabilities
 
 
-class TestChatLookaheadUnit(ChatModelUnitTests):
-    @property
-    def chat_model_class(self) -> type[ChatLookahead]:
-        return ChatLookahead
-
+class TestChatLookaheadUnit(LocalChatModelCapabilities, ChatModelUnitTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         # The embedded default model: construction is cheap, the model loads on first call.
@@ -21,15 +17,3 @@ class TestChatLookaheadUnit(ChatModelUnitTests):
     def standard_chat_model_params(self) -> dict[str, Any]:
         # A local model has no API key, request timeout or retries; unknown fields are rejected.
         return {"temperature": 0, "max_tokens": 100, "stop": []}
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        return False
-
-    @property
-    def supports_model_override(self) -> bool:
-        return False
