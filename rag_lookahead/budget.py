@@ -10,12 +10,16 @@ of that order that maximises (1 + expected accepted tokens) / forward cost — p
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
+from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.costs import CostCurve
 from rag_lookahead.tree import DraftTree
 
-__all__ = ["AcceptanceModel", "plan_draft"]
+__all__ = ["AcceptanceModel", "StepPlanner", "plan_draft"]
+
+# The Jacobi window rides along only where it adds at most this much to a forward's cost.
+_WINDOW_OVERHEAD = 1.05
 
 _BUCKETS = 10
 
@@ -93,3 +97,36 @@ def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) ->
         if rate > best_rate:
             best_size, best_rate = size, rate
     return tree.subtree(order[:best_size])
+
+
+class StepPlanner:
+    """What each step verifies: all of the draft, or in ``mode="auto"`` the part that pays.
+
+    ``cost_curve`` is called only when ``auto`` first needs it (measuring takes seconds). Not
+    thread-safe: the engine serialises calls.
+    """
+
+    def __init__(self, config: LookaheadConfig, cost_curve: Callable[[], CostCurve]) -> None:
+        self.config = config
+        self.acceptance = AcceptanceModel()
+        self._cost_curve = cost_curve
+
+    def plan(self, tree: DraftTree) -> DraftTree:
+        """The part of ``tree`` to verify this step."""
+        if self.config.mode != "auto" or len(tree) == 1:
+            return tree
+        return plan_draft(tree, self.acceptance, self._cost_curve())
+
+    def window_pays(self, tree_size: int) -> bool:
+        """Whether the Jacobi window should ride along with a tree of ``tree_size`` tokens."""
+        if self.config.mode != "auto":
+            return True
+        cost, cfg = self._cost_curve(), self.config
+        rows = cfg.window_size * (cfg.ngram_size - 1)
+        # Only where it is nearly free (a GPU, not a CPU): its n-grams rarely repay more.
+        return cost(tree_size + rows) <= _WINDOW_OVERHEAD * cost(tree_size)
+
+    def learn(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Record what the model accepted of a verified tree."""
+        if len(tree) > 1:
+            self.acceptance.update(tree, accepted_nodes)

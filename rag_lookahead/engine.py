@@ -7,28 +7,27 @@ cache. The engine knows nothing about where drafts come from: drafters see token
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterable, Sequence
+from typing import Any, Generator, Iterable, Sequence
 
 import torch
 
-from rag_lookahead.budget import AcceptanceModel, plan_draft
-from rag_lookahead.cache import cache_kwarg, keep_accepted, new_tree_cache
+from rag_lookahead.budget import StepPlanner
+from rag_lookahead.cache import keep_accepted, new_tree_cache
 from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.drafting.base import WindowedDrafter
 from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.probe import sliding_window, tree_support_problem
+from rag_lookahead.probe import sliding_window
 from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.runner import ModelRunner
 from rag_lookahead.scope import DocumentScope
-from rag_lookahead.stats import FinishReason
-from rag_lookahead.stream import Completion, StepRecorder, TextStream
+from rag_lookahead.stream import Completion, StepRecorder, TextStream, truncate_step
 from rag_lookahead.text import TextAssembler
 from rag_lookahead.tree import DraftTree, SideRows
 from rag_lookahead.verify import TokenChooser, accept
@@ -74,14 +73,11 @@ class LookaheadEngine:
             branch_length=self.config.branch_length,
             max_nodes=self.config.max_trie_nodes,
         )
-        self.acceptance = AcceptanceModel()
+        self.planner = StepPlanner(self.config, lambda: self.cost_curve)
         self._cost_curve = cost_curve
         self._cache_dir = cache_dir
         self._lock = threading.RLock()
-        self._cache_arg = cache_kwarg(model)
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._tree_problem: str | None = None if self.config.mode != "off" else "mode is 'off'"
-        self._probed = self.config.mode == "off"
+        self.runner = ModelRunner(model, self._lock)
 
     @classmethod
     def from_pretrained(
@@ -103,7 +99,7 @@ class LookaheadEngine:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.runner.device
 
     @property
     def context_window(self) -> int | None:
@@ -182,7 +178,7 @@ class LookaheadEngine:
             self.model, self.tokenizer, replace(self.config, mode="off"), self.trie,
             cost_curve=self._cost_curve, cache_dir=self._cache_dir,
         )
-        other._lock = self._lock
+        other._lock, other.runner = self._lock, self.runner
         return other
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -194,8 +190,10 @@ class LookaheadEngine:
     @property
     def tree_verification(self) -> bool:
         """Whether this model verifies drafts (else it decodes plainly, as warned once)."""
-        self._ensure_probed()
-        return self._tree_problem is None
+        return self._tree_problem() is None
+
+    def _tree_problem(self) -> str | None:
+        return "mode is 'off'" if self.config.mode == "off" else self.runner.tree_problem()
 
     # ------------------------------------------------------------------ decoding
 
@@ -206,40 +204,27 @@ class LookaheadEngine:
                 f"the prompt has {len(prompt_ids)} tokens; the model's context window is {window}"
             )
 
-    def _ensure_probed(self) -> None:
-        with self._lock:
-            if self._probed:
-                return
-            self._probed = True
-            self._tree_problem = tree_support_problem(self.model, self._cache_arg)
-            if self._tree_problem is not None:
-                warnings.warn(
-                    f"rag-lookahead: this model cannot verify draft trees ({self._tree_problem}); "
-                    "decoding plainly, without lookahead. Outputs are unaffected.",
-                    stacklevel=3,
-                )
-
-    def _drafter(
-        self,
-        prompt_ids: list[int],
-        documents: list[str],
-        params: GenerationParams,
-        scope: DocumentScope | None,
-    ) -> MergedDrafter | None:
-        self._ensure_probed()
-        if self._tree_problem is not None:
-            return None
+    def _lookahead_problem(self, prompt_ids: list[int], params: GenerationParams) -> str | None:
+        """Why this call must decode plainly, if it must."""
+        problem = self._tree_problem()
+        if problem is not None:
+            return problem
         window = sliding_window(self.model.config)
-        longest = len(prompt_ids) + params.max_new_tokens + self.config.decoding_length
-        longest += self.config.window_size + self.config.ngram_size
-        if window is not None and longest > window:
+        cfg = self.config
+        longest = len(prompt_ids) + params.max_new_tokens + cfg.decoding_length
+        if window is not None and longest + cfg.window_size + cfg.ngram_size > window:
             # One mask serves every layer, so a window's cut-off cannot be expressed in it.
             warnings.warn(
                 f"rag-lookahead: this call may exceed the model's sliding attention window "
                 f"({window} tokens); decoding it plainly, without lookahead.",
                 stacklevel=4,
             )
-            return None
+            return "sliding window"
+        return None
+
+    def _drafter(
+        self, prompt_ids: list[int], documents: list[str], scope: DocumentScope | None
+    ) -> MergedDrafter:
         doc_ids = [self._tokenize(d) for d in documents]
         shared = (scope.owner, scope.sequences) if scope is not None else None
         return build_drafter(self.config, self.trie, self._lock, [prompt_ids, *doc_ids], shared)
@@ -255,71 +240,69 @@ class LookaheadEngine:
         rec: StepRecorder,
         scope: DocumentScope | None,
     ) -> Generator[list[int], None, None]:
-        drafter = self._drafter(prompt_ids, documents, params, scope)
-        try:
-            yield from self._decode(prompt_ids, params, drafter, rec)
-        finally:
-            if drafter is not None:
-                drafter.close()
-
-    def _decode(
-        self,
-        prompt_ids: list[int],
-        params: GenerationParams,
-        drafter: MergedDrafter | None,
-        rec: StepRecorder,
-    ) -> Generator[list[int], None, None]:
+        lookahead = self._lookahead_problem(prompt_ids, params) is None
         eos = set(self.eos_token_ids if params.eos_token_id is None else params.eos_token_id)
         window = self.context_window or 1 << 62
         chooser = TokenChooser(params, self.device)
         ids = list(prompt_ids)
-        cache = new_tree_cache() if drafter is not None else None
-        windowed = drafter.windowed() if drafter is not None else None
-
-        # 1) Prefill: the prompt, and the first new token from its last position.
-        logits, cache = self._forward(torch.tensor([ids]), cache, last_only=True)
-        tokens = chooser.choose(logits[-1:], ids, DraftTree.root_only(ids[-1]))
-        rec.prefill_seconds = time.perf_counter() - rec.started
-        while True:
-            remaining = params.max_new_tokens - (len(ids) - len(prompt_ids))
-            tokens, reason = _truncate(tokens, eos, remaining)
-            ids += tokens
+        drafter: MergedDrafter | None = None
+        try:
+            # 1) Prefill: the prompt, and the first new token from its last position. The trie
+            # takes the call's texts meanwhile (on a GPU the forward is still running).
+            cache = new_tree_cache() if lookahead else None
+            logits, cache = self.runner.forward(torch.tensor([ids]), cache, last_only=True)
+            drafter = self._drafter(prompt_ids, documents, scope) if lookahead else None
+            tokens = chooser.choose(logits[-1:], ids, DraftTree.root_only(ids[-1]))
+            rec.prefill_seconds = time.perf_counter() - rec.started
+            windowed = drafter.windowed() if drafter is not None else None
+            while True:
+                remaining = params.max_new_tokens - (len(ids) - len(prompt_ids))
+                tokens, reason = truncate_step(tokens, eos, remaining)
+                ids += tokens
+                if drafter is not None:
+                    drafter.observe(tokens)
+                if reason is None and len(ids) >= window:
+                    reason = "context_window"
+                if reason is not None:
+                    rec.finish(reason)
+                yield tokens
+                if reason is not None:
+                    return
+                # Room for the drafted tokens plus the model's own one, in the budget and the window.
+                budget = min(self.config.decoding_length, remaining - len(tokens) - 1, window - len(ids) - 1)
+                tokens, cache = self._step(ids, drafter, windowed, budget, chooser, cache, rec)
+        finally:
             if drafter is not None:
-                drafter.observe(tokens)
-            if reason is None and len(ids) >= window:
-                reason = "context_window"
-            if reason is not None:
-                rec.finish(reason)
-            yield tokens
-            if reason is not None:
-                return
-            # 2) Draft, forward the tree, choose per node, accept, keep the path's cache.
-            # Room for the drafted tokens plus the model's own one, in the budget and the window.
-            budget = min(
-                self.config.decoding_length, remaining - len(tokens) - 1, window - len(ids) - 1
-            )
-            tree = DraftTree.root_only(ids[-1])
-            if drafter is not None and budget > 0:
-                tree = self._plan(drafter.propose(ids, budget))
-            side = self._side_rows(windowed, tree, room=window - len(ids))
-            past = len(ids) - 1
-            logits, cache = self._forward_tree(tree, cache, past, side)
-            accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
-            if windowed is not None and side is not None:
-                windowed.observe_side(logits[len(tree) :].argmax(-1).tolist())
-            if len(tree) > 1 or side is not None:
-                keep_accepted(cache, past, len(tree) + len(side or ()), accepted.nodes)
-            if len(tree) > 1:
-                with self._lock:
-                    self.acceptance.update(tree, accepted.nodes)
-            rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-            tokens = accepted.tokens
+                drafter.close()
 
-    def _plan(self, tree: DraftTree) -> DraftTree:
-        if self.config.mode != "auto" or len(tree) == 1:
-            return tree
+    def _step(
+        self,
+        ids: list[int],
+        drafter: MergedDrafter | None,
+        windowed: WindowedDrafter | None,
+        budget: int,
+        chooser: TokenChooser,
+        cache: Any,
+        rec: StepRecorder,
+    ) -> tuple[list[int], Any]:
+        """2) Draft, forward the tree, choose per node, accept, keep the path's cache."""
+        tree = DraftTree.root_only(ids[-1])
+        if drafter is not None and budget > 0:
+            proposed = drafter.propose(ids, budget)
+            with self._lock:
+                tree = self.planner.plan(proposed)
+        side = self._side_rows(windowed, tree, room=(self.context_window or 1 << 62) - len(ids))
+        past = len(ids) - 1
+        logits, cache = self.runner.forward_tree(tree, cache, past, side)
+        accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
+        if windowed is not None and side is not None:
+            windowed.observe_side(logits[len(tree) :].argmax(-1).tolist())
+        if len(tree) > 1 or side is not None:
+            keep_accepted(cache, past, len(tree) + len(side or ()), accepted.nodes)
         with self._lock:
-            return plan_draft(tree, self.acceptance, self.cost_curve)
+            self.planner.learn(tree, accepted.nodes)
+        rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
+        return accepted.tokens, cache
 
     @property
     def cost_curve(self) -> CostCurve:
@@ -332,79 +315,17 @@ class LookaheadEngine:
                 size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
                 key = curve_key(self.model, self.device, size)
                 directory = (self._cache_dir or default_cache_dir()) / "costs"
-                self._cost_curve = cached_curve(directory, key, lambda: measure_curve(self._forward_timer(), size))
+                context = min(256, (self.context_window or 512) // 2)
+                measure = lambda: measure_curve(self.runner.chain_timer(context), size)  # noqa: E731
+                self._cost_curve = cached_curve(directory, key, measure)
             return self._cost_curve
-
-    def _forward_timer(self) -> Callable[[int], float]:
-        """Times one forward over k chained draft tokens after a cache of up to 256 tokens."""
-        vocab = int(self.model.config.vocab_size)
-        length = min(256, (self.context_window or 512) // 2)
-        prompt = [(31 * i + 7) % vocab for i in range(length)]
-        _, cache = self._forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
-
-        def seconds(tokens: int) -> float:
-            chain = tuple(prompt[i % length] for i in range(tokens))
-            tree = DraftTree(chain, tuple(range(-1, tokens - 1)))
-            start = time.perf_counter()
-            self._forward_tree(tree, cache, len(prompt))
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            elapsed = time.perf_counter() - start
-            cache.crop(-tokens)
-            return elapsed
-
-        return seconds
 
     def _side_rows(
         self, windowed: WindowedDrafter | None, tree: DraftTree, room: int
     ) -> SideRows | None:
         """The Jacobi window's rows for this forward, when there is one and it is worth it."""
-        if windowed is None:
-            return None
-        cfg = self.config
-        if cfg.window_size + cfg.ngram_size - 2 >= room:
-            return None  # its furthest row would sit past the context window
-        if cfg.mode == "auto":
-            cost, rows = self.cost_curve, cfg.window_size * (cfg.ngram_size - 1)
-            if cost(len(tree) + rows) > 1.05 * cost(len(tree)):
-                return None  # only run it where it is nearly free (a GPU, not a CPU)
-        return windowed.side_rows()
-
-    def _forward_tree(
-        self, tree: DraftTree, cache: Any, past: int, side: SideRows | None = None
-    ) -> tuple[torch.Tensor, Any]:
-        if len(tree) == 1 and side is None:  # plain decoding: the model's own causal path
-            return self._forward(torch.tensor([tree.tokens]), cache)
-        inputs = tree.inputs(past, self.device, self.model.dtype, side)
-        return self._forward(
-            inputs.input_ids,
-            cache,
-            position_ids=inputs.position_ids,
-            attention_mask=inputs.attention_mask,
-        )
-
-    def _forward(
-        self, input_ids: torch.Tensor, cache: Any, last_only: bool = False, **kwargs: Any
-    ) -> tuple[torch.Tensor, Any]:
-        """Logits ``[n, V]`` for ``input_ids`` ``[1, n]``, and the cache now holding them."""
-        kwargs[self._cache_arg] = cache
-        if last_only and self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        with self._lock, torch.inference_mode():
-            out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **kwargs)
-        if cache is None:  # plain decoding lets the model build the cache it prefers
-            cache = getattr(out, "cache", None)
-            cache = cache if cache is not None else getattr(out, "past_key_values", None)
-        return out.logits[0], cache
-
-
-def _truncate(
-    tokens: list[int], eos: set[int], remaining: int
-) -> tuple[list[int], FinishReason | None]:
-    """Cut a step's tokens after the first EOS or at the token budget."""
-    for i, token in enumerate(tokens[:remaining]):
-        if token in eos:
-            return tokens[: i + 1], "eos"
-    if len(tokens) >= remaining:
-        return tokens[:remaining], "length"
-    return tokens, None
+        if windowed is None or self.config.window_size + self.config.ngram_size - 2 >= room:
+            return None  # no window, or its furthest row would sit past the context window
+        with self._lock:
+            pays = self.planner.window_pays(len(tree))
+        return windowed.side_rows() if pays else None

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Generator, Iterator, NamedTuple
+from typing import Collection, Generator, Iterator, NamedTuple
 
 from rag_lookahead.stats import DecodeStats, FinishReason
 from rag_lookahead.text import TextAssembler
 
-__all__ = ["Chunk", "Completion", "StepRecorder", "TextStream"]
+__all__ = ["Chunk", "Completion", "StepRecorder", "TextStream", "truncate_step"]
 
 
 class Chunk(NamedTuple):
@@ -154,3 +154,15 @@ class TextStream(Iterator[str]):
         for _ in self.chunks():
             pass
         return Completion(self.text, list(self.token_ids), self.stats)
+
+
+def truncate_step(
+    tokens: list[int], eos: Collection[int], remaining: int
+) -> tuple[list[int], FinishReason | None]:
+    """Cut a step's tokens after the first EOS or at the token budget."""
+    for i, token in enumerate(tokens[:remaining]):
+        if token in eos:
+            return tokens[: i + 1], "eos"
+    if len(tokens) >= remaining:
+        return tokens[:remaining], "length"
+    return tokens, None

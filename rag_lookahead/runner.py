@@ -1,0 +1,101 @@
+"""The model's forward passes: the one place that runs the model.
+
+The engine decides what to run; this module runs it over a KV cache — the prompt, a draft tree
+(with the Jacobi window's rows, if any), or a chain of tokens timed for the cost curve.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from rag_lookahead.cache import cache_kwarg, new_tree_cache
+from rag_lookahead.probe import tree_support_problem
+from rag_lookahead.tree import DraftTree, SideRows
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """Forward passes of one model, serialised by ``lock`` (shared with the trie's users)."""
+
+    def __init__(self, model: Any, lock: threading.RLock) -> None:
+        self.model = model
+        self.lock = lock
+        self.cache_arg = cache_kwarg(model)
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._probed = False
+        self._tree_problem: str | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def tree_problem(self) -> str | None:
+        """Why this model cannot verify draft trees, or ``None``; probed once, warned once."""
+        with self.lock:
+            if not self._probed:
+                self._probed = True
+                self._tree_problem = tree_support_problem(self.model, self.cache_arg)
+                if self._tree_problem is not None:
+                    warnings.warn(
+                        f"rag-lookahead: this model cannot verify draft trees ({self._tree_problem}); "
+                        "decoding plainly, without lookahead. Outputs are unaffected.",
+                        stacklevel=5,
+                    )
+            return self._tree_problem
+
+    def forward(
+        self, input_ids: torch.Tensor, cache: Any, last_only: bool = False, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """Logits ``[n, V]`` for ``input_ids`` ``[1, n]``, and the cache now holding them.
+
+        ``cache=None`` lets the model build the cache it prefers (plain decoding).
+        """
+        kwargs[self.cache_arg] = cache
+        if last_only and self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        with self.lock, torch.inference_mode():
+            out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **kwargs)
+        if cache is None:
+            cache = getattr(out, "cache", None)
+            cache = cache if cache is not None else getattr(out, "past_key_values", None)
+        return out.logits[0], cache
+
+    def forward_tree(
+        self, tree: DraftTree, cache: Any, past: int, side: SideRows | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        """Logits ``[len(tree) + len(side), V]`` for a tree (and side rows) after ``past`` tokens."""
+        if len(tree) == 1 and side is None:  # plain decoding: the model's own causal path
+            return self.forward(torch.tensor([tree.tokens]), cache)
+        inputs = tree.inputs(past, self.device, self.model.dtype, side)
+        return self.forward(
+            inputs.input_ids,
+            cache,
+            position_ids=inputs.position_ids,
+            attention_mask=inputs.attention_mask,
+        )
+
+    def chain_timer(self, context_length: int) -> Callable[[int], float]:
+        """Seconds of one forward over k chained draft tokens after ``context_length`` tokens."""
+        vocab = int(self.model.config.vocab_size)
+        prompt = [(31 * i + 7) % vocab for i in range(context_length)]
+        _, cache = self.forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
+
+        def seconds(tokens: int) -> float:
+            chain = tuple(prompt[i % context_length] for i in range(tokens))
+            tree = DraftTree(chain, tuple(range(-1, tokens - 1)))
+            start = time.perf_counter()
+            self.forward_tree(tree, cache, context_length)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            elapsed = time.perf_counter() - start
+            cache.crop(-tokens)
+            return elapsed
+
+        return seconds
