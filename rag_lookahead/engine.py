@@ -1,4 +1,4 @@
-"""The engine: the only place that runs the model.
+"""The engine: the decoding loop, whose `ModelRunner` is the only thing that runs the model.
 
 Each step reads as five verbs: draft a tree, forward it over the KV cache in one pass, choose
 the model's token at every node, accept the longest agreeing path, keep only that path in the
@@ -291,7 +291,7 @@ class LookaheadEngine:
             proposed = drafter.propose(ids, budget)
             with self._lock:
                 tree = self.planner.plan(proposed)
-        side = self._side_rows(windowed, tree, room=(self.context_window or 1 << 62) - len(ids))
+        side = self._side_rows(windowed, tree, len(ids))
         past = len(ids) - 1
         logits, cache = self.runner.forward_tree(tree, cache, past, side)
         accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
@@ -321,9 +321,10 @@ class LookaheadEngine:
             return self._cost_curve
 
     def _side_rows(
-        self, windowed: WindowedDrafter | None, tree: DraftTree, room: int
+        self, windowed: WindowedDrafter | None, tree: DraftTree, length: int
     ) -> SideRows | None:
         """The Jacobi window's rows for this forward, when there is one and it is worth it."""
+        room = (self.context_window or 1 << 62) - length
         if windowed is None or self.config.window_size + self.config.ngram_size - 2 >= room:
             return None  # no window, or its furthest row would sit past the context window
         with self._lock:

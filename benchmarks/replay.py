@@ -1,0 +1,123 @@
+"""Replay: drafting policies priced on recorded greedy answers, without running the model.
+
+Greedy verification accepts exactly the longest draft path that matches the greedy answer, so
+once the answers are recorded, the drafters and the planner can be replayed on them and each
+step priced with a forward-cost curve. Measured runs on SmolLM2 land within ~3% of the replay
+(host work per step is not priced). ``oracle`` drafts the full tree exactly when something of
+it will be accepted: a ceiling for any planner over the same drafts.
+
+    python benchmarks/replay.py record --data llma_msmarco_rag.jsonl --limit 40 --out llma.json
+    python benchmarks/replay.py replay llma.json --curve ~/.cache/rag-lookahead/costs/costs-*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.bench import gold_inputs, load_records
+from rag_lookahead.budget import StepPlanner
+from rag_lookahead.costs import CostCurve
+from rag_lookahead.drafting.merge import build_drafter
+from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.tree import DraftTree
+
+Plan = Callable[[DraftTree, list[int]], DraftTree]  # (proposed tree, the answer from here) -> verified tree
+
+
+def record(data: Path, limit: int, max_new_tokens: int, out: Path) -> None:
+    """Greedy answers of the first ``limit`` records, with their prompts, as JSON."""
+    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(mode="off"))
+    answers = [
+        {"prompt": item.prompt_ids, "output": engine.complete(item.prompt_ids, max_new_tokens=max_new_tokens).token_ids}
+        for item in gold_inputs(engine, load_records(data, limit))
+    ]
+    out.write_text(json.dumps({"max_new_tokens": max_new_tokens, "answers": answers}))
+
+
+def matched(tree: DraftTree, answer: list[int]) -> list[int]:
+    """Tree nodes accepted when the model's next tokens are ``answer`` (root first)."""
+    nodes = [0]
+    # The last known token can only be the model's own (bonus) token, never a matched draft.
+    for token in answer[:-1]:
+        child = tree.child(nodes[-1], token)
+        if child is None:
+            break
+        nodes.append(child)
+    return nodes
+
+
+def replay(recorded: dict[str, Any], config: LookaheadConfig, curve: CostCurve, policy: str) -> dict[str, float]:
+    """Decode-phase speedup over greedy and tokens per forward for ``policy`` (auto, trie, oracle)."""
+    trie = TokenTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
+    planner = StepPlanner(config, lambda: curve)
+    plans: dict[str, Plan] = {
+        "auto": lambda tree, answer: planner.plan(tree),
+        "trie": lambda tree, answer: tree,
+        "oracle": lambda tree, answer: tree if len(matched(tree, answer)) > 1 else tree.subtree([]),
+    }
+    plan, lock = plans[policy], threading.RLock()
+    cost = greedy_cost = 0.0
+    steps = tokens = 0
+    for item in recorded["answers"]:
+        prompt, answer = item["prompt"], item["output"]
+        drafter = build_drafter(config, trie, lock, [prompt])
+        context, done = prompt + answer[:1], 1  # the first token comes from the prefill
+        drafter.observe(answer[:1])
+        while done < len(answer):
+            budget = min(config.decoding_length, recorded["max_new_tokens"] - done - 1)
+            tree = DraftTree.root_only(context[-1])
+            if budget > 0:
+                tree = plan(drafter.propose(context, budget), answer[done:])
+            nodes = matched(tree, answer[done:])
+            planner.learn(tree, nodes)
+            emitted = answer[done : done + len(nodes)]
+            drafter.observe(emitted)
+            context += emitted
+            done += len(emitted)
+            cost += curve(len(tree))
+            steps += 1
+        drafter.close()
+        greedy_cost += (len(answer) - 1) * curve(1)
+        tokens += len(answer) - 1
+    return {"decode_speedup": round(greedy_cost / cost, 3), "tokens_per_forward": round(tokens / steps, 3)}
+
+
+def load_curve(path: Path) -> CostCurve:
+    data = json.loads(path.read_text())
+    return CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record", help="record greedy answers")
+    rec.add_argument("--data", required=True, type=Path)
+    rec.add_argument("--limit", type=int, default=20)
+    rec.add_argument("--max-new-tokens", type=int, default=128)
+    rec.add_argument("--out", required=True, type=Path)
+    rep = commands.add_parser("replay", help="price policies on recorded answers")
+    rep.add_argument("recorded", nargs="+", type=Path)
+    rep.add_argument("--curve", required=True, type=Path, help="a cost-curve JSON from the cache")
+    rep.add_argument("--policies", default="auto,trie,oracle")
+    args = parser.parse_args()
+    if args.command == "record":
+        torch.set_num_threads(2)
+        record(args.data, args.limit, args.max_new_tokens, args.out)
+        return
+    curve = load_curve(args.curve)
+    for path in args.recorded:
+        recorded = json.loads(path.read_text())
+        for policy in args.policies.split(","):
+            config = LookaheadConfig(mode="trie" if policy == "trie" else "auto")
+            print(path.stem, policy, replay(recorded, config, curve, policy))
+
+
+if __name__ == "__main__":
+    main()
