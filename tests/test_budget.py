@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from rag_lookahead.budget import AcceptanceModel, plan_draft
+from rag_lookahead.budget import AcceptanceModel, StepPlanner, plan_draft
+from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.costs import CostCurve, cached_curve, measure_curve
 from rag_lookahead.tree import DraftTree
 
@@ -32,6 +33,36 @@ def test_a_cpu_like_curve_keeps_the_likely_path_only() -> None:
     # Rates 1.63/1.3, 1.98/1.325, 2.19/1.35, then the curve's jump makes a fourth node not pay.
     assert planned.tokens == (0, 1, 2, 4)
     assert planned.parents == (-1, 0, 1, 0)
+
+
+def test_a_plan_picks_a_cheaper_larger_size_over_a_dearer_smaller_one() -> None:
+    # Measured CPU curves dip (kernel shapes): 3 tokens dearer than 4 here.
+    curve = CostCurve((1, 2, 3, 4, 5, 6), (1.0, 1.7, 2.2, 1.4, 3.0, 3.0))
+    planned = plan_draft(TREE, no_exploring(), curve)
+    assert len(planned) == 4  # the root and 3 drafts, at 1.4, not 1 or 2 drafts at 1.7 and 2.2
+
+
+def test_the_step_planner_uses_the_curve_only_in_auto_mode() -> None:
+    asked: list[int] = []
+
+    def steep() -> CostCurve:
+        asked.append(1)
+        return CostCurve((1, 2), (1.0, 50.0))
+
+    for mode in ("trie", "jacobi"):
+        planner = StepPlanner(LookaheadConfig(mode=mode), steep)
+        assert planner.plan(TREE) == TREE and planner.window_pays(len(TREE))
+    assert not asked  # never measured outside auto
+    auto = StepPlanner(LookaheadConfig(), steep)
+    assert len(auto.plan(TREE)) == 1 and not auto.window_pays(len(TREE))
+
+
+def test_the_window_rides_along_in_auto_only_where_it_is_nearly_free() -> None:
+    # A tree of 5 tokens plus the default window's 4 x 3 rows: 17 tokens against 5.
+    nearly_flat = CostCurve((1, 32), (1.0, 1.04))
+    cpu_like = CostCurve((1, 2, 32), (1.0, 1.6, 2.5))
+    assert StepPlanner(LookaheadConfig(), lambda: nearly_flat).window_pays(5)
+    assert not StepPlanner(LookaheadConfig(), lambda: cpu_like).window_pays(5)
 
 
 def test_acceptance_is_learned_from_outcomes() -> None:
