@@ -18,7 +18,7 @@ import torch
 
 from rag_lookahead.budget import StepPlanner
 from rag_lookahead.cache import keep_accepted, new_tree_cache
-from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
+from rag_lookahead.costs import CostCurve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.drafting.base import WindowedDrafter
 from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
@@ -309,15 +309,9 @@ class LookaheadEngine:
         """Forward seconds by number of new tokens, measured once and cached on disk."""
         with self._lock:
             if self._cost_curve is None:
-                from rag_lookahead.models import default_cache_dir
-
                 cfg = self.config
                 size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
-                key = curve_key(self.model, self.device, size)
-                directory = (self._cache_dir or default_cache_dir()) / "costs"
-                context = min(256, (self.context_window or 512) // 2)
-                measure = lambda: measure_curve(self.runner.chain_timer(context), size)  # noqa: E731
-                self._cost_curve = cached_curve(directory, key, measure)
+                self._cost_curve = self.runner.cost_curve(size, self._cache_dir)
             return self._cost_curve
 
     def _side_rows(

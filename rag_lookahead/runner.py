@@ -10,11 +10,13 @@ import inspect
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from rag_lookahead.cache import cache_kwarg, new_tree_cache
+from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.probe import tree_support_problem
 from rag_lookahead.tree import DraftTree, SideRows
 
@@ -80,6 +82,16 @@ class ModelRunner:
             position_ids=inputs.position_ids,
             attention_mask=inputs.attention_mask,
         )
+
+    def cost_curve(self, max_tokens: int, cache_dir: Path | None = None) -> CostCurve:
+        """Forward seconds by size up to ``max_tokens``: cached on disk, else measured now."""
+        from rag_lookahead.models import default_cache_dir
+
+        window = getattr(self.model.config, "max_position_embeddings", None) or 512
+        context = min(256, window // 2)
+        key = curve_key(self.model, self.device, max_tokens)
+        directory = (cache_dir or default_cache_dir()) / "costs"
+        return cached_curve(directory, key, lambda: measure_curve(self.chain_timer(context), max_tokens))
 
     def chain_timer(self, context_length: int) -> Callable[[int], float]:
         """Seconds of one forward over k chained draft tokens after ``context_length`` tokens."""
