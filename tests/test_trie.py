@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 from pathlib import Path
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead.drafting.trie import OUTPUT_OWNER, Node, TokenTrie
+from rag_lookahead.drafting.trie_nodes import collector_paused
 
 Snapshot = dict[tuple[int, ...], dict[str, int]]
 
@@ -172,6 +174,24 @@ def test_bad_tokens_and_owners_rejected() -> None:
             trie.insert([1], owner)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         trie.draft([1], "a", -1)
+
+
+def test_inserting_leaves_the_garbage_collector_as_it_was() -> None:
+    # Bulk inserts pause the collector (speed); its state afterwards must be the caller's.
+    trie = TokenTrie()
+    assert gc.isenabled()
+    trie.insert(list(range(50)), "a")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        trie.insert(list(range(50)), "b")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("failed midway")
+    assert gc.isenabled()
+    assert trie.counts_at([0, 1]) == {"a": 1, "b": 1}
 
 
 def test_eliminate_unknown_owner_is_noop() -> None:

@@ -19,6 +19,7 @@ from rag_lookahead.drafting.trie_nodes import (
     as_tokens,
     check_int,
     check_owner,
+    collector_paused,
 )
 from rag_lookahead.drafting.trie_read import TrieDraft, read_draft
 
@@ -128,12 +129,13 @@ class TokenTrie:
         check_owner(owner)
         toks = as_tokens(tokens)
         width = self.window
-        for start in range(len(toks)):
-            node = self._root
-            for token in toks[start : start + width]:
-                node = self._bump(node, token, owner)
-            if self._size > self._max_nodes:  # per window, so huge inserts stay bounded
-                self.prune()
+        with collector_paused():
+            for start in range(len(toks)):
+                node = self._root
+                for token in toks[start : start + width]:
+                    node = self._bump(node, token, owner)
+                if self._size > self._max_nodes:  # per window, so huge inserts stay bounded
+                    self.prune()
 
     def open_stream(self, owner: str = OUTPUT_OWNER) -> TrieStream:
         """A stream whose ``extend`` matches ``insert`` of the concatenated tokens."""

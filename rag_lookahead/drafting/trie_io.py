@@ -8,7 +8,7 @@ import os
 from typing import IO, Any
 
 from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.drafting.trie_nodes import NO_OWNER, Node, is_int
+from rag_lookahead.drafting.trie_nodes import NO_OWNER, Node, collector_paused, is_int
 
 __all__ = ["FORMAT", "VERSION", "load_trie", "save_trie"]
 
@@ -58,8 +58,9 @@ def load_trie(path: str | os.PathLike[str]) -> TokenTrie:
     if not isinstance(nodes, list) or len(nodes) > trie.max_nodes:
         raise ValueError(f"{name}: 'nodes' must be a list of at most max_nodes entries")
     built: list[Node] = []
-    for i, entry in enumerate(nodes):
-        built.append(_restore(trie, i, entry, built))
+    with collector_paused():
+        for i, entry in enumerate(nodes):
+            built.append(_restore(trie, i, entry, built))
     return trie
 
 
