@@ -1,6 +1,6 @@
 """Redraw benchmarks/cpu-smollm2.png and print the README table from the JSON files here.
 
-    python benchmarks/chart.py      (after `rag-lookahead bench ... --json benchmarks/SET.json`)
+python benchmarks/chart.py      (after `rag-lookahead bench ... --json benchmarks/SET.json`)
 """
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 HERE = Path(__file__).parent
 SETS = ["llma_msmarco_rag", "piarena_rag_qa", "dolly_context_qa", "squad_v2_dev_subset"]
@@ -23,7 +23,13 @@ def main() -> None:
     for i, (method, color) in enumerate(METHODS.items()):
         label = "lookahead (auto)" if method == "lookahead" else method
         xs = [x + i * width for x in range(len(SETS))]
-        speed.bar(xs, [data[s]["methods"][method]["speedup_vs_greedy"] for s in SETS], width, label=label, color=color)
+        speed.bar(
+            xs,
+            [data[s]["methods"][method]["speedup_vs_greedy"] for s in SETS],
+            width,
+            label=label,
+            color=color,
+        )
         steps = [data[s]["methods"][method]["mean_accepted_per_step"] or 0 for s in SETS]
         per_step.bar(xs, steps, width, label=label, color=color)
     for axis, title in ((speed, "speedup over greedy (end to end)"), (per_step, "tokens per forward")):
@@ -33,7 +39,8 @@ def main() -> None:
     speed.axhline(1.0, color="gray", lw=0.8)
     first = data[SETS[0]]
     fig.suptitle(
-        f"SmolLM2-135M {first['dtype']}, {first['threads']} CPU threads, {first['max_new_tokens']} new tokens, "
+        f"SmolLM2-135M {first['dtype']}, {first['threads']} CPU threads, "
+        f"{first['max_new_tokens']} new tokens, "
         f"{first['records']} records per set; outputs identical to greedy"
     )
     fig.tight_layout()
@@ -42,7 +49,8 @@ def main() -> None:
         m = data[s]["methods"]
         g, p, t, la = m["greedy"], m["prompt_lookup"], m["trie"], m["lookahead"]
         print(
-            f"| `{s}.jsonl` | {g['tokens_per_s']:.1f} | {p['speedup_vs_greedy']:.2f}x | {t['speedup_vs_greedy']:.2f}x "
+            f"| `{s}.jsonl` | {g['tokens_per_s']:.1f} | {p['speedup_vs_greedy']:.2f}x "
+            f"| {t['speedup_vs_greedy']:.2f}x "
             f"| **{la['speedup_vs_greedy']:.2f}x** | {la['speedup_vs_prompt_lookup']:.2f}x "
             f"| {la['decode_speedup_vs_greedy']:.2f}x | {la['mean_accepted_per_step']:.2f} "
             f"| {la['identical_to_greedy']}/{data[s]['records']} |"

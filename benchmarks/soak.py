@@ -22,10 +22,16 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.bench import load_records
+from rag_lookahead.bench.run import load_records
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.models import default_model_dir
-from rag_lookahead.rag import Document, DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+from rag_lookahead.rag import (
+    Document,
+    DocumentIndex,
+    RagPipeline,
+    RetrievalConfig,
+    SentenceTransformerEmbedder,
+)
 
 
 def tiny_engine(config: LookaheadConfig) -> LookaheadEngine:
@@ -33,8 +39,13 @@ def tiny_engine(config: LookaheadConfig) -> LookaheadEngine:
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     torch.manual_seed(0)
     model_config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
     )
     return LookaheadEngine(LlamaForCausalLM(model_config).eval(), tokenizer, config)
 

@@ -31,10 +31,10 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
-from rag_lookahead.rag import ChunkingConfig, SentenceTransformerEmbedder, split_document
-from rag_lookahead.rag import Document as SourceDocument
 
 from langchain_rag_lookahead import ChatLookahead, with_retrieved_documents
+from rag_lookahead.rag import ChunkingConfig, SentenceTransformerEmbedder, split_document
+from rag_lookahead.rag import Document as SourceDocument
 
 PROMPT = ChatPromptTemplate.from_messages(
     [

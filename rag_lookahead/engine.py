@@ -1,36 +1,37 @@
 """The engine: the decoding loop, whose `ModelRunner` is the only thing that runs the model.
 
-Each step reads as five verbs: draft a tree, forward it over the KV cache in one pass, choose
+Each step reads as five verbs: draft, forward the draft in one pass over the KV cache, choose
 the model's token at every node, accept the longest agreeing path, keep only that path in the
 cache. The engine knows nothing about where drafts come from: drafters see token ids only.
 """
 
 from __future__ import annotations
 
-import threading
+import copy
 import time
 import warnings
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Generator, Iterable, Sequence
+from typing import Any
 
 import torch
 
-from rag_lookahead.budget import StepPlanner
-from rag_lookahead.cache import keep_accepted, new_tree_cache
-from rag_lookahead.costs import CostCurve
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.drafting.base import WindowedDrafter
-from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
+from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.kv_cache import keep_accepted, new_tree_cache
+from rag_lookahead.decoding.planner import StepPlanner
+from rag_lookahead.decoding.probe import sliding_window
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.verify import TokenChooser, accept
+from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.probe import sliding_window
 from rag_lookahead.prompts import Prompt, encode_prompt
-from rag_lookahead.runner import ModelRunner
 from rag_lookahead.scope import DocumentScope
-from rag_lookahead.stream import Completion, StepRecorder, TextStream, truncate_step
-from rag_lookahead.text import TextAssembler
-from rag_lookahead.tree import DraftTree, SideRows
-from rag_lookahead.verify import TokenChooser, accept
+from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stopping import Stopping
+from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
 
 __all__ = ["LookaheadEngine"]
 
@@ -41,7 +42,7 @@ class LookaheadEngine:
     The engine owns a token trie shared by all calls: each call's prompt and documents are
     inserted as branches owned by that call and eliminated when it ends, while the model's own
     outputs stay (pruned under the node cap) and help later calls. Calls from several threads
-    are safe: model forwards and trie updates are serialised.
+    are safe: the model runner serialises forwards, and the trie guards itself with its lock.
     """
 
     def __init__(
@@ -59,25 +60,19 @@ class LookaheadEngine:
         Args:
             config: Drafting settings (`LookaheadConfig`).
             trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
-            cost_curve: Forward costs by size, for ``mode="auto"``; measured on first use and
-                cached under ``cache_dir`` (default: `default_cache_dir`) when not given.
-            cache_dir: Where measured cost curves are kept.
+            cost_curve: Forward costs by size, for ``mode="auto"``; when not given, the first
+                call that needs it runs `measure_costs`.
+            cache_dir: Where measured cost curves are kept (default: `default_cache_dir`).
         """
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or LookaheadConfig()
-        self.trie = trie or TokenTrie(
-            max_query_length=self.config.max_query_length,
-            branch_length=self.config.branch_length,
-            max_nodes=self.config.max_trie_nodes,
-        )
-        self.planner = StepPlanner(self.config, lambda: self.cost_curve)
-        self._cost_curve = cost_curve
+        self.trie = trie or _new_trie(self.config)
+        self.planner = StepPlanner(self.config, cost_curve)
+        self.runner = ModelRunner(model)
         self._cache_dir = cache_dir
-        self._lock = threading.RLock()
-        self.runner = ModelRunner(model, self._lock)
 
     @classmethod
     def from_pretrained(
@@ -97,6 +92,25 @@ class LookaheadEngine:
         )
         return cls(model, tokenizer, config)
 
+    def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
+        """This engine with other drafting settings: the same model, runner and trie.
+
+        Variants serve threads side by side: their forwards are serialised by the shared
+        runner, and their calls draft from (and add outputs to) the same trie. Only when
+        ``config`` changes the trie's own settings (``max_query_length``, ``branch_length``,
+        ``max_trie_nodes``) does the variant get a trie of its own.
+        """
+        other = copy.copy(self)
+        other.config = config
+        other.planner = StepPlanner(config, self.planner.cost_curve)
+        if _trie_settings(config) != _trie_settings(self.config):
+            other.trie = _new_trie(config)
+        return other
+
+    def plain(self) -> LookaheadEngine:
+        """This engine decoding plainly (``mode="off"``), the reference: see `with_config`."""
+        return self.with_config(replace(self.config, mode="off"))
+
     @property
     def device(self) -> torch.device:
         return self.runner.device
@@ -114,6 +128,20 @@ class LookaheadEngine:
         if eos is None:
             return ()
         return (eos,) if isinstance(eos, int) else tuple(eos)
+
+    @property
+    def cost_curve(self) -> CostCurve | None:
+        """The forward cost curve ``mode="auto"`` plans with, once measured or given."""
+        return self.planner.cost_curve
+
+    def measure_costs(self) -> CostCurve:
+        """Time forwards of every draft size this config may verify (or read them from the
+        on-disk cache), and plan with them from now on. Takes seconds on a CPU."""
+        cfg = self.config
+        size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
+        curve = self.runner.measure_costs(size, self._cache_dir)
+        self.planner.cost_curve = curve
+        return curve
 
     # ------------------------------------------------------------------ public calls
 
@@ -143,9 +171,21 @@ class LookaheadEngine:
         if scope is not None and scope.trie is not self.trie:
             # Its branches live in another trie: this call could neither see nor release them.
             raise ValueError("the document scope passed to this call belongs to another engine")
+        lookahead = self._lookahead_problem(prompt_ids, params) is None
+        if lookahead and self.config.mode == "auto" and self.cost_curve is None:
+            self.measure_costs()
         recorder = StepRecorder(prompt_tokens=len(prompt_ids))
-        steps = self._run(prompt_ids, params, list(documents), recorder, scope)
-        return TextStream(steps, TextAssembler(self.tokenizer, params.stop_strings), recorder)
+        stopping = Stopping(
+            self.tokenizer,
+            eos=self.eos_token_ids if params.eos_token_id is None else params.eos_token_id,
+            stop_strings=params.stop_strings,
+            max_new_tokens=params.max_new_tokens,
+            prompt_length=len(prompt_ids),
+            context_window=self.context_window,
+        )
+        drafting = (list(documents), scope) if lookahead else None
+        steps = self._run(prompt_ids, TokenChooser(params, self.device), stopping, recorder, drafting)
+        return TextStream(steps, recorder)
 
     def complete(
         self,
@@ -165,25 +205,13 @@ class LookaheadEngine:
         Use it as ``with engine.scope(passages) as docs: engine.complete(q, scope=docs)``;
         calls not given the scope never draft from its documents.
         """
-        scope = DocumentScope(self.trie, self._lock, self._tokenize)
+        scope = DocumentScope(self.trie, self._tokenize)
         scope.add(documents)
         return scope
 
-    def plain(self) -> LookaheadEngine:
-        """An engine on the same model that decodes plainly (``mode="off"``): the reference.
-
-        It shares this engine's lock, so the two can serve threads side by side.
-        """
-        other = LookaheadEngine(
-            self.model, self.tokenizer, replace(self.config, mode="off"), self.trie,
-            cost_curve=self._cost_curve, cache_dir=self._cache_dir,
-        )
-        other._lock, other.runner = self._lock, self.runner
-        return other
-
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """Drop-in for `model.generate`: see `rag_lookahead.hf_compat.generate`."""
-        from rag_lookahead.hf_compat import generate
+        """Drop-in for `model.generate`: see `rag_lookahead.generate.generate`."""
+        from rag_lookahead.generate import generate
 
         return generate(self, input_ids, **kwargs)
 
@@ -198,10 +226,10 @@ class LookaheadEngine:
     # ------------------------------------------------------------------ decoding
 
     def _check_length(self, prompt_ids: Sequence[int]) -> None:
-        window = self.context_window
-        if window is not None and len(prompt_ids) >= window:
+        limit = self.context_window
+        if limit is not None and len(prompt_ids) >= limit:
             raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context window is {window}"
+                f"the prompt has {len(prompt_ids)} tokens; the model's context window is {limit}"
             )
 
     def _lookahead_problem(self, prompt_ids: list[int], params: GenerationParams) -> str | None:
@@ -209,25 +237,24 @@ class LookaheadEngine:
         problem = self._tree_problem()
         if problem is not None:
             return problem
-        window = sliding_window(self.model.config)
+        attention_window = sliding_window(self.model.config)
         cfg = self.config
         longest = len(prompt_ids) + params.max_new_tokens + cfg.decoding_length
-        if window is not None and longest + cfg.window_size + cfg.ngram_size > window:
+        if attention_window is not None and longest + cfg.window_size + cfg.ngram_size > attention_window:
             # One mask serves every layer, so a window's cut-off cannot be expressed in it.
             warnings.warn(
                 f"rag-lookahead: this call may exceed the model's sliding attention window "
-                f"({window} tokens); decoding it plainly, without lookahead.",
-                stacklevel=4,
+                f"({attention_window} tokens); decoding it plainly, without lookahead.",
+                stacklevel=3,
             )
             return "sliding window"
         return None
 
     def _drafter(
         self, prompt_ids: list[int], documents: list[str], scope: DocumentScope | None
-    ) -> MergedDrafter:
+    ) -> ComposedDrafter:
         doc_ids = [self._tokenize(d) for d in documents]
-        shared = (scope.owner, scope.sequences) if scope is not None else None
-        return build_drafter(self.config, self.trie, self._lock, [prompt_ids, *doc_ids], shared)
+        return build_drafter(self.config, self.trie, [prompt_ids, *doc_ids], scope)
 
     def _tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -235,92 +262,78 @@ class LookaheadEngine:
     def _run(
         self,
         prompt_ids: list[int],
-        params: GenerationParams,
-        documents: list[str],
+        chooser: TokenChooser,
+        stopping: Stopping,
         rec: StepRecorder,
-        scope: DocumentScope | None,
-    ) -> Generator[list[int], None, None]:
-        lookahead = self._lookahead_problem(prompt_ids, params) is None
-        eos = set(self.eos_token_ids if params.eos_token_id is None else params.eos_token_id)
-        window = self.context_window or 1 << 62
-        chooser = TokenChooser(params, self.device)
+        drafting: tuple[list[str], DocumentScope | None] | None,
+    ) -> Generator[StreamChunk, None, None]:
+        """The call's decoding loop; ``drafting`` (documents, scope) is ``None`` to decode plainly."""
         ids = list(prompt_ids)
-        drafter: MergedDrafter | None = None
+        drafter: ComposedDrafter | None = None
         try:
             # 1) Prefill: the prompt, and the first new token from its last position. The trie
             # takes the call's texts meanwhile (on a GPU the forward is still running).
-            cache = new_tree_cache() if lookahead else None
+            cache = new_tree_cache() if drafting is not None else None
             logits, cache = self.runner.forward(torch.tensor([ids]), cache, last_only=True)
-            drafter = self._drafter(prompt_ids, documents, scope) if lookahead else None
+            drafter = self._drafter(prompt_ids, *drafting) if drafting is not None else None
             tokens = chooser.choose(logits[-1:], ids, DraftTree.root_only(ids[-1]))
             rec.prefill_seconds = time.perf_counter() - rec.started
-            windowed = drafter.windowed() if drafter is not None else None
+            side: list[int] = []
             while True:
-                remaining = params.max_new_tokens - (len(ids) - len(prompt_ids))
-                tokens, reason = truncate_step(tokens, eos, remaining)
-                ids += tokens
+                released = stopping.release(tokens)
+                ids += released.token_ids
+                rec.new_tokens += len(released.token_ids)
                 if drafter is not None:
-                    drafter.observe(tokens)
-                if reason is None and len(ids) >= window:
-                    reason = "context_window"
-                if reason is not None:
-                    rec.finish(reason)
-                yield tokens
-                if reason is not None:
+                    drafter.observe(released.token_ids, side)
+                if released.reason is not None:
+                    rec.finish(released.reason)
+                yield StreamChunk(released.token_ids, released.text)
+                if released.reason is not None:
                     return
-                # Room for the drafted tokens plus the model's own one, in the budget and the window.
-                budget = min(self.config.decoding_length, remaining - len(tokens) - 1, window - len(ids) - 1)
-                tokens, cache = self._step(ids, drafter, windowed, budget, chooser, cache, rec)
+                # Room for the drafted tokens plus the model's own one.
+                budget = min(self.config.decoding_length, stopping.room() - 1)
+                tokens, side, cache = self._step(ids, drafter, budget, chooser, cache, rec)
         finally:
+            rec.finish("abandoned")  # unless it finished above
             if drafter is not None:
                 drafter.close()
 
     def _step(
         self,
         ids: list[int],
-        drafter: MergedDrafter | None,
-        windowed: WindowedDrafter | None,
+        drafter: ComposedDrafter | None,
         budget: int,
         chooser: TokenChooser,
         cache: Any,
         rec: StepRecorder,
-    ) -> tuple[list[int], Any]:
-        """2) Draft, forward the tree, choose per node, accept, keep the path's cache."""
-        tree = DraftTree.root_only(ids[-1])
+    ) -> tuple[list[int], list[int], Any]:
+        """2) Draft, forward, choose per node, accept, keep the accepted path's cache.
+
+        Returns the tokens to emit, the model's predictions at the draft's side rows, and the
+        cache.
+        """
+        draft = StepDraft(DraftTree.root_only(ids[-1]))
         if drafter is not None and budget > 0:
-            proposed = drafter.propose(ids, budget)
-            with self._lock:
-                tree = self.planner.plan(proposed)
-        side = self._side_rows(windowed, tree, len(ids))
-        past = len(ids) - 1
-        logits, cache = self.runner.forward_tree(tree, cache, past, side)
+            room = (self.context_window or 1 << 62) - len(ids)
+            draft = self.planner.plan(drafter.propose(ids, budget), room)
+        tree, past = draft.tree, len(ids) - 1
+        logits, cache = self.runner.forward_step(draft, cache, past)  # [len(draft), V]
         accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
-        if windowed is not None and side is not None:
-            windowed.observe_side(logits[len(tree) :].argmax(-1).tolist())
-        if len(tree) > 1 or side is not None:
-            keep_accepted(cache, past, len(tree) + len(side or ()), accepted.nodes)
-        with self._lock:
-            self.planner.learn(tree, accepted.nodes)
+        side = logits[len(tree) :].argmax(-1).tolist() if draft.side is not None else []
+        if len(draft) > 1:
+            keep_accepted(cache, past, len(draft), accepted.nodes)
+        self.planner.learn(tree, accepted.nodes)
         rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-        return accepted.tokens, cache
+        return accepted.tokens, side, cache
 
-    @property
-    def cost_curve(self) -> CostCurve:
-        """Forward seconds by number of new tokens, measured once and cached on disk."""
-        with self._lock:
-            if self._cost_curve is None:
-                cfg = self.config
-                size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
-                self._cost_curve = self.runner.cost_curve(size, self._cache_dir)
-            return self._cost_curve
 
-    def _side_rows(
-        self, windowed: WindowedDrafter | None, tree: DraftTree, length: int
-    ) -> SideRows | None:
-        """The Jacobi window's rows for this forward, when there is one and it is worth it."""
-        room = (self.context_window or 1 << 62) - length
-        if windowed is None or self.config.window_size + self.config.ngram_size - 2 >= room:
-            return None  # no window, or its furthest row would sit past the context window
-        with self._lock:
-            pays = self.planner.window_pays(len(tree))
-        return windowed.side_rows() if pays else None
+def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:
+    return config.max_query_length, config.branch_length, config.max_trie_nodes
+
+
+def _new_trie(config: LookaheadConfig) -> TokenTrie:
+    return TokenTrie(
+        max_query_length=config.max_query_length,
+        branch_length=config.branch_length,
+        max_nodes=config.max_trie_nodes,
+    )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 __all__ = ["RAG_SYSTEM", "Prompt", "encode_prompt", "rag_messages"]
 
-Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]], torch.Tensor]
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | torch.Tensor
 
 RAG_SYSTEM = (
     "You are a helpful assistant. Answer the question using the context. "
@@ -41,7 +42,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     elif prompt and all(isinstance(m, Mapping) for m in prompt):
         ids = _apply_chat_template(tokenizer, prompt)  # type: ignore[arg-type]
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = list(prompt)  # type: ignore[arg-type]
+        ids = list(prompt)
     else:
         raise TypeError("a prompt is a str, token ids, or a list of chat messages")
     if not ids:
@@ -51,9 +52,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
 
 def _apply_chat_template(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "this tokenizer has no chat template; pass the prompt as plain text or token ids"
-        )
+        raise ValueError("this tokenizer has no chat template; pass the prompt as plain text or token ids")
     encoded = tokenizer.apply_chat_template(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=True
     )

@@ -8,9 +8,9 @@ scope is garbage-collected unclosed). Calls draft from a scope's documents only 
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import uuid
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rag_lookahead.drafting.trie import TokenTrie
 
@@ -20,12 +20,9 @@ __all__ = ["DocumentScope"]
 class DocumentScope:
     """Document branches owned by one query, visible to the calls that are passed this scope."""
 
-    def __init__(
-        self, trie: TokenTrie, lock: threading.RLock, tokenize: Callable[[str], list[int]]
-    ) -> None:
+    def __init__(self, trie: TokenTrie, tokenize: Callable[[str], list[int]]) -> None:
         self.owner = f"scope-{uuid.uuid4().hex}"
         self._trie = trie
-        self._lock = lock
         self._tokenize = tokenize
         self._sequences: list[list[int]] = []
         self._closed = False
@@ -49,7 +46,7 @@ class DocumentScope:
         if self._closed:
             raise RuntimeError("this document scope is closed; open a new one")
         sequences = [self._tokenize(text) for text in documents if text]
-        with self._lock:
+        with self._trie.lock:  # all at once: no call sees half of them
             for seq in sequences:
                 self._trie.insert(seq, self.owner)
             self._sequences.extend(sequences)
@@ -58,8 +55,7 @@ class DocumentScope:
         """Eliminate this scope's branches from the trie (idempotent)."""
         if not self._closed:
             self._closed = True
-            with self._lock:
-                self._trie.eliminate(self.owner)
+            self._trie.eliminate(self.owner)
 
     def __enter__(self) -> DocumentScope:
         return self
@@ -68,7 +64,5 @@ class DocumentScope:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
             self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter shutdown)
-            pass

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from fakes import CharTokenizer, greedy_reference, tiny_config, tiny_model
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.text import TextAssembler
+from rag_lookahead.streaming.stopping import Released, Stopping
+from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_config, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 20
@@ -78,24 +78,48 @@ def test_stream_chunks_concatenate_to_the_text_and_hold_back_partial_stops(setup
     assert stream.stats.finish_reason == "length"
 
 
-def test_text_assembler_holds_back_a_stop_prefix_until_decided() -> None:
+def stopping(tokenizer, stop_strings=(), eos=(), max_new_tokens=100, context_window=None) -> Stopping:
+    return Stopping(
+        tokenizer,
+        eos=eos,
+        stop_strings=stop_strings,
+        max_new_tokens=max_new_tokens,
+        prompt_length=3,
+        context_window=context_window,
+    )
+
+
+def test_stopping_holds_back_a_stop_prefix_until_decided() -> None:
     tok = CharTokenizer()
-    asm = TextAssembler(tok, stop_strings=[tok.decode([5, 6])])
-    assert asm.push([1, 2, 5]) == ([1, 2, 5], tok.decode([1, 2]))
-    assert asm.push([7]) == ([7], tok.decode([5, 7]))
-    kept, chunk = asm.push([5, 6, 8])
-    assert kept == [5, 6] and chunk == "" and asm.stopped
-    assert asm.flush() == ""
+    stop = stopping(tok, stop_strings=[tok.decode([5, 6])])
+    assert stop.release([1, 2, 5]) == Released([1, 2, 5], tok.decode([1, 2]), None)
+    assert stop.release([7]) == Released([7], tok.decode([5, 7]), None)
+    assert stop.release([5, 6, 8]) == Released([5, 6], "", "stop_string")
 
 
-def test_text_assembler_never_splits_a_multibyte_character() -> None:
+def test_stopping_cuts_at_eos_the_budget_and_the_context_window() -> None:
+    tok = CharTokenizer()
+    assert stopping(tok, eos=[9]).release([1, 9, 2]) == Released([1, 9], tok.decode([1, 9]), "eos")
+    assert stopping(tok, max_new_tokens=2).release([1, 2, 3]).reason == "length"
+    near_the_end = stopping(tok, context_window=6)  # the prompt has 3 tokens
+    assert near_the_end.room() == 3
+    assert near_the_end.release([1, 2, 3]) == Released([1, 2, 3], tok.decode([1, 2, 3]), "context_window")
+
+
+def test_a_stop_string_wins_over_an_eos_later_in_the_same_step() -> None:
+    tok = CharTokenizer()
+    stop = stopping(tok, stop_strings=[tok.decode([2])], eos=[4])
+    assert stop.release([1, 2, 3, 4]) == Released([1, 2], tok.decode([1]), "stop_string")
+
+
+def test_stopping_never_splits_a_multibyte_character() -> None:
     class Bytes:
         def decode(self, ids, skip_special_tokens=True):
             return bytes(ids).decode("utf-8", errors="replace")
 
     data = list("naïve 😀 ok".encode())
-    asm = TextAssembler(Bytes())
-    chunks = [asm.push([b])[1] for b in data] + [asm.flush()]
+    stop = stopping(Bytes(), max_new_tokens=len(data))
+    chunks = [stop.release([b]).text for b in data]
     assert "".join(chunks) == "naïve 😀 ok"
     assert not any("\ufffd" in c for c in chunks)
 
@@ -124,7 +148,7 @@ def test_a_stream_dropped_without_close_releases_the_branches(setup) -> None:
 def test_caches_that_cannot_be_rolled_back_are_refused() -> None:
     from transformers import DynamicCache
 
-    from rag_lookahead.cache import new_tree_cache, supports_tree
+    from rag_lookahead.decoding.kv_cache import new_tree_cache, supports_tree
 
     sliding = DynamicCache(config=tiny_config("mistral", sliding_window=8))
     assert not supports_tree(sliding) and not supports_tree(None)

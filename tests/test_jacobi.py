@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting.jacobi import JacobiDrafter, JacobiWindow, NGramPool, WindowLayout
-from rag_lookahead.tree import DraftTree
 
 
 def test_pool_keeps_at_most_g_newest_per_key() -> None:
@@ -41,8 +41,8 @@ def test_window_layout_is_the_staircase() -> None:
 def test_window_rows_in_a_forward_mask() -> None:
     layout = WindowLayout(window_size=2, levels=2)
     drafter = JacobiDrafter([[1, 2, 3, 4, 5]], window_size=2, ngram_size=3, guess_set_size=2)
-    side = drafter.side_rows()
-    assert side.offsets == layout.offsets == (1, 2, 2, 3)
+    side = drafter.propose([1, 2, 3, 4, 5], budget=4).side
+    assert side is not None and side.offsets == layout.offsets == (1, 2, 2, 3)
     inputs = DraftTree.root_only(7).inputs(4, torch.device("cpu"), torch.float32, side)
     assert inputs.position_ids.tolist() == [[4, 5, 6, 6, 7]]
     visible = (inputs.attention_mask[0, 0, :, 4:] == 0).int().tolist()
@@ -61,11 +61,21 @@ def test_window_advance_collects_column_ngrams_and_shifts_levels() -> None:
 
 def test_drafter_proposes_pool_candidates_for_the_last_token_within_budget() -> None:
     drafter = JacobiDrafter([[4, 5, 6, 4, 7, 8]], window_size=2, ngram_size=3, guess_set_size=4)
-    tree = drafter.propose([1, 4], budget=10)
+    tree = drafter.propose([1, 4], budget=10).tree
     assert tree.tokens[0] == 4 and sorted(tree.tokens[1:]) == [5, 6, 7, 8]
     assert tree.source == "jacobi"
     assert sorted(tree.estimates[1:]) == [0.5, 0.5, 1.0, 1.0]  # two first tokens, then certain
-    assert len(drafter.propose([1, 4], budget=2)) == 3  # one whole candidate only
+    assert len(drafter.propose([1, 4], budget=2).tree) == 3  # one whole candidate only
     drafter.observe([9, 4, 2])  # output n-grams continue from the prompt's last tokens
     assert drafter.pool.candidates(9) == [(4, 2)]
     assert drafter.pool.candidates(8)[0] == (9, 4)
+
+
+def test_the_models_predictions_at_the_side_rows_advance_the_window() -> None:
+    drafter = JacobiDrafter([[1, 2, 3, 4, 5]], window_size=2, ngram_size=3, guess_set_size=2)
+    before = list(drafter.window.tokens)
+    drafter.observe([6])  # the planner left the side rows out: the window stays
+    assert drafter.window.tokens == before
+    drafter.observe([7], side=[90, 91, 92, 93])
+    assert drafter.window.tokens == [*before[2:], 92, 93]
+    assert (before[0], before[2], 92) in [(before[0], *c) for c in drafter.pool.candidates(before[0])]

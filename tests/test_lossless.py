@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fakes import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.costs import CostCurve
+from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
 
 NEW_TOKENS = 24
 # Injected forward costs: free drafting, a CPU-like curve, and one where drafting never pays.
@@ -76,7 +76,7 @@ def test_engine_matches_greedy(
     stats = completion.stats
     assert stats.new_tokens == NEW_TOKENS and stats.finish_reason == "length"
     assert stats.steps == len(stats.accepted_per_step) == len(stats.drafted_per_step)
-    assert all(a <= d for a, d in zip(stats.accepted_per_step, stats.drafted_per_step))
+    assert all(a <= d for a, d in zip(stats.accepted_per_step, stats.drafted_per_step, strict=True))
     assert 1 + stats.steps + sum(stats.accepted_per_step) == NEW_TOKENS
     assert len(engine.trie) == engine.trie.count_owned(OUTPUT_OWNER)  # the call's branches are gone
 

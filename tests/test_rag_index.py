@@ -3,6 +3,7 @@
 import json
 import shutil
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,11 @@ from rag_lookahead.rag import (
     IndexFormatError,
     SentenceTransformerEmbedder,
     Skipped,
+    chunking,
     load_documents,
     split_document,
+    store,
 )
-from rag_lookahead.rag import chunking, store
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 SMALL = ChunkingConfig(size=48, overlap=12, unit="tokens")
@@ -187,15 +189,15 @@ def test_sentence_chunks_pack_whole_sentences(embedder) -> None:
     sentences = list(chunking._sentences(doc.text))
     starts, ends = {s for s, _ in sentences}, {e for _, e in sentences}
     assert len(chunks) > 3
-    for chunk, following in zip(chunks, chunks[1:]):
+    for chunk, following in pairwise(chunks):
         assert doc.text[chunk.start : chunk.end] == chunk.text
         assert chunk.start in starts and chunk.end in ends
         assert len(tokens(embedder.tokenizer, chunk.text)) <= config.size
         assert chunk.start < following.start
     # Some next chunk repeats the previous one's last sentence(s), no more than the overlap.
-    repeats = [b.start for a, b in zip(chunks, chunks[1:]) if b.start < a.end]
+    repeats = [b.start for a, b in pairwise(chunks) if b.start < a.end]
     assert repeats
-    for a, b in zip(chunks, chunks[1:]):
+    for a, b in pairwise(chunks):
         assert len(tokens(embedder.tokenizer, doc.text[b.start : a.end])) <= config.overlap
 
 
@@ -265,7 +267,11 @@ def test_progress_wraps_the_embedding_batches(embedder) -> None:
 
 def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> None:
     built.save(tmp_path / "idx")
-    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["chunks.jsonl", "index.faiss", "meta.json"]
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [
+        "chunks.jsonl",
+        "index.faiss",
+        "meta.json",
+    ]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 1
     assert meta["embedder"] == DEFAULT_EMBEDDER and meta["dimension"] == 384
@@ -333,6 +339,7 @@ def test_a_failed_save_keeps_the_previous_index(built, embedder, tmp_path: Path,
         raise OSError("rename failed")
 
     real_rename = Path.rename
+
     def rename(self, other):  # only the swap-in of the new index fails
         return (refuse_rename if ".tmp-" in self.name else real_rename)(self, other)
 

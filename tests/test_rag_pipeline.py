@@ -74,7 +74,7 @@ def test_cancelled_abandoned_and_failed_queries_release_their_branches(pipeline,
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine.runner, "forward_tree", broken)
+    monkeypatch.setattr(engine.runner, "forward_step", broken)
     with pytest.raises(RuntimeError, match="device lost"):
         pipeline.ask(QUESTION, max_new_tokens=N)
     assert not query_owners(engine)

@@ -8,7 +8,7 @@ import torch
 from transformers import TextStreamer
 
 from rag_lookahead import LookaheadEngine, rag_messages
-from rag_lookahead.bench import load_records
+from rag_lookahead.bench.run import load_records
 from rag_lookahead.cli import main
 from rag_lookahead.models import default_model_dir, load_model
 
@@ -36,7 +36,7 @@ def reference(engine: LookaheadEngine, ids: list[int], **kwargs) -> list[int]:
     out = engine.model.generate(
         input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, **kwargs
     )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def test_rag_answers_equal_greedy_and_draft_from_the_context(engine, records) -> None:
@@ -67,21 +67,23 @@ def test_drop_in_generate_returns_what_model_generate_returns(engine) -> None:
     tok.padding_side = "left"
     texts = ["The capital of France is", "List three colours of the rainbow:"]
     batch = tok(texts, return_tensors="pt", padding=True)
-    kwargs = dict(max_new_tokens=20, do_sample=False, stop_strings=["\n\n"], tokenizer=tok)
+    kwargs = {"max_new_tokens": 20, "do_sample": False, "stop_strings": ["\n\n"], "tokenizer": tok}
     want = engine.model.generate(**batch, **kwargs)
     got = engine.generate(**batch, **kwargs)
     assert torch.equal(got, want)
     # Greedy with a repetition penalty and an explicit EOS, single row, with a streamer.
     single = tok(["Once upon a time"], return_tensors="pt")
-    kwargs = dict(max_new_tokens=24, do_sample=False, repetition_penalty=1.3, eos_token_id=13)
+    kwargs = {"max_new_tokens": 24, "do_sample": False, "repetition_penalty": 1.3, "eos_token_id": 13}
     assert torch.equal(engine.generate(**single, **kwargs), engine.model.generate(**single, **kwargs))
 
 
 def test_streamer_receives_the_same_text(engine, capsys) -> None:
     single = engine.tokenizer(["Once upon a time"], return_tensors="pt")
-    out = engine.generate(**single, max_new_tokens=16, streamer=TextStreamer(engine.tokenizer, skip_prompt=True))
+    out = engine.generate(
+        **single, max_new_tokens=16, streamer=TextStreamer(engine.tokenizer, skip_prompt=True)
+    )
     printed = capsys.readouterr().out
-    new_text = engine.tokenizer.decode(out[0, single["input_ids"].shape[1]:], skip_special_tokens=True)
+    new_text = engine.tokenizer.decode(out[0, single["input_ids"].shape[1] :], skip_special_tokens=True)
     assert printed.strip() == new_text.strip()
 
 
@@ -105,14 +107,23 @@ def test_unknown_models_are_clear_errors() -> None:
 def test_bench_cli_writes_the_documented_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     with resources.as_file(SAMPLE) as path:
-        code = main(["bench", "--data", str(path), "--limit", "2", "--max-new-tokens", "8", "--json", str(out)])
+        code = main(
+            ["bench", "--data", str(path), "--limit", "2", "--max-new-tokens", "8", "--json", str(out)]
+        )
     assert code == 0
     summary = json.loads(out.read_text())
     assert {"model", "device", "dtype", "records", "max_new_tokens", "methods"} <= summary.keys()
     assert summary["records"] == 2 and summary["max_new_tokens"] == 8
     assert set(summary["methods"]) == {"greedy", "prompt_lookup", "lookahead"}
-    documented = {"seconds", "new_tokens", "tokens_per_s", "identical_to_greedy", "mean_accepted_per_step",
-                  "speedup_vs_greedy", "speedup_vs_prompt_lookup"}
+    documented = {
+        "seconds",
+        "new_tokens",
+        "tokens_per_s",
+        "identical_to_greedy",
+        "mean_accepted_per_step",
+        "speedup_vs_greedy",
+        "speedup_vs_prompt_lookup",
+    }
     for m in summary["methods"].values():
         assert documented <= m.keys()
         assert m["identical_to_greedy"] == 2

@@ -13,9 +13,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from fakes import CharTokenizer, tiny_model
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import CharTokenizer, tiny_model
 
 VOCAB = 5
 PROMPT = [1, 2, 3]

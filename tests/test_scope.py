@@ -1,12 +1,13 @@
 """Document scopes: documents shared by several calls, private to them, gone when closed."""
 
 import gc
+from dataclasses import replace
 
 import pytest
 
-from fakes import CharTokenizer, greedy_reference, tiny_model
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 16
@@ -67,17 +68,16 @@ def test_an_unclosed_scope_is_eliminated_when_collected(engine_and_document) -> 
 
 def test_an_error_inside_a_scope_still_eliminates_it(engine_and_document) -> None:
     engine, document, _ = engine_and_document
-    with pytest.raises(KeyError):
-        with engine.scope([document]):
-            raise KeyError("boom")
+    with pytest.raises(KeyError), engine.scope([document]):
+        raise KeyError("boom")
     assert engine.trie.owners() <= {OUTPUT_OWNER}
 
 
-def test_plain_is_the_same_model_decoding_plainly_under_the_same_lock(engine_and_document) -> None:
+def test_plain_is_the_same_model_decoding_plainly_with_the_same_runner_and_trie(engine_and_document) -> None:
     engine, _, reference = engine_and_document
     plain = engine.plain()
     assert plain.model is engine.model and plain.config.mode == "off"
-    assert plain._lock is engine._lock  # forwards of both are serialised
+    assert plain.runner is engine.runner and plain.trie is engine.trie  # forwards serialised, one trie
     completion = plain.complete(PROMPT, max_new_tokens=N)
     assert completion.token_ids == reference and not any(completion.stats.accepted_per_step)
 
@@ -90,3 +90,13 @@ def test_a_scope_of_another_engine_is_refused(engine_and_document) -> None:
             other.complete(PROMPT, max_new_tokens=2, scope=scope)
         assert engine.plain().complete(PROMPT, max_new_tokens=2, scope=scope).token_ids  # same trie
     assert other.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_with_config_shares_the_trie_unless_its_settings_change(engine_and_document) -> None:
+    engine, _, reference = engine_and_document
+    auto = engine.with_config(replace(engine.config, mode="auto"))
+    assert auto.trie is engine.trie and auto.runner is engine.runner and auto.config.mode == "auto"
+    deeper = engine.with_config(replace(engine.config, branch_length=engine.config.branch_length + 1))
+    assert deeper.trie is not engine.trie and deeper.runner is engine.runner
+    assert deeper.trie.branch_length == engine.config.branch_length + 1
+    assert deeper.complete(PROMPT, max_new_tokens=N).token_ids == reference

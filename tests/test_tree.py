@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.decoding.tree import DraftTree
 
 
 def two_branch_tree() -> DraftTree:
@@ -71,7 +71,7 @@ def test_subtree_keeps_order_parents_and_estimates() -> None:
 
 
 def test_side_rows_see_the_root_and_their_staircase_only() -> None:
-    from rag_lookahead.tree import SideRows
+    from rag_lookahead.decoding.tree import SideRows
 
     tree = DraftTree((10, 11), (-1, 0))
     side = SideRows((20, 21, 22), (1, 2, 2), ((0,), (0, 1), (0, 2)))

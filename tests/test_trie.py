@@ -29,7 +29,7 @@ def snapshot(trie: TokenTrie) -> Snapshot:
     while stack:
         path, node = stack.pop()
         out[path] = dict(node.counts)
-        stack.extend((path + (t,), child) for t, child in node.children.items())
+        stack.extend(((*path, t), child) for t, child in node.children.items())
     return out
 
 
@@ -41,7 +41,7 @@ def check_invariants(trie: TokenTrie) -> None:
         if len(path) > 1:
             parent = snap[path[:-1]]
             assert all(c <= parent.get(owner, 0) for owner, c in counts.items()), path
-        assert len(path) <= trie.window
+        assert len(path) <= trie.ngram_length
     owners = {owner for counts in snap.values() for owner in counts}
     assert trie.owners() == owners
     for owner in owners:
@@ -70,8 +70,8 @@ def visible_subtree(
             continue
         for tok, child in node.children.items():
             if owner in child.counts or OUTPUT_OWNER in child.counts:
-                out.append((path + (tok,), child))
-                stack.append((path + (tok,), child))
+                out.append(((*path, tok), child))
+                stack.append(((*path, tok), child))
     return out
 
 
@@ -128,21 +128,23 @@ def test_counts_monotone_and_owner_sets_consistent(inserts: list[tuple[str, list
 
 @FAST
 @given(tokens_st, st.lists(st.integers(1, 7), max_size=10), inserts_st)
-def test_stream_equals_insert(toks: list[int], chunks: list[int], others: list[tuple[str, list[int]]]) -> None:
+def test_stream_equals_insert(
+    toks: list[int], chunks: list[int], others: list[tuple[str, list[int]]]
+) -> None:
     streamed = build(others, max_query_length=1, branch_length=3)
-    stream = streamed.open_stream()
+    stream = streamed.insert_cursor()
     rest = list(toks)
-    for size in chunks + [len(rest)]:
+    for size in [*chunks, len(rest)]:
         stream.extend(rest[:size])
         rest = rest[size:]
-    inserted = build(others + [(OUTPUT_OWNER, toks)], max_query_length=1, branch_length=3)
+    inserted = build([*others, (OUTPUT_OWNER, toks)], max_query_length=1, branch_length=3)
     assert snapshot(streamed) == snapshot(inserted)
     check_invariants(streamed)
 
 
 def test_stream_tokens_visible_immediately() -> None:
     trie = TokenTrie(max_query_length=2, branch_length=4)
-    stream = trie.open_stream()
+    stream = trie.insert_cursor()
     stream.extend([7, 8])
     assert trie.draft([7], None, 5)[0] == [8]
     stream.extend([9])
@@ -201,7 +203,7 @@ def test_eliminate_unknown_owner_is_noop() -> None:
 
 def test_stream_after_eliminating_its_owner_stays_consistent() -> None:
     trie = build([("a", [1, 2, 3, 4])], max_query_length=1, branch_length=3)
-    stream = trie.open_stream()
+    stream = trie.insert_cursor()
     stream.extend([1, 2])
     trie.eliminate(OUTPUT_OWNER)
     stream.extend([3, 4, 5])
@@ -274,7 +276,7 @@ def test_draft_is_top_k_in_preorder(
         return
     anchor = tuple(context[len(context) - match :])
     paths: list[tuple[int, ...]] = []
-    for i, (tok, parent) in enumerate(zip(tokens, parents)):
+    for i, (tok, parent) in enumerate(zip(tokens, parents, strict=True)):
         assert -1 <= parent < i
         paths.append((anchor if parent == -1 else paths[parent]) + (tok,))
     for j, path in enumerate(paths):  # pre-order: each subtree is the contiguous block after its root
@@ -308,7 +310,7 @@ def test_draft_is_top_k_in_preorder(
 )
 def test_node_cap_never_exceeded(inserts: list[tuple[str, list[int]]]) -> None:
     trie = TokenTrie(max_query_length=2, branch_length=6, max_nodes=1000)
-    streams = {owner: trie.open_stream(owner) for owner in OWNERS}
+    streams = {owner: trie.insert_cursor(owner) for owner in OWNERS}
     for owner, toks in inserts:
         trie.insert(toks, owner)
         assert len(trie) <= 1000
@@ -376,7 +378,8 @@ def test_save_load_round_trip(tmp_path: Path, name: str) -> None:
     assert loaded.eliminate("a") == trie.eliminate("a")
     check_invariants(loaded)
     if name.endswith(".gz"):
-        assert gzip.open(path).read(1) == b"{"
+        with gzip.open(path) as file:
+            assert file.read(1) == b"{"
 
 
 def good_payload(tmp_path: Path) -> dict[str, object]:
@@ -407,7 +410,9 @@ def test_load_rejects_bad_payload(tmp_path: Path, mutate: object) -> None:
         TokenTrie.load(tmp_path / "bad.json")
 
 
-@pytest.mark.parametrize("name, data", [("x.json", b"not json{"), ("x.json.gz", b"plain"), ("x.json", b"[1]")])
+@pytest.mark.parametrize(
+    "name, data", [("x.json", b"not json{"), ("x.json.gz", b"plain"), ("x.json", b"[1]")]
+)
 def test_load_rejects_garbage(tmp_path: Path, name: str, data: bytes) -> None:
     (tmp_path / name).write_bytes(data)
     with pytest.raises(ValueError):

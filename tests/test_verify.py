@@ -2,8 +2,8 @@ import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from rag_lookahead.config import GenerationParams
-from rag_lookahead.tree import DraftTree
-from rag_lookahead.verify import TokenChooser, accept, node_prefixes
+from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.decoding.verify import TokenChooser, accept, node_prefixes
 
 TREE = DraftTree((10, 11, 12, 13, 14), (-1, 0, 1, 0, 3))  # 10 -> 11 -> 12 ; 10 -> 13 -> 14
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from rag_lookahead.bench import METHODS
+from rag_lookahead.bench.run import METHODS
 from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
 from rag_lookahead.cli.benchmark import run_bench
 from rag_lookahead.config import LookaheadConfig
@@ -38,16 +38,22 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     look = parser.add_argument_group("lookahead")
     defaults = LookaheadConfig()
     look.add_argument(
-        "--mode", default=defaults.mode, choices=["auto", "trie", "jacobi", "off"],
+        "--mode",
+        default=defaults.mode,
+        choices=["auto", "trie", "jacobi", "off"],
         help="auto: trie drafts, Jacobi n-grams when they pay, cost-aware budget; trie / jacobi: "
         f"that drafter alone, fixed budget; off: plain decoding (default: {defaults.mode})",
     )
     look.add_argument(
-        "--decoding-length", type=int, default=defaults.decoding_length,
+        "--decoding-length",
+        type=int,
+        default=defaults.decoding_length,
         help=f"most draft tokens verified per forward (default: {defaults.decoding_length})",
     )
     look.add_argument(
-        "--branch-length", type=int, default=defaults.branch_length,
+        "--branch-length",
+        type=int,
+        default=defaults.branch_length,
         help=f"deepest draft branch (default: {defaults.branch_length})",
     )
     parser.add_argument(
@@ -59,11 +65,15 @@ def _retrieval_flags(parser: argparse.ArgumentParser) -> None:
     defaults = RetrievalConfig()
     group = parser.add_argument_group("retrieval")
     group.add_argument(
-        "--top-k", type=int, default=defaults.top_k,
+        "--top-k",
+        type=int,
+        default=defaults.top_k,
         help=f"chunks retrieved per question (default: {defaults.top_k})",
     )
     group.add_argument(
-        "--min-score", type=float, default=defaults.min_score,
+        "--min-score",
+        type=float,
+        default=defaults.min_score,
         help=f"least cosine similarity of a relevant chunk (default: {defaults.min_score})",
     )
 
@@ -72,19 +82,26 @@ def _index_flags(parser: argparse.ArgumentParser) -> None:
     defaults = ChunkingConfig()
     group = parser.add_argument_group("indexing")
     group.add_argument(
-        "--chunk-size", type=int, default=defaults.size,
+        "--chunk-size",
+        type=int,
+        default=defaults.size,
         help=f"chunk size in --chunk-unit (default: {defaults.size}; the default embedder reads 256 tokens)",
     )
     group.add_argument(
-        "--chunk-overlap", type=int, default=defaults.overlap,
+        "--chunk-overlap",
+        type=int,
+        default=defaults.overlap,
         help=f"tokens repeated between neighbouring chunks (default: {defaults.overlap})",
     )
     group.add_argument(
-        "--chunk-unit", default=defaults.unit, choices=["tokens", "sentences"],
+        "--chunk-unit",
+        default=defaults.unit,
+        choices=["tokens", "sentences"],
         help="pack whole sentences, or cut at any token (default: sentences)",
     )
     group.add_argument(
-        "--embedder", default=None,
+        "--embedder",
+        default=None,
         help="sentence-transformers model directory (default: all-MiniLM-L6-v2 from its wheel)",
     )
 
@@ -117,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--index", required=True, type=Path, help="an index built by `index`")
     chat.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
     chat.add_argument(
-        "--debug", action="store_true",
+        "--debug",
+        action="store_true",
         help="mark, per step, the tokens that came from drafts and their source",
     )
     _retrieval_flags(chat)
@@ -135,11 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", default=None, help="write the summary here")
     bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
     bench.add_argument(
-        "--methods", default="greedy,prompt_lookup,lookahead",
+        "--methods",
+        default="greedy,prompt_lookup,lookahead",
         help=f"comma-separated subset of {','.join(METHODS)} (greedy always runs as the reference)",
     )
     bench.add_argument(
-        "--retrieval", default="gold", choices=["gold", "faiss"],
+        "--retrieval",
+        default="gold",
+        choices=["gold", "faiss"],
         help="gold: each question with its own context; faiss: index every context of the file "
         "and answer from the top-k retrieved chunks (default: gold)",
     )

@@ -41,7 +41,10 @@ def run_index(args: argparse.Namespace) -> int:
         )
     else:
         index, skipped_list = DocumentIndex.build(
-            args.paths, make_embedder(args.embedder), config, progress("embedding"),
+            args.paths,
+            make_embedder(args.embedder),
+            config,
+            progress("embedding"),
             text_field=args.text_field,
         )
         skipped = tuple(skipped_list)

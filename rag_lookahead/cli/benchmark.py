@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rag_lookahead.bench import BenchInput, format_table, gold_inputs, load_records, run_benchmark
+from rag_lookahead.bench.run import BenchInput, format_table, gold_inputs, load_records, run_benchmark
 from rag_lookahead.cli.setup import make_embedder, make_engine, progress, retrieval_config
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
@@ -32,7 +32,7 @@ def run_bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     if args.plot:
-        from rag_lookahead.plot import plot_summary
+        from rag_lookahead.bench.plot import plot_summary
 
         plot_summary(summary, args.plot)
         print(f"wrote {args.plot}")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -26,12 +27,15 @@ def make_engine(args: argparse.Namespace) -> LookaheadEngine:
         branch_length=args.branch_length,
     )
     engine = LookaheadEngine.from_pretrained(
-        args.model, config=config, device=args.device, dtype=args.dtype,
+        args.model,
+        config=config,
+        device=args.device,
+        dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
     )
     if engine.config.mode == "auto" and engine.tree_verification:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.
-        engine.cost_curve  # noqa: B018
+        engine.measure_costs()
     return engine
 
 
@@ -51,7 +55,7 @@ def retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
 
 def progress(description: str) -> Any:
     """A progress-bar wrapper for the library's ``progress`` arguments."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     def wrap(items: Iterable[Any]) -> Iterator[Any]:
         return iter(tqdm(items, desc=description, file=sys.stderr, leave=False))

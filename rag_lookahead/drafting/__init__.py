@@ -1,19 +1,20 @@
 """Drafters: propose what may follow, from token ids only."""
 
-from rag_lookahead.drafting.base import Drafter, WindowedDrafter
+from rag_lookahead.drafting.compose import ComposedDrafter, SharedDocuments, build_drafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter, NGramPool
-from rag_lookahead.drafting.merge import MergedDrafter, build_drafter
-from rag_lookahead.drafting.trie import OUTPUT_OWNER, TokenTrie
+from rag_lookahead.drafting.protocol import Drafter
+from rag_lookahead.drafting.trie import OUTPUT_OWNER, InsertCursor, TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
 
 __all__ = [
     "OUTPUT_OWNER",
+    "ComposedDrafter",
     "Drafter",
+    "InsertCursor",
     "JacobiDrafter",
-    "MergedDrafter",
     "NGramPool",
+    "SharedDocuments",
     "TokenTrie",
     "TrieDrafter",
-    "WindowedDrafter",
     "build_drafter",
 ]

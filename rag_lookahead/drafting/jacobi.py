@@ -16,11 +16,11 @@ entries are dropped after the forward. Only pool candidates are verified, like a
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
-from rag_lookahead.tree import DraftTree, SideRows
+from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 
 __all__ = ["JacobiDrafter", "JacobiWindow", "NGramPool", "WindowLayout"]
 
@@ -70,16 +70,16 @@ class WindowLayout:
     @cached_property
     def offsets(self) -> tuple[int, ...]:
         """Position of each row after the root's."""
-        return tuple(l + j + 1 for l in range(self.levels) for j in range(self.window_size))
+        return tuple(level + j + 1 for level in range(self.levels) for j in range(self.window_size))
 
     @cached_property
     def visible(self) -> tuple[tuple[int, ...], ...]:
         """For each row, the window rows it sees (itself included); every row also sees the root."""
         w = self.window_size
         rows = []
-        for l in range(self.levels):
+        for level in range(self.levels):
             for j in range(w):
-                seen = list(range(j + 1)) + [k * w + j for k in range(1, l + 1)]
+                seen = list(range(j + 1)) + [k * w + j for k in range(1, level + 1)]
                 rows.append(tuple(sorted(set(seen))))
         return tuple(rows)
 
@@ -103,9 +103,7 @@ class JacobiWindow:
         if len(predictions) != len(self.tokens):
             raise ValueError("one prediction per window row is needed")
         last = predictions[(levels - 1) * w :]
-        ngrams = [
-            tuple(self.tokens[l * w + j] for l in range(levels)) + (int(last[j]),) for j in range(w)
-        ]
+        ngrams = [(*(self.tokens[level * w + j] for level in range(levels)), int(last[j])) for j in range(w)]
         # Level 0 takes the new guesses of level 1 (its own predictions when there is one level).
         if levels == 1:
             self.tokens = [int(t) for t in last]
@@ -136,7 +134,8 @@ class JacobiDrafter:
         self.window = JacobiWindow(window_size, ngram_size, sequences[0][-window_size * ngram_size :])
         self._tail: list[int] = list(sequences[0][-(ngram_size - 1) :])
 
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        """The pool's n-grams after ``context[-1]`` under ``budget``, and the window's rows."""
         branches = self.pool.candidates(int(context[-1]))
         tree = DraftTree.root_only(int(context[-1]))
         for branch in branches:
@@ -144,17 +143,14 @@ class JacobiDrafter:
             if len(grown) - 1 > budget:
                 break
             tree = grown
-        return _with_frequencies(tree, branches)
-
-    def side_rows(self) -> SideRows:
         layout = self.window.layout
-        return SideRows(tuple(self.window.tokens), layout.offsets, layout.visible)
+        side = SideRows(tuple(self.window.tokens), layout.offsets, layout.visible)
+        return StepDraft(_with_frequencies(tree, branches), side)
 
-    def observe_side(self, predictions: Sequence[int]) -> None:
-        for ngram in self.window.advance(predictions):
-            self.pool.add(ngram)
-
-    def observe(self, tokens: Sequence[int]) -> None:
+    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
+        if side:  # the window ran: advance it, and pool the n-grams its columns completed
+            for ngram in self.window.advance(side):
+                self.pool.add(ngram)
         self._tail += [int(t) for t in tokens]
         self.pool.add_sequence(self._tail)
         self._tail = self._tail[-(self.pool.ngram_size - 1) :]

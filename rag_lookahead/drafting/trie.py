@@ -1,6 +1,6 @@
 """Prefix trie of token ids with per-owner n-gram counts, the source of lookahead drafts.
 
-Every window of ``max_query_length + branch_length`` tokens that an owner inserts becomes a path
+Every n-gram of ``max_query_length + branch_length`` tokens that an owner inserts becomes a path
 from the root, so a node's count for an owner is how often that n-gram occurs in the owner's text.
 Owners are query ids (prompt and retrieved documents) plus ``OUTPUT_OWNER`` for generated text.
 """
@@ -8,10 +8,12 @@ Owners are query ids (prompt and retrieved documents) plus ``OUTPUT_OWNER`` for 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator, Sequence
 from itertools import chain
-from typing import Iterator, Sequence
 from weakref import WeakSet
 
+from rag_lookahead.drafting.trie_io import read_trie_file, restore_nodes, write_trie_file
 from rag_lookahead.drafting.trie_nodes import (
     NO_OWNER,
     OUTPUT_OWNER,
@@ -23,19 +25,21 @@ from rag_lookahead.drafting.trie_nodes import (
 )
 from rag_lookahead.drafting.trie_read import TrieDraft, read_draft
 
-__all__ = ["NO_OWNER", "OUTPUT_OWNER", "Node", "TokenTrie", "TrieDraft", "TrieStream"]
+__all__ = ["NO_OWNER", "OUTPUT_OWNER", "InsertCursor", "Node", "TokenTrie", "TrieDraft"]
 
 _MIN_NODES = 1000
 _PRUNE_FRACTION = 0.75
 
-class TrieStream:
-    """Feeds tokens to a trie as they are generated; each token is visible immediately."""
+
+class InsertCursor:
+    """Inserts tokens as they are generated, each visible at once: the same counts as one
+    `TokenTrie.insert` of everything extended so far."""
 
     def __init__(self, trie: TokenTrie, owner: str) -> None:
         self._trie = trie
         self._owner = owner
-        self._open: list[Node] = []  # deepest node of every window still growing
-        trie._streams.add(self)  # so eliminate/decay can restart its windows
+        self._open: list[Node] = []  # deepest node of every n-gram still growing
+        trie._cursors.add(self)  # so eliminate/decay can restart its n-grams
 
     @property
     def owner(self) -> str:
@@ -43,15 +47,16 @@ class TrieStream:
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Count ``tokens`` as the continuation of everything extended so far."""
-        for token in as_tokens(tokens):
-            self._step(token)
+        with self._trie.lock:
+            for token in as_tokens(tokens):
+                self._step(token)
 
     def _step(self, token: int) -> None:
         trie = self._trie
-        width = trie.window
+        width = trie.ngram_length
         grown: list[Node] = []
         for node in self._open:
-            if node.parent is not None:  # pruned windows are simply dropped
+            if node.parent is not None:  # pruned n-grams are simply dropped
                 child = trie._bump(node, token, self._owner)
                 if child.depth < width:
                     grown.append(child)
@@ -64,12 +69,11 @@ class TrieStream:
 class TokenTrie:
     """Token n-gram trie with per-owner counts, a hard node cap and visibility-scoped drafting.
 
-    Not thread-safe: callers sharing one trie serialise all calls (streams included).
+    Thread-safe: every method holds the trie's own `lock` (reentrant), which callers may also
+    hold to make several calls one update.
     """
 
-    def __init__(
-        self, max_query_length: int = 2, branch_length: int = 12, max_nodes: int = 200_000
-    ) -> None:
+    def __init__(self, max_query_length: int = 2, branch_length: int = 12, max_nodes: int = 200_000) -> None:
         check_int("max_query_length", max_query_length, 1)
         check_int("branch_length", branch_length, 1)
         check_int("max_nodes", max_nodes, _MIN_NODES)
@@ -80,7 +84,13 @@ class TokenTrie:
         self._next_order = 1
         self._size = 0
         self._owned: dict[str, set[Node]] = {}
-        self._streams: WeakSet[TrieStream] = WeakSet()
+        self._cursors: WeakSet[InsertCursor] = WeakSet()
+        self._lock = threading.RLock()
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every method holds; hold it to make several calls one atomic update."""
+        return self._lock
 
     @property
     def max_query_length(self) -> int:
@@ -95,8 +105,8 @@ class TokenTrie:
         return self._max_nodes
 
     @property
-    def window(self) -> int:
-        """Length of the inserted n-grams: max_query_length + branch_length."""
+    def ngram_length(self) -> int:
+        """Length of the inserted n-grams (the deepest path): max_query_length + branch_length."""
         return self._max_query_length + self._branch_length
 
     @property
@@ -108,39 +118,43 @@ class TokenTrie:
 
     def owners(self) -> set[str]:
         """Owners that currently have at least one node."""
-        return set(self._owned)
+        with self._lock:
+            return set(self._owned)
 
     def count_owned(self, owner: str) -> int:
         """Number of nodes carrying a count for ``owner``."""
-        return len(self._owned.get(owner, ()))
+        with self._lock:
+            return len(self._owned.get(owner, ()))
 
     def counts_at(self, path: Sequence[int]) -> dict[str, int]:
         """Copy of the counts of the node reached by ``path`` from the root ({} if absent)."""
-        node = self._root
-        for token in as_tokens(path):
-            child = node.children.get(token)
-            if child is None:
-                return {}
-            node = child
-        return dict(node.counts)
+        with self._lock:
+            node = self._root
+            for token in as_tokens(path):
+                child = node.children.get(token)
+                if child is None:
+                    return {}
+                node = child
+            return dict(node.counts)
 
     def insert(self, tokens: Sequence[int], owner: str) -> None:
-        """Count every window ``tokens[i : i + window]`` for ``owner``."""
+        """Count every n-gram ``tokens[i : i + ngram_length]`` for ``owner``."""
         check_owner(owner)
         toks = as_tokens(tokens)
-        width = self.window
-        with collector_paused():
+        width = self.ngram_length
+        with self._lock, collector_paused():
             for start in range(len(toks)):
                 node = self._root
                 for token in toks[start : start + width]:
                     node = self._bump(node, token, owner)
-                if self._size > self._max_nodes:  # per window, so huge inserts stay bounded
+                if self._size > self._max_nodes:  # per n-gram, so huge inserts stay bounded
                     self.prune()
 
-    def open_stream(self, owner: str = OUTPUT_OWNER) -> TrieStream:
-        """A stream whose ``extend`` matches ``insert`` of the concatenated tokens."""
+    def insert_cursor(self, owner: str = OUTPUT_OWNER) -> InsertCursor:
+        """A cursor whose ``extend`` calls count as one ``insert`` of their tokens joined."""
         check_owner(owner)
-        return TrieStream(self, owner)
+        with self._lock:
+            return InsertCursor(self, owner)
 
     def _bump(self, node: Node, token: int, owner: str) -> Node:
         child = node.children.get(token)
@@ -162,8 +176,12 @@ class TokenTrie:
 
     def eliminate(self, owner: str) -> int:
         """Drop all of ``owner``'s counts; returns how many nodes were left empty and removed."""
+        with self._lock:
+            return self._eliminate(owner)
+
+    def _eliminate(self, owner: str) -> int:
         nodes = self._owned.pop(owner, None)
-        self._restart_streams(owner)
+        self._restart_cursors(owner)
         if not nodes:
             return 0
         for node in nodes:
@@ -177,6 +195,10 @@ class TokenTrie:
 
     def prune(self, target: int | None = None) -> int:
         """Remove least valuable subtrees until ``len(self) <= target`` (default 3/4 of the cap)."""
+        with self._lock:
+            return self._prune(target)
+
+    def _prune(self, target: int | None) -> int:
         if target is None:
             target = int(self._max_nodes * _PRUNE_FRACTION)
         check_int("target", target, 0)
@@ -197,7 +219,7 @@ class TokenTrie:
         # reached only after its descendants, so the trie stays connected at any stopping point.
         # Bucketing by key instead of sorting (key, node) tuples avoids 200k GC-tracked objects.
         buckets: dict[tuple[int, int, int], list[Node]] = {}
-        for node in self._iter_nodes():
+        for node in self._walk():
             counts = node.counts
             if len(counts) == 1 and OUTPUT_OWNER in counts:
                 key = (0, counts[OUTPUT_OWNER], -node.depth)
@@ -214,14 +236,14 @@ class TokenTrie:
         # Ceil-halving keeps counts positive and monotone down a path, so only pruning deletes.
         for node in self._owned.get(OUTPUT_OWNER, ()):
             node.counts[OUTPUT_OWNER] = (node.counts[OUTPUT_OWNER] + 1) // 2
-        self._restart_streams(OUTPUT_OWNER)
+        self._restart_cursors(OUTPUT_OWNER)
 
-    def _restart_streams(self, owner: str) -> None:
-        # The owner's counts on open paths just shrank: growing those windows further could give
-        # a child more count than its ancestors, so the streams start fresh windows instead.
-        for stream in self._streams:
-            if stream.owner == owner:
-                stream._open.clear()
+    def _restart_cursors(self, owner: str) -> None:
+        # The owner's counts on open paths just shrank: growing those n-grams further could give
+        # a child more count than its ancestors, so the cursors start fresh n-grams instead.
+        for cursor in self._cursors:
+            if cursor.owner == owner:
+                cursor._open.clear()
 
     def _remove_subtree(self, top: Node) -> int:
         assert top.parent is not None
@@ -237,46 +259,65 @@ class TokenTrie:
                     owned.discard(node)
                     if not owned:
                         del self._owned[owner]
-            node.parent = None  # marks it detached for open streams; also breaks the ref cycle
+            node.parent = None  # marks it detached for open cursors; also breaks the ref cycle
             removed += 1
         self._size -= removed
         return removed
 
-    def draft(
-        self, context: Sequence[int], owner: str | None, decoding_length: int, min_match: int = 1
-    ) -> TrieDraft:
-        """Best-first draft tree after the longest matching suffix of ``context``.
+    def draft(self, context: Sequence[int], owner: str | None, budget: int, min_match: int = 1) -> TrieDraft:
+        """Best-first draft tree of at most ``budget`` tokens after the longest matching suffix
+        of ``context`` (at least ``min_match`` tokens).
 
         Only ``owner``'s and output counts are visible. The tree comes in pre-order with best
         siblings first; ``parents[i] == -1`` hangs off the matched node.
         """
-        return read_draft(self, context, owner, decoding_length, min_match)
+        with self._lock:
+            return read_draft(
+                self._root, context, owner, budget, min_match, self._max_query_length, self._branch_length
+            )
+
+    def settings(self) -> dict[str, int]:
+        """The constructor's arguments."""
+        return {
+            "max_query_length": self._max_query_length,
+            "branch_length": self._branch_length,
+            "max_nodes": self._max_nodes,
+        }
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trie as versioned JSON (gzip when ``path`` ends with .gz), atomically."""
-        from rag_lookahead.drafting.trie_io import save_trie
-
-        save_trie(self, path)
+        with self._lock:
+            write_trie_file(path, self.settings(), self._root, self.nodes())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TokenTrie:
         """Read a trie written by ``save``; raises ValueError on a malformed or foreign file."""
-        from rag_lookahead.drafting.trie_io import load_trie
+        settings, entries = read_trie_file(path)
+        trie = cls(**settings)  # the constructor validates the settings
+        if len(entries) > trie.max_nodes:
+            raise ValueError(f"{os.fspath(path)}: more nodes than its max_nodes ({trie.max_nodes})")
+        with trie._lock, collector_paused():
+            restore_nodes(entries, trie.root, trie.restore_node)
+        return trie
 
-        return load_trie(path)
+    def nodes(self) -> list[Node]:
+        """Every node below the root, in creation order (each parent before its children)."""
+        with self._lock:
+            return sorted(self._walk(), key=lambda node: node.order)
 
-    def _restore_node(self, parent: Node, token: int, counts: dict[str, int]) -> Node:
-        """Attach a node read back from a file (validated by the caller), in creation order."""
-        node = Node(token, parent, parent.depth + 1, self._next_order)
-        self._next_order += 1
-        parent.children[token] = node
-        node.counts = dict(counts)
-        for owner in counts:
-            self._owned.setdefault(owner, set()).add(node)
-        self._size += 1
-        return node
+    def restore_node(self, parent: Node, token: int, counts: dict[str, int]) -> Node:
+        """Attach a node read back from a file below ``parent`` (validated by the caller)."""
+        with self._lock:
+            node = Node(token, parent, parent.depth + 1, self._next_order)
+            self._next_order += 1
+            parent.children[token] = node
+            node.counts = dict(counts)
+            for owner in counts:
+                self._owned.setdefault(owner, set()).add(node)
+            self._size += 1
+            return node
 
-    def _iter_nodes(self) -> Iterator[Node]:
+    def _walk(self) -> Iterator[Node]:
         stack = list(self._root.children.values())
         while stack:
             node = stack.pop()

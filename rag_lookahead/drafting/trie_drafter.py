@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Sequence
+from collections.abc import Sequence
 
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.trie import OUTPUT_OWNER, TokenTrie
-from rag_lookahead.tree import DraftTree
 
 __all__ = ["TrieDrafter"]
 
@@ -25,7 +24,6 @@ class TrieDrafter:
         trie: TokenTrie,
         owner: str,
         sequences: Sequence[Sequence[int]],
-        lock: threading.RLock,
         min_match: int,
         *,
         eliminate_on_close: bool = True,
@@ -33,26 +31,23 @@ class TrieDrafter:
         self.trie = trie
         self.owner = owner
         self.eliminate_on_close = eliminate_on_close
-        self.lock = lock
         self.min_match = min_match
-        with lock:
+        with trie.lock:  # all of the call's texts at once, as one update
             for seq in sequences:
                 trie.insert(seq, owner)
-            self._outputs = trie.open_stream(OUTPUT_OWNER)
+            self._outputs = trie.insert_cursor(OUTPUT_OWNER)
 
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        with self.lock:
-            draft = self.trie.draft(context, self.owner, budget, self.min_match)
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        draft = self.trie.draft(context, self.owner, budget, self.min_match)
         # Sources name the kind of branch and the match length, e.g. "doc2" or "out1": the
         # acceptance statistics are kept apart for each.
         sources = [f"{'doc' if own else 'out'}{draft.match_length}" for own in draft.owned]
-        return DraftTree.from_draft(context[-1], draft.tokens, draft.parents, sources, draft.estimates)
+        tree = DraftTree.from_draft(context[-1], draft.tokens, draft.parents, sources, draft.estimates)
+        return StepDraft(tree)
 
-    def observe(self, tokens: Sequence[int]) -> None:
-        with self.lock:
-            self._outputs.extend(tokens)
+    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
+        self._outputs.extend(tokens)
 
     def close(self) -> None:
         if self.eliminate_on_close:
-            with self.lock:
-                self.trie.eliminate(self.owner)
+            self.trie.eliminate(self.owner)

@@ -1,34 +1,42 @@
-"""Saving and loading a `TokenTrie`: versioned JSON, never pickle, validated on the way in."""
+"""A trie's file format: versioned JSON (never pickle), validated on the way in.
+
+This module knows nodes, not tries: `TokenTrie.save` hands it the nodes in creation order, and
+`TokenTrie.load` gets back the settings and attaches each validated node through its public
+`restore_node`.
+"""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
-from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.drafting.trie_nodes import NO_OWNER, Node, collector_paused, is_int
+from rag_lookahead.drafting.trie_nodes import NO_OWNER, Node, is_int
 
-__all__ = ["FORMAT", "VERSION", "load_trie", "save_trie"]
+__all__ = ["FORMAT", "SETTINGS", "VERSION", "read_trie_file", "restore_nodes", "write_trie_file"]
 
 FORMAT = "rag-lookahead-trie"
 VERSION = 1
+SETTINGS = ("max_query_length", "branch_length", "max_nodes")
+
+Attach = Callable[[Node, int, dict[str, int]], Node]
 
 
-def save_trie(trie: TokenTrie, path: str | os.PathLike[str]) -> None:
-    """Write ``trie`` to ``path`` (gzip when it ends with .gz); a crash never leaves half a file."""
-    nodes = sorted(trie._iter_nodes(), key=lambda node: node.order)
-    index: dict[Node, int] = {node: i for i, node in enumerate(nodes)}
-    index[trie.root] = -1
+def write_trie_file(
+    path: str | os.PathLike[str], settings: Mapping[str, int], root: Node, nodes: Iterable[Node]
+) -> None:
+    """Write ``nodes`` (in creation order) below ``root``; a crash never leaves half a file."""
+    ordered = list(nodes)
+    index: dict[Node, int] = {node: i for i, node in enumerate(ordered)}
+    index[root] = -1
     payload = {
         "format": FORMAT,
         "version": VERSION,
-        "max_query_length": trie.max_query_length,
-        "branch_length": trie.branch_length,
-        "max_nodes": trie.max_nodes,
+        **{key: settings[key] for key in SETTINGS},
         # Creation order with parent indices: parents precede children and ties replay exactly.
-        "nodes": [[n.token, index[n.parent], n.counts] for n in nodes],  # type: ignore[index]
+        "nodes": [[n.token, index[n.parent], n.counts] for n in ordered],  # type: ignore[index]
     }
     tmp = f"{os.fspath(path)}.tmp"
     try:
@@ -40,44 +48,41 @@ def save_trie(trie: TokenTrie, path: str | os.PathLike[str]) -> None:
             os.remove(tmp)
 
 
-def load_trie(path: str | os.PathLike[str]) -> TokenTrie:
-    """Read a trie written by `save_trie`; ValueError on a malformed or foreign file."""
+def read_trie_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Any]]:
+    """The settings and node entries of a trie file; ValueError on a malformed or foreign one."""
     name = os.fspath(path)
     try:
         with _open_text(path, "r") as handle:
             payload = json.load(handle)
-    except (ValueError, EOFError, gzip.BadGzipFile) as exc:
-        raise ValueError(f"{name}: not a readable trie file ({exc})") from exc
+    except (ValueError, EOFError, gzip.BadGzipFile, RecursionError) as exc:
+        raise ValueError(f"{name}: not a readable trie file ({type(exc).__name__})") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{name}: not a {FORMAT} file")
     if payload.get("version") != VERSION:
         raise ValueError(f"{name}: unsupported trie version {payload.get('version')!r}, expected {VERSION}")
-    params = [payload.get(key) for key in ("max_query_length", "branch_length", "max_nodes")]
-    trie = TokenTrie(*params)  # type: ignore[arg-type]  # the constructor validates them
     nodes = payload.get("nodes")
-    if not isinstance(nodes, list) or len(nodes) > trie.max_nodes:
-        raise ValueError(f"{name}: 'nodes' must be a list of at most max_nodes entries")
+    if not isinstance(nodes, list):
+        raise ValueError(f"{name}: 'nodes' must be a list")
+    return {key: payload.get(key) for key in SETTINGS}, nodes
+
+
+def restore_nodes(entries: list[Any], root: Node, attach: Attach) -> None:
+    """Validate each ``[token, parent_index, counts]`` entry and ``attach`` it, in order."""
     built: list[Node] = []
-    with collector_paused():
-        for i, entry in enumerate(nodes):
-            built.append(_restore(trie, i, entry, built))
-    return trie
-
-
-def _restore(trie: TokenTrie, i: int, entry: Any, built: list[Node]) -> Node:
-    if not (isinstance(entry, list) and len(entry) == 3):
-        raise ValueError(f"trie node #{i}: expected [token, parent_index, counts]")
-    token, parent_index, counts = entry
-    if not (is_int(token) and is_int(parent_index) and -1 <= parent_index < i):
-        raise ValueError(f"trie node #{i}: bad token or parent index")
-    parent = trie.root if parent_index == -1 else built[parent_index]
-    if token in parent.children or not isinstance(counts, dict) or not counts:
-        raise ValueError(f"trie node #{i}: duplicate child or empty counts")
-    for owner, count in counts.items():
-        limit = count if parent is trie.root else parent.counts.get(owner, 0)
-        if owner == NO_OWNER or not (is_int(count) and 1 <= count <= limit):
-            raise ValueError(f"trie node #{i}: count for {owner!r} must be 1..parent's count")
-    return trie._restore_node(parent, token, counts)
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise ValueError(f"trie node #{i}: expected [token, parent_index, counts]")
+        token, parent_index, counts = entry
+        if not (is_int(token) and token >= 0 and is_int(parent_index) and -1 <= parent_index < i):
+            raise ValueError(f"trie node #{i}: bad token or parent index")
+        parent = root if parent_index == -1 else built[parent_index]
+        if token in parent.children or not isinstance(counts, dict) or not counts:
+            raise ValueError(f"trie node #{i}: duplicate child or empty counts")
+        for owner, count in counts.items():
+            limit = count if parent is root else parent.counts.get(owner, 0)
+            if owner == NO_OWNER or not (is_int(count) and 1 <= count <= limit):
+                raise ValueError(f"trie node #{i}: count for {owner!r} must be 1..parent's count")
+        built.append(attach(parent, token, counts))
 
 
 def _open_text(path: str | os.PathLike[str], mode: str, actual: str | None = None) -> IO[str]:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import gc
 import operator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 __all__ = [
-    "NO_OWNER", "OUTPUT_OWNER", "Node", "as_tokens", "check_int", "check_owner", "collector_paused",
-    "is_int", "visible",
+    "NO_OWNER",
+    "OUTPUT_OWNER",
+    "Node",
+    "as_tokens",
+    "check_int",
+    "check_owner",
+    "collector_paused",
+    "is_int",
+    "visible",
 ]
 
 OUTPUT_OWNER = "__output__"
@@ -19,7 +26,7 @@ NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owne
 class Node:
     """One n-gram: ``counts`` maps owner -> occurrences. A pruned node has ``parent = None``."""
 
-    __slots__ = ("token", "parent", "children", "counts", "depth", "order")
+    __slots__ = ("children", "counts", "depth", "order", "parent", "token")
 
     def __init__(self, token: int | None, parent: Node | None, depth: int, order: int) -> None:
         self.token = token

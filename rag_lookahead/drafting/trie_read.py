@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from rag_lookahead.drafting.trie_nodes import (
     NO_OWNER,
@@ -13,9 +14,6 @@ from rag_lookahead.drafting.trie_nodes import (
     check_int,
     visible,
 )
-
-if TYPE_CHECKING:
-    from rag_lookahead.drafting.trie import TokenTrie
 
 __all__ = ["TrieDraft", "read_draft"]
 
@@ -38,31 +36,39 @@ _Entry = tuple[int, int, int, "Node"]
 
 
 def read_draft(
-    trie: TokenTrie, context: Sequence[int], owner: str | None, decoding_length: int, min_match: int = 1
+    root: Node,
+    context: Sequence[int],
+    owner: str | None,
+    budget: int,
+    min_match: int,
+    max_query_length: int,
+    branch_length: int,
 ) -> TrieDraft:
-    """Best-first draft tree after the longest matching suffix of ``context``.
+    """Best-first draft tree of at most ``budget`` tokens below ``root``'s longest match of a
+    suffix of ``context`` (``min_match`` to ``max_query_length`` tokens), ``branch_length`` deep.
 
     Only ``owner``'s and output counts are visible. The tree comes in pre-order with best
     siblings first; ``parents[i] == -1`` hangs off the matched node.
     """
-    check_int("decoding_length", decoding_length, 0)
+    check_int("budget", budget, 0)
     check_int("min_match", min_match, 1)
-    if decoding_length == 0 or len(context) == 0:
+    if budget == 0 or len(context) == 0:
         return _EMPTY
-    tail = as_tokens(context[-trie.max_query_length :])
+    tail = as_tokens(context[-max_query_length:])
     owner = owner or NO_OWNER
     for length in range(len(tail), min_match - 1, -1):
-        anchor = _walk(trie, tail[len(tail) - length :], owner)
+        anchor = _walk(root, tail[len(tail) - length :], owner)
         if anchor is None:
             continue
         heap: list[_Entry] = []
-        _push_children(heap, anchor, owner, decoding_length)
+        _push_children(heap, anchor, owner, budget)
         if heap:
-            return _select(trie, anchor, heap, owner, decoding_length, length)
+            return _select(anchor, heap, owner, budget, length, anchor.depth + branch_length)
     return _EMPTY
 
-def _walk(trie: TokenTrie, path: list[int], owner: str) -> Node | None:
-    node = trie.root
+
+def _walk(root: Node, path: list[int], owner: str) -> Node | None:
+    node = root
     for token in path:
         child = node.children.get(token)
         if child is None:
@@ -72,12 +78,13 @@ def _walk(trie: TokenTrie, path: list[int], owner: str) -> Node | None:
         node = child
     return node
 
+
 def _select(
-    trie: TokenTrie, anchor: Node, heap: list[_Entry], owner: str, budget: int, match_length: int
+    anchor: Node, heap: list[_Entry], owner: str, budget: int, match_length: int, limit: int
 ) -> TrieDraft:
     # Counts are monotone, so popping best-first yields the top-``budget`` connected subtree,
-    # and each parent's children are popped (hence listed) best first.
-    limit = anchor.depth + trie.branch_length
+    # and each parent's children are popped (hence listed) best first; ``limit`` is the depth
+    # no draft node may exceed.
     kids: dict[Node, list[Node]] = {anchor: []}
     taken = 0
     while heap and taken < budget:

@@ -51,8 +51,7 @@ class ChunkingConfig:
             raise ValueError(f"chunk overlap must be an integer, got {self.overlap!r}")
         if not 0 <= self.overlap < self.size:
             raise ValueError(
-                f"chunk overlap must be at least 0 and less than size ({self.size}), "
-                f"got {self.overlap}"
+                f"chunk overlap must be at least 0 and less than size ({self.size}), got {self.overlap}"
             )
         if self.unit not in ("tokens", "sentences"):
             raise ValueError(f"chunk unit must be 'tokens' or 'sentences', got {self.unit!r}")
@@ -176,10 +175,8 @@ def _counted_sentences(text: str, tokenizer: Any) -> Iterator[tuple[Span, int]]:
     spans = list(_sentences(text))
     for first in range(0, len(spans), _SENTENCE_BATCH):
         batch = spans[first : first + _SENTENCE_BATCH]
-        encoded = tokenizer(
-            [text[s:e] for s, e in batch], add_special_tokens=False, verbose=False
-        )
-        for span, ids in zip(batch, encoded["input_ids"]):
+        encoded = tokenizer([text[s:e] for s, e in batch], add_special_tokens=False, verbose=False)
+        for span, ids in zip(batch, encoded["input_ids"], strict=True):
             yield span, len(ids)
 
 

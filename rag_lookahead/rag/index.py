@@ -150,11 +150,8 @@ class DocumentIndex:
             return []
         vector = self._checked(self.embedder.embed([query]), 1)  # [1, D]
         scores, rows = self._faiss.search(vector, min(k, len(self._chunks)))  # [1, k] each
-        return [
-            Hit(self._chunks[row], float(score))
-            for score, row in zip(scores[0], rows[0])
-            if row >= 0
-        ]
+        pairs = zip(scores[0], rows[0], strict=True)
+        return [Hit(self._chunks[row], float(score)) for score, row in pairs if row >= 0]
 
     def save(self, directory: str | Path) -> None:
         """Write the index to `directory`, atomically replacing an index already there."""
@@ -199,9 +196,7 @@ class DocumentIndex:
 
     def _embed_documents(self, documents: Sequence[Document], progress: Progress | None) -> _Batch:
         chunks = [
-            chunk
-            for doc in documents
-            for chunk in split_document(doc, self.config, self.embedder.tokenizer)
+            chunk for doc in documents for chunk in split_document(doc, self.config, self.embedder.tokenizer)
         ]
         texts = [chunk.text for chunk in chunks]
         batches = [texts[i : i + _EMBED_BATCH] for i in range(0, len(texts), _EMBED_BATCH)]

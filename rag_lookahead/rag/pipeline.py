@@ -9,18 +9,18 @@ in the trie and help later questions.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.prompts import RAG_SYSTEM, encode_prompt, rag_messages
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
-from rag_lookahead.stats import DecodeStats
-from rag_lookahead.stream import Chunk as StepChunk
-from rag_lookahead.stream import TextStream
+from rag_lookahead.streaming.stats import DecodeStats
+from rag_lookahead.streaming.stream import StreamChunk, TextStream
 
 __all__ = ["Answer", "AnswerStream", "PreparedQuery", "RagPipeline", "RetrievalConfig"]
 
@@ -104,7 +104,7 @@ class AnswerStream(Iterator[str]):
     def __next__(self) -> str:
         return next(self.stream)
 
-    def chunks(self) -> Iterator[StepChunk]:
+    def chunks(self) -> Iterator[StreamChunk]:
         """(token ids, text) per decoding step, for views that show where tokens came from."""
         return self.stream.chunks()
 
@@ -170,9 +170,7 @@ class RagPipeline:
         documents = tuple(h.chunk.text for h in hits if h.chunk.id not in in_full)
         return PreparedQuery(question, ids, tuple(shown), documents, tuple(notes))
 
-    def stream(
-        self, question: str, params: GenerationParams | None = None, **overrides: Any
-    ) -> AnswerStream:
+    def stream(self, question: str, params: GenerationParams | None = None, **overrides: Any) -> AnswerStream:
         """Answer ``question``, streaming the text; sources and notes are on the returned stream."""
         params = (params or GenerationParams()).with_overrides(**overrides)
         query = self.prepare(question, params.max_new_tokens)

@@ -82,9 +82,7 @@ def _refuse_foreign(target: Path) -> None:
     if not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a directory; choose another index path")
     if any(target.iterdir()) and _format_of(target) != FORMAT:
-        raise FileExistsError(
-            f"{target} exists and is not a rag-lookahead index; refusing to replace it"
-        )
+        raise FileExistsError(f"{target} exists and is not a rag-lookahead index; refusing to replace it")
 
 
 def _swap(scratch: Path, target: Path) -> None:
@@ -133,9 +131,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
     try:
         meta = json.loads((directory / _META).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise IndexFormatError(
-            f"{directory} is not a rag-lookahead index (no {_META}); {_REBUILD}"
-        ) from None
+        raise IndexFormatError(f"{directory} is not a rag-lookahead index (no {_META}); {_REBUILD}") from None
     except (OSError, ValueError) as err:
         raise IndexFormatError(f"{directory / _META} is unreadable ({err}); {_REBUILD}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -205,9 +201,7 @@ def read_rows(directory: Path, meta: Mapping[str, Any]) -> tuple[Any, list[Chunk
             f"index; {_REBUILD}"
         )
     if index.ntotal != len(chunks):
-        raise IndexFormatError(
-            f"{directory} has {index.ntotal} vectors but {len(chunks)} chunks; {_REBUILD}"
-        )
+        raise IndexFormatError(f"{directory} has {index.ntotal} vectors but {len(chunks)} chunks; {_REBUILD}")
     return index, chunks
 
 

@@ -18,11 +18,11 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.documents import Document
 from langchain_core.language_models import LangSmithParams
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
-from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
-from rag_lookahead.prompts import Prompt
 from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
+from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.prompts import Prompt
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 
@@ -148,11 +148,9 @@ class LookaheadSettings(BaseModel):
                 trust_remote_code=self.trust_remote_code,
             )
         if self.engine.config == config:
-            return self.engine  # shares the engine's trie, so its past answers help too
-        if config.mode == "off":
-            return self.engine.plain()  # the same model under the same lock
-        # Same weights and tokenizer, other drafting settings (e.g. lookahead off).
-        return LookaheadEngine(self.engine.model, self.engine.tokenizer, config)
+            return self.engine
+        # The same model, runner and trie, other drafting settings (e.g. lookahead off).
+        return self.engine.with_config(config)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -235,7 +233,7 @@ class LookaheadSettings(BaseModel):
         return {
             "model_name": self.model_name,
             "finish_reason": _FINISH_REASONS.get(stats.finish_reason, stats.finish_reason),
-            "lookahead": stats_dict(stats),
+            "lookahead": stats.as_dict(),
         }
 
 
@@ -245,24 +243,6 @@ def usage(stats: DecodeStats) -> dict[str, int]:
         "input_tokens": stats.prompt_tokens,
         "output_tokens": stats.new_tokens,
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
-    }
-
-
-def stats_dict(stats: DecodeStats) -> dict[str, Any]:
-    """`DecodeStats` as plain JSON-ready values, with its derived rates."""
-    return {
-        "steps": stats.steps,
-        "accepted_per_step": list(stats.accepted_per_step),
-        "drafted_per_step": list(stats.drafted_per_step),
-        "draft_sources": list(stats.draft_sources),
-        "tokens_per_step": stats.tokens_per_step,
-        "acceptance_rate": stats.acceptance_rate,
-        "prompt_tokens": stats.prompt_tokens,
-        "new_tokens": stats.new_tokens,
-        "prefill_seconds": stats.prefill_seconds,
-        "seconds": stats.seconds,
-        "tokens_per_s": stats.tokens_per_s,
-        "finish_reason": stats.finish_reason,
     }
 
 

@@ -28,6 +28,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
+
 from rag_lookahead import DocumentScope, LookaheadEngine
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]

@@ -16,7 +16,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict
 
 from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
-from langchain_rag_lookahead._threads import iterate_in_thread
+from rag_lookahead.streaming import aiterate
 
 __all__ = ["ChatLookahead", "to_chat_messages"]
 
@@ -74,7 +74,7 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         pieces = self._open(to_chat_messages(messages), stop, run_manager, kwargs)
-        async for piece in iterate_in_thread(pieces):
+        async for piece in aiterate(pieces):
             chunk = self._chunk(piece)
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

@@ -12,7 +12,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict
 
 from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
-from langchain_rag_lookahead._threads import iterate_in_thread
+from rag_lookahead.streaming import aiterate
 
 __all__ = ["LookaheadLLM"]
 
@@ -139,7 +139,7 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         kwargs: dict[str, Any],
         report: bool,
     ) -> AsyncIterator[GenerationChunk]:
-        async for piece in iterate_in_thread(self._open(prompt, stop, run_manager, kwargs)):
+        async for piece in aiterate(self._open(prompt, stop, run_manager, kwargs)):
             chunk = self._chunk(piece)
             if report and run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

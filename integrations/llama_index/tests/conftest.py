@@ -16,11 +16,11 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 # (Read when torch loads its OpenMP runtime, so it must be set before `import torch`.)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest  # noqa: E402
-import rag_lookahead  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from llama_index.llms.rag_lookahead import LookaheadLLM, active_scope  # noqa: E402
+import rag_lookahead
+from llama_index.llms.rag_lookahead import LookaheadLLM, active_scope
 
 # CI has 2 cores.
 torch.set_num_threads(2)

@@ -12,10 +12,10 @@ from conftest import MAX_NEW_TOKENS
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.llms import ChatMessage, MessageRole
 from llama_index.core.llms.custom import CustomLLM
-from rag_lookahead import DEFAULT_MODEL
-from rag_lookahead.drafting import OUTPUT_OWNER
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
+from rag_lookahead import DEFAULT_MODEL
+from rag_lookahead.drafting import OUTPUT_OWNER
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 # A passage the model is asked to repeat, so that drafts from it are accepted.
@@ -83,9 +83,7 @@ def test_stream_complete_matches_complete(llm: LookaheadLLM, reference: str) -> 
     assert {"tokens_per_s", "tokens_per_step", "acceptance_rate"} <= stats.keys()
 
 
-def test_chat_and_stream_chat_share_the_formatting_of_complete(
-    llm: LookaheadLLM, reference: str
-) -> None:
+def test_chat_and_stream_chat_share_the_formatting_of_complete(llm: LookaheadLLM, reference: str) -> None:
     chat = llm.chat(user(QUESTION))
     assert chat.message.role == MessageRole.ASSISTANT
     assert chat.message.content == reference
@@ -107,9 +105,7 @@ def test_system_prompt_is_the_templates_system_message(llm: LookaheadLLM) -> Non
     assert with_system.chat(messages).message.content == expected
 
 
-def test_stop_sequences_cut_exactly_also_while_streaming(
-    llm: LookaheadLLM, reference: str
-) -> None:
+def test_stop_sequences_cut_exactly_also_while_streaming(llm: LookaheadLLM, reference: str) -> None:
     words = reference.split()
     assert len(words) >= 4, reference
     stop = " ".join(words[2:4])  # several tokens, in the middle of the answer
@@ -214,9 +210,7 @@ def test_closed_stream_releases_its_trie_branches(llm: LookaheadLLM) -> None:
     assert llm.engine.trie.owners() - {OUTPUT_OWNER} <= before
 
 
-def test_threads_share_one_model(
-    llm: LookaheadLLM, plain_llm: LookaheadLLM, reference: str
-) -> None:
+def test_threads_share_one_model(llm: LookaheadLLM, plain_llm: LookaheadLLM, reference: str) -> None:
     results: dict[int, str] = {}
 
     def work(i: int) -> None:
@@ -228,7 +222,7 @@ def test_threads_share_one_model(
         t.start()
     for t in threads:
         t.join()
-    assert results == {i: reference for i in range(3)}
+    assert results == dict.fromkeys(range(3), reference)
 
 
 def test_an_engine_and_a_config_are_exclusive(llm: LookaheadLLM) -> None:

@@ -12,9 +12,9 @@ from conftest import MAX_NEW_TOKENS, CallSpy
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.llms import MockLLM
-from rag_lookahead.drafting import OUTPUT_OWNER
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
 
 TOP_K = 3
 # Synthesis set-ups making several LLM calls: refine makes one per node; a context window this
@@ -41,7 +41,9 @@ def query_engine(
 ) -> LookaheadQueryEngine:
     if context_window is not None:
         llm = LookaheadLLM(
-            engine=llm.engine, lookahead=llm.lookahead, context_window=context_window,
+            engine=llm.engine,
+            lookahead=llm.lookahead,
+            context_window=context_window,
             max_new_tokens=MAX_NEW_TOKENS,
         )
     return LookaheadQueryEngine.from_index(index, llm=llm, similarity_top_k=TOP_K, **kwargs)

@@ -10,6 +10,7 @@ from importlib import resources
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
+
 from rag_lookahead.rag import ChunkingConfig, SentenceTransformerEmbedder, split_document
 from rag_lookahead.rag import Document as SourceDocument
 

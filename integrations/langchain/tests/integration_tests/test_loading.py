@@ -1,9 +1,9 @@
 """Construction from the embedded default model and from a local model directory, offline."""
 
 import pytest
-from rag_lookahead.models import default_model_dir
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
+from rag_lookahead.models import default_model_dir
 from tests.integration_tests.shared import shared_engine
 
 pytestmark = pytest.mark.model

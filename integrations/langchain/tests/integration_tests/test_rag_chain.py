@@ -13,10 +13,10 @@ from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
-from rag_lookahead import LookaheadEngine
-from rag_lookahead.drafting import OUTPUT_OWNER
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadCallbackHandler
+from rag_lookahead import LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
 from tests.integration_tests.corpus import sample_store
 from tests.integration_tests.shared import shared_engine
 

@@ -4,9 +4,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from rag_lookahead import LookaheadEngine
 
-from tests.unit_tests.tiny import tiny_engine
+from rag_lookahead import LookaheadEngine
+from rag_lookahead.testing import tiny_engine
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rag_lookahead import LookaheadEngine
-from rag_lookahead.drafting import OUTPUT_OWNER
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
-from langchain_rag_lookahead._threads import iterate_in_thread
+from rag_lookahead import LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.streaming import aiterate
 
 N = 40
 QUESTIONS = [f"Question number {i}: where is lighthouse {i}?" for i in range(6)]
@@ -109,7 +109,7 @@ async def test_worker_errors_reach_the_consumer() -> None:
 
     seen = []
     with pytest.raises(RuntimeError, match="boom"):
-        async for item in iterate_in_thread(failing()):
+        async for item in aiterate(failing()):
             seen.append(item)
     assert seen == [1]
 

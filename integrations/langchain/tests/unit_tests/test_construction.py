@@ -3,11 +3,11 @@
 import pytest
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import ValidationError
-from rag_lookahead import DEFAULT_MODEL, LookaheadConfig
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
 from langchain_rag_lookahead._base import LookaheadSettings
 from langchain_rag_lookahead.chat_models import to_chat_messages
+from rag_lookahead import DEFAULT_MODEL, LookaheadConfig
 
 MODELS = [ChatLookahead, LookaheadLLM]
 
@@ -51,18 +51,19 @@ def test_an_engine_is_shared_as_it_is(engine) -> None:
     assert llm.resolved_config() == engine.config
 
 
-def test_lookahead_off_shares_the_model_but_not_the_trie(engine) -> None:
+def test_lookahead_off_is_the_engines_plain_variant(engine) -> None:
     plain = ChatLookahead(engine=engine, lookahead=False).get_engine()
     assert plain is not engine
     assert plain.model is engine.model and plain.tokenizer is engine.tokenizer
     assert plain.config.mode == "off"
-    assert plain.trie is not engine.trie
+    assert plain.runner is engine.runner and plain.trie is engine.trie  # one seam: engine.with_config
 
 
 def test_other_drafting_settings_build_a_sibling_engine(engine) -> None:
     config = LookaheadConfig(mode="trie", decoding_length=4)
     sibling = ChatLookahead(engine=engine, lookahead_config=config).get_engine()
     assert sibling.model is engine.model and sibling.config == config
+    assert sibling.runner is engine.runner and sibling.trie is engine.trie
 
 
 def test_identifying_params_name_the_model_and_lookahead_settings(engine) -> None:

@@ -9,12 +9,12 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage
-from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.drafting import OUTPUT_OWNER
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
 from langchain_rag_lookahead.chat_models import to_chat_messages
-from tests.unit_tests.tiny import tiny_engine
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import tiny_engine
 
 N = 40
 QUESTION = "Where is the lighthouse?"

@@ -12,8 +12,6 @@ from langchain_core.messages import HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableParallel, RunnablePassthrough
-from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.drafting import OUTPUT_OWNER
 
 from langchain_rag_lookahead import (
     ChatLookahead,
@@ -22,7 +20,9 @@ from langchain_rag_lookahead import (
     with_retrieved_documents,
 )
 from langchain_rag_lookahead.chat_models import to_chat_messages
-from tests.unit_tests.tiny import tiny_engine
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import tiny_engine
 
 N = 40
 QUESTION = "Where is the lighthouse?"

@@ -30,13 +30,6 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
-from rag_lookahead import (
-    DEFAULT_MODEL,
-    GenerationParams,
-    LookaheadConfig,
-    LookaheadEngine,
-    TextStream,
-)
 
 from llama_index.llms.rag_lookahead.responses import (
     alast,
@@ -47,6 +40,13 @@ from llama_index.llms.rag_lookahead.responses import (
     usage,
 )
 from llama_index.llms.rag_lookahead.scoping import active_scope
+from rag_lookahead import (
+    DEFAULT_MODEL,
+    GenerationParams,
+    LookaheadConfig,
+    LookaheadEngine,
+    TextStream,
+)
 
 __all__ = ["LookaheadLLM"]
 
@@ -57,9 +57,7 @@ _ROLE_ALIASES = {
     MessageRole.MODEL: "assistant",
     MessageRole.DEVELOPER: "system",
 }
-_PLAIN_ENGINES: weakref.WeakKeyDictionary[LookaheadEngine, LookaheadEngine] = (
-    weakref.WeakKeyDictionary()
-)
+_PLAIN_ENGINES: weakref.WeakKeyDictionary[LookaheadEngine, LookaheadEngine] = weakref.WeakKeyDictionary()
 
 
 class LookaheadLLM(CustomLLM):
@@ -126,9 +124,7 @@ class LookaheadLLM(CustomLLM):
         if engine is None:
             name = kwargs.get("model_name")
             path = None if name in (None, DEFAULT_MODEL) else name
-            engine = LookaheadEngine.from_pretrained(
-                path, config=config, device=device, dtype=dtype
-            )
+            engine = LookaheadEngine.from_pretrained(path, config=config, device=device, dtype=dtype)
         elif config is not None:
             raise ValueError("pass either an engine or a config to build one, not both")
         kwargs.setdefault("model_name", _engine_name(engine))
@@ -170,9 +166,7 @@ class LookaheadLLM(CustomLLM):
         return completion_response(completion.text, None, usage(completion.stats))
 
     @llm_completion_callback()
-    def stream_complete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponseGen:
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Opened before returning, not on first iteration: the query's scope is read now.
         stream = self._open(self._completion_prompt(prompt, formatted), kwargs)
         return responses(stream, completion_response)
@@ -187,9 +181,7 @@ class LookaheadLLM(CustomLLM):
         return responses(self._open(self._chat_prompt(messages), kwargs), chat_response)
 
     @llm_completion_callback()
-    async def acomplete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponse:
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         stream = await self._aopen(self._completion_prompt(prompt, formatted), kwargs)
         return await alast(aresponses(stream, completion_response))
 
@@ -206,9 +198,7 @@ class LookaheadLLM(CustomLLM):
         return await alast(aresponses(stream, chat_response))
 
     @llm_chat_callback()
-    async def astream_chat(
-        self, messages: Sequence[ChatMessage], **kwargs: Any
-    ) -> ChatResponseAsyncGen:
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         stream = await self._aopen(self._chat_prompt(messages), kwargs)
         return aresponses(stream, chat_response)
 
@@ -234,8 +224,7 @@ class LookaheadLLM(CustomLLM):
             assert self.messages_to_prompt is not None  # `LLM`'s validator fills it in
             return self.messages_to_prompt(messages)
         return [
-            {"role": _ROLE_ALIASES.get(m.role, m.role.value), "content": m.content or ""}
-            for m in messages
+            {"role": _ROLE_ALIASES.get(m.role, m.role.value), "content": m.content or ""} for m in messages
         ]
 
     def _open(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
@@ -271,7 +260,7 @@ def _plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
     """An engine that never drafts, over ``engine``'s model, for ``lookahead=False``."""
     plain = _PLAIN_ENGINES.get(engine)
     if plain is None:
-        plain = _PLAIN_ENGINES.setdefault(engine, engine.plain())  # shares the model's lock
+        plain = _PLAIN_ENGINES.setdefault(engine, engine.plain())  # shares the model, runner and trie
     return plain
 
 

@@ -32,10 +32,10 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
-from rag_lookahead import DocumentScope
 
 from llama_index.llms.rag_lookahead.base import LookaheadLLM
 from llama_index.llms.rag_lookahead.scoping import use_scope
+from rag_lookahead import DocumentScope
 
 __all__ = ["LookaheadQueryEngine"]
 
@@ -69,8 +69,7 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
             found = found.llm
         if not isinstance(found, LookaheadLLM):
             raise TypeError(
-                "LookaheadQueryEngine needs a LookaheadLLM to synthesize with, "
-                f"got {type(found).__name__}"
+                f"LookaheadQueryEngine needs a LookaheadLLM to synthesize with, got {type(found).__name__}"
             )
         self._llm = found
 
@@ -84,9 +83,7 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
         return engine
 
     @classmethod
-    def from_index(
-        cls, index: BaseIndex, llm: LLM | None = None, **kwargs: Any
-    ) -> LookaheadQueryEngine:
+    def from_index(cls, index: BaseIndex, llm: LLM | None = None, **kwargs: Any) -> LookaheadQueryEngine:
         """What ``index.as_query_engine(llm=llm, **kwargs)`` builds, as a `LookaheadQueryEngine`."""
         return cls.from_args(index.as_retriever(**kwargs), llm=llm, **kwargs)
 
@@ -187,9 +184,7 @@ def _close_after(response: RESPONSE_TYPE, trie: Any, scope: DocumentScope) -> RE
 # long after `synthesize` returned: each advance runs with the scope published again.
 
 
-def _scoped(
-    tokens: Iterator[str], trie: Any, scope: DocumentScope
-) -> Generator[str, None, None]:
+def _scoped(tokens: Iterator[str], trie: Any, scope: DocumentScope) -> Generator[str, None, None]:
     try:
         while True:
             with use_scope(trie, scope):
@@ -204,9 +199,7 @@ def _scoped(
         scope.close()
 
 
-async def _ascoped(
-    tokens: AsyncIterator[str], trie: Any, scope: DocumentScope
-) -> AsyncGenerator[str, None]:
+async def _ascoped(tokens: AsyncIterator[str], trie: Any, scope: DocumentScope) -> AsyncGenerator[str, None]:
     try:
         while True:
             with use_scope(trie, scope):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -13,9 +12,9 @@ from llama_index.core.base.llms.types import (
     CompletionResponse,
     MessageRole,
 )
-from rag_lookahead import DecodeStats, TextStream
 
-from llama_index.llms.rag_lookahead._bridge import aiter_chunks
+from rag_lookahead import DecodeStats, TextStream
+from rag_lookahead.streaming import aiterate
 
 __all__ = [
     "alast",
@@ -35,23 +34,15 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
     """A response's ``additional_kwargs``: token counts (as LlamaIndex's token counter reads
     them) and, under ``"lookahead"``, the `DecodeStats` fields plus tokens/s, tokens per step
     and the acceptance rate."""
-    lookahead = dataclasses.asdict(stats)
-    lookahead.update(
-        tokens_per_s=stats.tokens_per_s,
-        tokens_per_step=stats.tokens_per_step,
-        acceptance_rate=stats.acceptance_rate,
-    )
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.new_tokens,
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
-        "lookahead": lookahead,
+        "lookahead": stats.as_dict(),
     }
 
 
-def completion_response(
-    text: str, delta: str | None, extra: dict[str, Any]
-) -> CompletionResponse:
+def completion_response(text: str, delta: str | None, extra: dict[str, Any]) -> CompletionResponse:
     return CompletionResponse(text=text, delta=delta, additional_kwargs=extra)
 
 
@@ -71,7 +62,7 @@ def responses(stream: TextStream, make: MakeResponse[R]) -> Generator[R, None, N
 
 async def aresponses(stream: TextStream, make: MakeResponse[R]) -> AsyncGenerator[R, None]:
     # `async for` alone would leave the chunks open when the consumer stops early.
-    async with aclosing(aiter_chunks(stream)) as chunks:
+    async with aclosing(aiterate(stream.chunks())) as chunks:
         async for chunk in chunks:
             if chunk.text:
                 yield make(stream.text, chunk.text, {})

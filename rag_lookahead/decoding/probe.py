@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.cache import new_tree_cache, supports_tree
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.decoding.kv_cache import new_tree_cache, supports_tree
+from rag_lookahead.decoding.tree import DraftTree
 
 __all__ = ["sliding_window", "tree_support_problem"]
 
@@ -40,14 +40,18 @@ def tree_support_problem(model: Any, cache_arg: str) -> str | None:
             if not supports_tree(cache):
                 return f"its cache ({type(cache).__name__}) cannot be rolled back"
             inputs = tree.inputs(len(prompt) - 1, device, model.dtype)
-            got = model(
-                input_ids=inputs.input_ids,
-                position_ids=inputs.position_ids,
-                attention_mask=inputs.attention_mask,
-                use_cache=True,
-                **{cache_arg: cache},
-            ).logits[0].float()
-            want = model(input_ids=torch.tensor([prompt + [b, c]], device=device)).logits[0].float()
+            got = (
+                model(
+                    input_ids=inputs.input_ids,
+                    position_ids=inputs.position_ids,
+                    attention_mask=inputs.attention_mask,
+                    use_cache=True,
+                    **{cache_arg: cache},
+                )
+                .logits[0]
+                .float()
+            )
+            want = model(input_ids=torch.tensor([[*prompt, b, c]], device=device)).logits[0].float()
     except Exception as err:  # any failure means "no tree verification", never a crash
         return f"a tree forward failed: {type(err).__name__}: {err}"
     want = want[[-3, -2, -1]]  # root, b, c

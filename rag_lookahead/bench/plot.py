@@ -24,13 +24,17 @@ def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
     left.bar(methods, speed, color="#4c72b0")
     left.set_title("tokens per second")
     for i, m in enumerate(methods):
-        left.annotate(f"{summary['methods'][m]['speedup_vs_greedy']:.2f}x", (i, speed[i]), ha="center", va="bottom")
+        left.annotate(
+            f"{summary['methods'][m]['speedup_vs_greedy']:.2f}x", (i, speed[i]), ha="center", va="bottom"
+        )
     right.bar(methods, per_step, color="#55a868")
     right.set_title("tokens per forward (accepted + 1)")
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=20)
     name = summary.get("data", "")
-    fig.suptitle(f"{summary['model']} on {name}: {summary['records']} records, {summary['max_new_tokens']} new tokens")
+    fig.suptitle(
+        f"{summary['model']} on {name}: {summary['records']} records, {summary['max_new_tokens']} new tokens"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,12 +9,13 @@ of that order that maximises (1 + expected accepted tokens) / forward cost — p
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
-from typing import Callable, Sequence
+from collections.abc import Sequence
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.costs import CostCurve
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
 __all__ = ["AcceptanceModel", "StepPlanner", "plan_draft"]
 
@@ -102,31 +103,45 @@ def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) ->
 class StepPlanner:
     """What each step verifies: all of the draft, or in ``mode="auto"`` the part that pays.
 
-    ``cost_curve`` is called only when ``auto`` first needs it (measuring takes seconds). Not
-    thread-safe: the engine serialises calls.
+    ``mode="auto"`` needs the forward cost curve (`cost_curve`), set once it is measured.
+    Thread-safe: calls of one engine plan and learn concurrently.
     """
 
-    def __init__(self, config: LookaheadConfig, cost_curve: Callable[[], CostCurve]) -> None:
+    def __init__(self, config: LookaheadConfig, cost_curve: CostCurve | None = None) -> None:
         self.config = config
         self.acceptance = AcceptanceModel()
-        self._cost_curve = cost_curve
+        self.cost_curve = cost_curve
+        self._lock = threading.Lock()
 
-    def plan(self, tree: DraftTree) -> DraftTree:
-        """The part of ``tree`` to verify this step."""
-        if self.config.mode != "auto" or len(tree) == 1:
-            return tree
-        return plan_draft(tree, self.acceptance, self._cost_curve())
+    def plan(self, draft: StepDraft, room: int) -> StepDraft:
+        """The part of ``draft`` to forward this step; ``room`` positions are left in the context."""
+        tree = draft.tree
+        with self._lock:
+            if self.config.mode == "auto" and len(tree) > 1:
+                tree = plan_draft(tree, self.acceptance, self._curve())
+            side = draft.side
+            # A side row past the context window, or a window that does not pay, stays out.
+            if side is not None and (
+                max(side.offsets) >= room or not self._window_pays(len(tree), len(side))
+            ):
+                side = None
+        return StepDraft(tree, side)
 
-    def window_pays(self, tree_size: int) -> bool:
-        """Whether the Jacobi window should ride along with a tree of ``tree_size`` tokens."""
+    def _window_pays(self, tree_size: int, rows: int) -> bool:
+        """Whether side rows ride along with a tree of ``tree_size`` tokens."""
         if self.config.mode != "auto":
             return True
-        cost, cfg = self._cost_curve(), self.config
-        rows = cfg.window_size * (cfg.ngram_size - 1)
+        cost = self._curve()
         # Only where it is nearly free (a GPU, not a CPU): its n-grams rarely repay more.
         return cost(tree_size + rows) <= _WINDOW_OVERHEAD * cost(tree_size)
+
+    def _curve(self) -> CostCurve:
+        if self.cost_curve is None:
+            raise RuntimeError("mode='auto' plans against a cost curve: call engine.measure_costs() first")
+        return self.cost_curve
 
     def learn(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
         """Record what the model accepted of a verified tree."""
         if len(tree) > 1:
-            self.acceptance.update(tree, accepted_nodes)
+            with self._lock:
+                self.acceptance.update(tree, accepted_nodes)

@@ -8,7 +8,8 @@ otherwise the accepted entries are gathered into place first.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache

@@ -10,25 +10,26 @@ import inspect
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from rag_lookahead.cache import cache_kwarg, new_tree_cache
-from rag_lookahead.costs import CostCurve, cached_curve, curve_key, measure_curve
-from rag_lookahead.probe import tree_support_problem
-from rag_lookahead.tree import DraftTree, SideRows
+from rag_lookahead.decoding.costs import CostCurve, cached_curve, curve_key, measure_curve
+from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
+from rag_lookahead.decoding.probe import tree_support_problem
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
 __all__ = ["ModelRunner"]
 
 
 class ModelRunner:
-    """Forward passes of one model, serialised by ``lock`` (shared with the trie's users)."""
+    """Forward passes of one model, serialised by its own lock (engine variants share it)."""
 
-    def __init__(self, model: Any, lock: threading.RLock) -> None:
+    def __init__(self, model: Any) -> None:
         self.model = model
-        self.lock = lock
+        self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._probed = False
@@ -69,13 +70,11 @@ class ModelRunner:
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
         return out.logits[0], cache
 
-    def forward_tree(
-        self, tree: DraftTree, cache: Any, past: int, side: SideRows | None = None
-    ) -> tuple[torch.Tensor, Any]:
-        """Logits ``[len(tree) + len(side), V]`` for a tree (and side rows) after ``past`` tokens."""
-        if len(tree) == 1 and side is None:  # plain decoding: the model's own causal path
-            return self.forward(torch.tensor([tree.tokens]), cache)
-        inputs = tree.inputs(past, self.device, self.model.dtype, side)
+    def forward_step(self, draft: StepDraft, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
+        """Logits ``[len(draft), V]`` for a step's tree (then its side rows) after ``past`` tokens."""
+        if len(draft) == 1:  # plain decoding: the model's own causal path
+            return self.forward(torch.tensor([draft.tree.tokens]), cache)
+        inputs = draft.inputs(past, self.device, self.model.dtype)
         return self.forward(
             inputs.input_ids,
             cache,
@@ -83,7 +82,7 @@ class ModelRunner:
             attention_mask=inputs.attention_mask,
         )
 
-    def cost_curve(self, max_tokens: int, cache_dir: Path | None = None) -> CostCurve:
+    def measure_costs(self, max_tokens: int, cache_dir: Path | None = None) -> CostCurve:
         """Forward seconds by size up to ``max_tokens``: cached on disk, else measured now."""
         from rag_lookahead.models import default_cache_dir
 
@@ -103,7 +102,7 @@ class ModelRunner:
             chain = tuple(prompt[i % context_length] for i in range(tokens))
             tree = DraftTree(chain, tuple(range(-1, tokens - 1)))
             start = time.perf_counter()
-            self.forward_tree(tree, cache, context_length)
+            self.forward_step(StepDraft(tree), cache, context_length)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             elapsed = time.perf_counter() - start

@@ -8,12 +8,12 @@ in which each node sees the whole cache, its ancestors and itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-__all__ = ["DraftTree", "SideRows", "TreeInputs"]
+__all__ = ["DraftTree", "SideRows", "StepDraft", "TreeInputs"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class DraftTree:
     @property
     def source(self) -> str:
         """``"none"`` for a lone root, else the draft sources joined by ``+``."""
-        return "+".join(sorted(set(self.sources[1:]))) or "none"  # type: ignore[arg-type]
+        return "+".join(sorted(set(self.sources[1:]))) or "none"
 
     @classmethod
     def root_only(cls, token: int) -> DraftTree:
@@ -205,3 +205,23 @@ class DraftTree:
             position_ids=positions.to(device),
             attention_mask=mask.to(device),
         )
+
+
+@dataclass(frozen=True)
+class StepDraft:
+    """What one step forwards: the tree to verify and, optionally, rows riding along with it.
+
+    Drafters propose one, the planner prunes it (fewer nodes, or no side rows), the runner
+    forwards it, and the model's predictions at the side rows go back to the drafter.
+    """
+
+    tree: DraftTree
+    side: SideRows | None = None
+
+    def __len__(self) -> int:
+        """Rows in the forward: the tree's nodes, then the side rows."""
+        return len(self.tree) + (len(self.side) if self.side is not None else 0)
+
+    def inputs(self, past_length: int, device: torch.device, dtype: torch.dtype) -> TreeInputs:
+        """The model inputs of this forward over a ``past_length`` cache."""
+        return self.tree.inputs(past_length, device, dtype, self.side)

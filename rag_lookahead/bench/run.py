@@ -9,9 +9,10 @@ from __future__ import annotations
 import inspect
 import json
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -140,7 +141,8 @@ def run_benchmark(
         "lookahead": _engine_runner(engine, max_new_tokens),
     }
     for mode in ("trie", "jacobi", "auto"):  # the engine forced into one mode, with its own trie
-        forced = LookaheadEngine(engine.model, engine.tokenizer, replace(engine.config, mode=mode))
+        config = replace(engine.config, mode=mode)
+        forced = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=engine.cost_curve)
         runners[mode] = _engine_runner(forced, max_new_tokens)
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")
@@ -177,7 +179,7 @@ def _summary(
     pld = results.get("prompt_lookup")
     methods = {}
     for name, r in results.items():
-        r.identical_to_greedy = sum(a == b for a, b in zip(r.outputs, greedy.outputs))
+        r.identical_to_greedy = sum(a == b for a, b in zip(r.outputs, greedy.outputs, strict=True))
         methods[name] = {
             "seconds": round(r.seconds, 4),
             "new_tokens": r.new_tokens,
@@ -208,13 +210,16 @@ def _summary(
 def _cost_curve(engine: LookaheadEngine) -> dict[str, float] | None:
     if engine.config.mode != "auto" or not engine.tree_verification:
         return None
-    curve = engine.cost_curve
-    return {str(k): round(v / curve(1), 3) for k, v in zip(curve.sizes, curve.seconds)}
+    curve = engine.cost_curve or engine.measure_costs()
+    return {str(k): round(v / curve(1), 3) for k, v in zip(curve.sizes, curve.seconds, strict=True)}
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """A plain-text table of the summary."""
-    head = f"{'method':<14}{'seconds':>9}{'tokens':>8}{'tok/s':>8}{'same':>6}{'acc/step':>9}{'vs greedy':>10}{'vs PLD':>8}{'decode':>8}"
+    head = (
+        f"{'method':<14}{'seconds':>9}{'tokens':>8}{'tok/s':>8}{'same':>6}{'acc/step':>9}"
+        f"{'vs greedy':>10}{'vs PLD':>8}{'decode':>8}"
+    )
     lines = [head, "-" * len(head)]
     for name, m in summary["methods"].items():
         acc = f"{m['mean_accepted_per_step']:.2f}" if m["mean_accepted_per_step"] else "-"

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from rag_lookahead.budget import AcceptanceModel, StepPlanner, plan_draft
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.costs import CostCurve, cached_curve, measure_curve
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.decoding.costs import CostCurve, cached_curve, measure_curve
+from rag_lookahead.decoding.planner import AcceptanceModel, StepPlanner, plan_draft
+from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 
 # root -> a -> b -> c ; root -> d ; a -> e
 TREE = DraftTree((0, 1, 2, 3, 4, 5), (-1, 0, 1, 2, 0, 1), "trie", (1.0, 0.9, 0.8, 0.7, 0.3, 0.2))
@@ -42,27 +42,35 @@ def test_a_plan_picks_a_cheaper_larger_size_over_a_dearer_smaller_one() -> None:
     assert len(planned) == 4  # the root and 3 drafts, at 1.4, not 1 or 2 drafts at 1.7 and 2.2
 
 
-def test_the_step_planner_uses_the_curve_only_in_auto_mode() -> None:
-    asked: list[int] = []
+# The default Jacobi window: 4 columns x 3 levels, offsets 1..6 after the root.
+SIDE = SideRows(tuple(range(12)), tuple(level + j + 1 for level in range(3) for j in range(4)), ((0,),) * 12)
+FAR = 1 << 20  # context room: no row is near the end of the context window
 
-    def steep() -> CostCurve:
-        asked.append(1)
-        return CostCurve((1, 2), (1.0, 50.0))
 
+def test_the_step_planner_needs_no_curve_outside_auto_mode() -> None:
     for mode in ("trie", "jacobi"):
-        planner = StepPlanner(LookaheadConfig(mode=mode), steep)
-        assert planner.plan(TREE) == TREE and planner.window_pays(len(TREE))
-    assert not asked  # never measured outside auto
-    auto = StepPlanner(LookaheadConfig(), steep)
-    assert len(auto.plan(TREE)) == 1 and not auto.window_pays(len(TREE))
+        planner = StepPlanner(LookaheadConfig(mode=mode))  # no curve: never consulted
+        assert planner.plan(StepDraft(TREE, SIDE), FAR) == StepDraft(TREE, SIDE)
+    auto = StepPlanner(LookaheadConfig(), CostCurve((1, 2), (1.0, 50.0)))
+    assert auto.plan(StepDraft(TREE, SIDE), FAR) == StepDraft(TREE.subtree([]), None)
+    with pytest.raises(RuntimeError, match="measure_costs"):
+        StepPlanner(LookaheadConfig()).plan(StepDraft(TREE), FAR)
 
 
 def test_the_window_rides_along_in_auto_only_where_it_is_nearly_free() -> None:
-    # A tree of 5 tokens plus the default window's 4 x 3 rows: 17 tokens against 5.
+    chain = TREE.subtree([1, 2, 3, 4])  # 5 tokens plus the window's 12 rows: 17 against 5
     nearly_flat = CostCurve((1, 32), (1.0, 1.04))
     cpu_like = CostCurve((1, 2, 32), (1.0, 1.6, 2.5))
-    assert StepPlanner(LookaheadConfig(), lambda: nearly_flat).window_pays(5)
-    assert not StepPlanner(LookaheadConfig(), lambda: cpu_like).window_pays(5)
+    flat_plan = StepPlanner(LookaheadConfig(), nearly_flat).plan(StepDraft(chain, SIDE), FAR)
+    assert flat_plan.side == SIDE
+    assert StepPlanner(LookaheadConfig(), cpu_like).plan(StepDraft(chain, SIDE), FAR).side is None
+
+
+def test_side_rows_never_reach_past_the_context_window() -> None:
+    planner = StepPlanner(LookaheadConfig(mode="jacobi"))
+    furthest = max(SIDE.offsets)
+    assert planner.plan(StepDraft(TREE, SIDE), furthest + 1).side == SIDE
+    assert planner.plan(StepDraft(TREE, SIDE), furthest).side is None
 
 
 def test_acceptance_is_learned_from_outcomes() -> None:
@@ -98,7 +106,13 @@ def test_cost_curve_interpolates_and_validates() -> None:
 
 def test_measured_curves_keep_every_size_as_measured() -> None:
     # A larger forward may really be cheaper (CPU matrix kernels favour some shapes): kept as is.
-    times = {1: [1.0, 1.1, 0.9], 2: [3.0, 9.0, 3.1], 3: [2.0, 2.2, 2.1], 4: [2.5, 2.4, 2.6], 5: [4.0, 4.0, 4.0]}
+    times = {
+        1: [1.0, 1.1, 0.9],
+        2: [3.0, 9.0, 3.1],
+        3: [2.0, 2.2, 2.1],
+        4: [2.5, 2.4, 2.6],
+        5: [4.0, 4.0, 4.0],
+    }
     calls: list[int] = []
 
     def forward(k: int) -> float:

@@ -10,9 +10,10 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -104,7 +105,12 @@ def _read(path: Path, key: dict[str, Any]) -> CostCurve | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         fresh = time.time() - float(data["measured_at"]) < MAX_AGE_SECONDS
-        if data.get("format") != FORMAT or data.get("version") != VERSION or data.get("key") != key or not fresh:
+        if (
+            data.get("format") != FORMAT
+            or data.get("version") != VERSION
+            or data.get("key") != key
+            or not fresh
+        ):
             return None
         return CostCurve(tuple(int(s) for s in data["sizes"]), tuple(float(s) for s in data["seconds"]))
     except (OSError, ValueError, KeyError, TypeError):
@@ -127,4 +133,3 @@ def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time
-

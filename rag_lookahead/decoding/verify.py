@@ -10,8 +10,8 @@ many of them one forward pass yields.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from transformers.generation.logits_process import (
@@ -23,7 +23,7 @@ from transformers.generation.logits_process import (
 )
 
 from rag_lookahead.config import GenerationParams
-from rag_lookahead.tree import DraftTree
+from rag_lookahead.decoding.tree import DraftTree
 
 __all__ = ["Accepted", "TokenChooser", "accept", "node_prefixes"]
 

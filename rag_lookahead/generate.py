@@ -10,16 +10,29 @@ finished rows are padded on the right with ``pad_token_id``, as `generate` does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from rag_lookahead.config import GenerationParams
-
-if TYPE_CHECKING:
-    from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.streaming.stream import TextStream
 
 __all__ = ["generate"]
+
+
+class LookaheadEngine(Protocol):
+    """What the drop-in needs of `rag_lookahead.LookaheadEngine` (which calls it)."""
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    def stream(
+        self, prompt: Any, params: GenerationParams | None = None, *, documents: Iterable[str] = ()
+    ) -> TextStream: ...
 
 
 def generate(
@@ -68,7 +81,10 @@ def generate(
     )
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     docs = list(documents)
-    rows = [_generate_row(engine, ids[m.bool()], params, docs, streamer) for ids, m in zip(input_ids.cpu(), mask.cpu())]
+    rows = [
+        _generate_row(engine, ids[m.bool()], params, docs, streamer)
+        for ids, m in zip(input_ids.cpu(), mask.cpu(), strict=True)
+    ]
     pad = pad_token_id if pad_token_id is not None else gc.pad_token_id
     if pad is None:
         pad = params.eos_token_id[0] if params.eos_token_id else 0

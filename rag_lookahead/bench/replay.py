@@ -6,27 +6,27 @@ step priced with a forward-cost curve. Measured runs on SmolLM2 land within ~3% 
 (host work per step is not priced). ``oracle`` drafts the full tree exactly when something of
 it will be accepted: a ceiling for any planner over the same drafts.
 
-    python benchmarks/replay.py record --data llma_msmarco_rag.jsonl --limit 40 --out llma.json
-    python benchmarks/replay.py replay llma.json --curve ~/.cache/rag-lookahead/costs/costs-*.json
+    python -m rag_lookahead.bench.replay record --data llma_msmarco_rag.jsonl --limit 40 --out llma.json
+    python -m rag_lookahead.bench.replay replay llma.json --curve ~/.cache/rag-lookahead/costs/costs-*.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.bench import gold_inputs, load_records
-from rag_lookahead.budget import StepPlanner
-from rag_lookahead.costs import CostCurve
-from rag_lookahead.drafting.merge import build_drafter
+from rag_lookahead.bench.run import gold_inputs, load_records
+from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.planner import StepPlanner
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.tree import DraftTree
 
 Plan = Callable[[DraftTree, list[int]], DraftTree]  # (proposed tree, the answer from here) -> verified tree
 
@@ -35,7 +35,10 @@ def record(data: Path, limit: int, max_new_tokens: int, out: Path) -> None:
     """Greedy answers of the first ``limit`` records, with their prompts, as JSON."""
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(mode="off"))
     answers = [
-        {"prompt": item.prompt_ids, "output": engine.complete(item.prompt_ids, max_new_tokens=max_new_tokens).token_ids}
+        {
+            "prompt": item.prompt_ids,
+            "output": engine.complete(item.prompt_ids, max_new_tokens=max_new_tokens).token_ids,
+        }
         for item in gold_inputs(engine, load_records(data, limit))
     ]
     out.write_text(json.dumps({"max_new_tokens": max_new_tokens, "answers": answers}))
@@ -53,28 +56,30 @@ def matched(tree: DraftTree, answer: list[int]) -> list[int]:
     return nodes
 
 
-def replay(recorded: dict[str, Any], config: LookaheadConfig, curve: CostCurve, policy: str) -> dict[str, float]:
+def replay(
+    recorded: dict[str, Any], config: LookaheadConfig, curve: CostCurve, policy: str
+) -> dict[str, float]:
     """Decode-phase speedup over greedy and tokens per forward for ``policy`` (auto, trie, oracle)."""
     trie = TokenTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
-    planner = StepPlanner(config, lambda: curve)
+    planner = StepPlanner(config, curve)
     plans: dict[str, Plan] = {
-        "auto": lambda tree, answer: planner.plan(tree),
+        "auto": lambda tree, answer: planner.plan(StepDraft(tree), room=1 << 62).tree,
         "trie": lambda tree, answer: tree,
         "oracle": lambda tree, answer: tree if len(matched(tree, answer)) > 1 else tree.subtree([]),
     }
-    plan, lock = plans[policy], threading.RLock()
+    plan = plans[policy]
     cost = greedy_cost = 0.0
     steps = tokens = 0
     for item in recorded["answers"]:
         prompt, answer = item["prompt"], item["output"]
-        drafter = build_drafter(config, trie, lock, [prompt])
+        drafter = build_drafter(config, trie, [prompt])
         context, done = prompt + answer[:1], 1  # the first token comes from the prefill
         drafter.observe(answer[:1])
         while done < len(answer):
             budget = min(config.decoding_length, recorded["max_new_tokens"] - done - 1)
             tree = DraftTree.root_only(context[-1])
             if budget > 0:
-                tree = plan(drafter.propose(context, budget), answer[done:])
+                tree = plan(drafter.propose(context, budget).tree, answer[done:])
             nodes = matched(tree, answer[done:])
             planner.learn(tree, nodes)
             emitted = answer[done : done + len(nodes)]

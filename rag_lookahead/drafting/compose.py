@@ -1,0 +1,82 @@
+"""The drafters a mode asks for, composed into one: one draft per step from all of them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.drafting.jacobi import JacobiDrafter
+from rag_lookahead.drafting.protocol import Drafter
+from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.drafting.trie_drafter import TrieDrafter
+
+__all__ = ["ComposedDrafter", "SharedDocuments", "build_drafter"]
+
+
+class SharedDocuments(Protocol):
+    """Documents inserted for several calls (a `DocumentScope`): their owner and token ids."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def sequences(self) -> Sequence[Sequence[int]]: ...
+
+
+def build_drafter(
+    config: LookaheadConfig,
+    trie: TokenTrie,
+    sequences: Sequence[Sequence[int]],
+    shared: SharedDocuments | None = None,
+) -> ComposedDrafter:
+    """The drafters ``config.mode`` asks for, for one call whose prompt is ``sequences[0]``.
+
+    With ``shared`` documents the call's branches join theirs, which outlive the call.
+    """
+    drafters: list[Drafter] = []
+    if config.mode in ("auto", "trie"):
+        owner = shared.owner if shared is not None else f"call-{uuid.uuid4().hex}"
+        drafters.append(
+            TrieDrafter(trie, owner, sequences, config.min_query_length, eliminate_on_close=shared is None)
+        )
+    if config.mode in ("auto", "jacobi"):
+        pooled = [*sequences, *shared.sequences] if shared is not None else list(sequences)
+        drafters.append(JacobiDrafter(pooled, config.window_size, config.ngram_size, config.guess_set_size))
+    return ComposedDrafter(drafters)
+
+
+class ComposedDrafter:
+    """Several drafters as one: their trees merged under the budget, the first one's first.
+
+    At most one of them has side rows in a step; the model's predictions there go back to it.
+    """
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        if not drafters:
+            raise ValueError("a composed drafter needs at least one drafter")
+        self.drafters = list(drafters)
+        self._side_owner: Drafter | None = None
+
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        draft = self.drafters[0].propose(context, budget)
+        tree, side, self._side_owner = draft.tree, draft.side, self.drafters[0] if draft.side else None
+        for drafter in self.drafters[1:]:
+            room = budget - (len(tree) - 1)
+            if room <= 0 and side is not None:
+                break
+            more = drafter.propose(context, max(room, 0))
+            tree = tree.merge(more.tree)
+            if side is None and more.side is not None:
+                side, self._side_owner = more.side, drafter
+        return StepDraft(tree, side)
+
+    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
+        for drafter in self.drafters:
+            drafter.observe(tokens, side if drafter is self._side_owner else ())
+
+    def close(self) -> None:
+        for drafter in self.drafters:
+            drafter.close()
