@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 __all__ = ["GenerationParams", "LookaheadConfig", "Mode"]
@@ -11,9 +13,21 @@ __all__ = ["GenerationParams", "LookaheadConfig", "Mode"]
 Mode = Literal["auto", "trie", "jacobi", "off"]
 
 
-def _positive(name: str, value: int) -> None:
+# Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
+MAX_TRIE_NODES = 1_000_000_000
+
+
+def _positive(name: str, value: object, most: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be at most {most}, got {value}")
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,10 @@ class LookaheadConfig:
         window_size: Columns W of the Jacobi window (LADE's WINDOW_SIZE).
         ngram_size: N, the length of the window's n-grams (LADE's LEVEL).
         guess_set_size: G, most n-grams kept per first token in the pool (LADE's GUESS_SET_SIZE).
+        idle_release_seconds: A call's own trie branches (prompt, documents) are eliminated once
+            its stream has not been advanced for this long while other calls draft: a stream
+            still referenced but forgotten (a traceback, a REPL) releases its branches anyway.
+            If it resumes, it drafts from the shared outputs only; its output is unchanged.
     """
 
     mode: Mode = "auto"
@@ -49,6 +67,7 @@ class LookaheadConfig:
     window_size: int = 4
     ngram_size: int = 4
     guess_set_size: int = 4
+    idle_release_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -75,15 +94,20 @@ class LookaheadConfig:
                 f"min_query_length ({self.min_query_length}) must not exceed "
                 f"max_query_length ({self.max_query_length})"
             )
+        _positive("max_trie_nodes", self.max_trie_nodes, MAX_TRIE_NODES)
         if self.max_trie_nodes < 1000:
             raise ValueError(f"max_trie_nodes must be at least 1000, got {self.max_trie_nodes}")
+        idle = self.idle_release_seconds
+        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
+            raise ValueError(f"idle_release_seconds must be > 0 (math.inf: never), got {idle!r}")
 
 
 @dataclass(frozen=True)
 class GenerationParams:
     """How each token is chosen and when generation stops (the common `model.generate` knobs).
 
-    ``None`` for ``eos_token_id`` means the model's own end-of-sequence token(s).
+    ``None`` for ``eos_token_id`` means the model's own end-of-sequence token(s). A ``seed``
+    makes sampling repeat exactly, with lookahead or without (see `TokenChooser`).
     """
 
     max_new_tokens: int = 256
@@ -98,23 +122,51 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         # Accept what `model.generate` users pass: an int or a list for ids, a str or a list for stops.
-        eos = self.eos_token_id
-        if eos is not None:
-            object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(eos))
-        stops = self.stop_strings
-        object.__setattr__(self, "stop_strings", (stops,) if isinstance(stops, str) else tuple(stops))
+        object.__setattr__(self, "eos_token_id", _token_ids(self.eos_token_id))
+        object.__setattr__(self, "stop_strings", _strings("stop_strings", self.stop_strings))
         _positive("max_new_tokens", self.max_new_tokens)
-        if not self.temperature > 0:
+        if not isinstance(self.do_sample, bool):
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        if not _real("temperature", self.temperature) > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k is not None:
             _positive("top_k", self.top_k)
-        if not 0 < self.top_p <= 1:
+        if not 0 < _real("top_p", self.top_p) <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.repetition_penalty > 0:
+        if not _real("repetition_penalty", self.repetition_penalty) > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        seed = self.seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
+        ):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
 
     def with_overrides(self, **overrides: object) -> GenerationParams:
         """A copy with the given fields replaced (``None`` values are ignored)."""
+        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
+        if unknown:
+            raise TypeError(f"unknown generation settings {unknown}; known: {[f.name for f in fields(self)]}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _token_ids(value: object) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    ids = (value,) if isinstance(value, int) else value
+    if not isinstance(ids, Iterable) or isinstance(ids, (str, bytes)):
+        raise ValueError(f"eos_token_id must be a token id or a list of them, got {value!r}")
+    ids = tuple(ids)
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ValueError(f"eos_token_id must hold non-negative token ids, got {value!r}")
+    return ids
+
+
+def _strings(name: str, value: object) -> tuple[str, ...]:
+    """One string is one item (as transformers takes ``stop_strings``), not its characters."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, Iterable) or isinstance(items, bytes):
+        raise ValueError(f"{name} must be a string or a list of strings, got {value!r}")
+    items = tuple(items)
+    if any(not isinstance(s, str) or not s for s in items):
+        raise ValueError(f"{name} must be non-empty strings, got {items!r}")
+    return items

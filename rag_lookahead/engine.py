@@ -28,7 +28,7 @@ from rag_lookahead.decoding.verify import TokenChooser, accept
 from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.prompts import Prompt, encode_prompt
-from rag_lookahead.scope import DocumentScope
+from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
@@ -70,6 +70,11 @@ class LookaheadEngine:
         self.tokenizer = tokenizer
         self.config = config or LookaheadConfig()
         self.trie = trie or _new_trie(self.config)
+        if self.trie.largest_token() >= self.vocab_size:
+            raise ValueError(
+                f"the trie holds token id {self.trie.largest_token()}, outside this model's "
+                f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
+            )
         self.planner = StepPlanner(self.config, cost_curve)
         self.runner = ModelRunner(model)
         self._cache_dir = cache_dir
@@ -114,6 +119,13 @@ class LookaheadEngine:
     @property
     def device(self) -> torch.device:
         return self.runner.device
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this model can take: its input embedding's rows."""
+        embeddings = self.model.get_input_embeddings()
+        rows = getattr(embeddings, "num_embeddings", None)
+        return int(rows if rows is not None else self.model.config.vocab_size)
 
     @property
     def context_window(self) -> int | None:
@@ -164,8 +176,9 @@ class LookaheadEngine:
             scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
         """
         params = (params or GenerationParams()).with_overrides(**overrides)
+        texts = document_texts(documents)
         prompt_ids = encode_prompt(self.tokenizer, prompt)
-        self._check_length(prompt_ids)
+        self._check_prompt(prompt_ids)
         if scope is not None and scope.closed:
             raise ValueError("the document scope passed to this call is closed")
         if scope is not None and scope.trie is not self.trie:
@@ -183,8 +196,8 @@ class LookaheadEngine:
             prompt_length=len(prompt_ids),
             context_window=self.context_window,
         )
-        drafting = (list(documents), scope) if lookahead else None
-        steps = self._run(prompt_ids, TokenChooser(params, self.device), stopping, recorder, drafting)
+        drafting = (texts, scope) if lookahead else None
+        steps = self._run(prompt_ids, TokenChooser(params), stopping, recorder, drafting)
         return TextStream(steps, recorder)
 
     def complete(
@@ -225,12 +238,16 @@ class LookaheadEngine:
 
     # ------------------------------------------------------------------ decoding
 
-    def _check_length(self, prompt_ids: Sequence[int]) -> None:
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> None:
         limit = self.context_window
         if limit is not None and len(prompt_ids) >= limit:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens; the model's context window is {limit}"
             )
+        vocab = self.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"the prompt holds token id {bad}, outside the model's {vocab}-token vocabulary")
 
     def _lookahead_problem(self, prompt_ids: list[int], params: GenerationParams) -> str | None:
         """Why this call must decode plainly, if it must."""

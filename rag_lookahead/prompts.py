@@ -39,6 +39,10 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
         ids = prompt.tolist()
     elif isinstance(prompt, str):
         ids = tokenizer(prompt).input_ids
+    elif not isinstance(prompt, Sequence):
+        raise TypeError(
+            f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
+        )
     elif prompt and all(isinstance(m, Mapping) for m in prompt):
         ids = _apply_chat_template(tokenizer, prompt)  # type: ignore[arg-type]
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -14,7 +14,20 @@ from collections.abc import Callable, Iterable, Sequence
 
 from rag_lookahead.drafting.trie import TokenTrie
 
-__all__ = ["DocumentScope"]
+__all__ = ["DocumentScope", "document_texts"]
+
+
+def document_texts(documents: Iterable[str]) -> list[str]:
+    """``documents`` as a list of texts: one string is one document, not its characters."""
+    items = [documents] if isinstance(documents, str) else documents
+    try:
+        texts = list(items)
+    except TypeError:
+        raise TypeError(f"documents must be strings, got {type(documents).__name__}") from None
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"documents must be strings, got {type(text).__name__}")
+    return texts
 
 
 class DocumentScope:
@@ -45,7 +58,7 @@ class DocumentScope:
         """Insert ``documents`` as branches owned by this scope."""
         if self._closed:
             raise RuntimeError("this document scope is closed; open a new one")
-        sequences = [self._tokenize(text) for text in documents if text]
+        sequences = [self._tokenize(text) for text in document_texts(documents) if text]
         with self._trie.lock:  # all at once: no call sees half of them
             for seq in sequences:
                 self._trie.insert(seq, self.owner)

@@ -1,11 +1,13 @@
 """The document/index layer: loading, chunking, embedding, search, save/load and update."""
 
+import hashlib
 import json
 import shutil
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
@@ -273,7 +275,7 @@ def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> N
         "meta.json",
     ]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
-    assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 1
+    assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 2
     assert meta["embedder"] == DEFAULT_EMBEDDER and meta["dimension"] == 384
     assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens"}
     assert set(meta["sources"]) == set(built.sources)
@@ -299,8 +301,8 @@ def test_load_errors_say_what_to_do(built, embedder, tmp_path: Path) -> None:
     built.save(tmp_path / "idx")
     meta_path = tmp_path / "idx" / "meta.json"
     meta = json.loads(meta_path.read_text())
-    meta_path.write_text(json.dumps({**meta, "format_version": 2}))
-    with pytest.raises(IndexFormatError, match="format version 2.*reads version 1; rebuild it"):
+    meta_path.write_text(json.dumps({**meta, "format_version": 3}))
+    with pytest.raises(IndexFormatError, match="format version 3.*reads version 2; rebuild it"):
         DocumentIndex.load(tmp_path / "idx", embedder)
 
     meta_path.write_text(json.dumps(meta))
@@ -358,6 +360,205 @@ def test_save_never_replaces_something_that_is_not_an_index(built, tmp_path: Pat
     with pytest.raises(FileExistsError, match="not a rag-lookahead index"):
         built.save(tmp_path / "notes")
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------ index integrity
+
+REBUILD = "rebuild it with `rag-lookahead index`"
+
+
+def saved(index: DocumentIndex, directory: Path) -> Path:
+    index.save(directory)
+    return directory
+
+
+def tamper(directory: Path, edit_lines=None, edit_meta=None, *, refresh: bool = False) -> None:
+    """Edit chunks.jsonl (a list of records) and/or meta.json in place.
+
+    `refresh` recomputes meta.json's chunks_sha256, as a careful hand edit would, so that only
+    the binding of lines to rows can catch the edit.
+    """
+    chunks_path, meta_path = directory / "chunks.jsonl", directory / "meta.json"
+    if edit_lines is not None:
+        records = [json.loads(line) for line in chunks_path.read_text().splitlines()]
+        edit_lines(records)
+        chunks_path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    meta = json.loads(meta_path.read_text())
+    if refresh:
+        meta["chunks_sha256"] = hashlib.sha256(chunks_path.read_bytes()).hexdigest()
+    if edit_meta is not None:
+        edit_meta(meta)
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_saved_lines_are_bound_to_their_vectors(built, tmp_path: Path) -> None:
+    directory = saved(built, tmp_path / "idx")
+    data = (directory / "chunks.jsonl").read_bytes()
+    records = [json.loads(line) for line in data.decode().splitlines()]
+    vectors = built._faiss.reconstruct_n(0, len(built))  # [N, D]
+    assert [r["row"] for r in records] == list(range(len(built)))
+    assert [r["vector"] for r in records] == [hashlib.sha256(v).hexdigest()[:16] for v in vectors]
+    meta = json.loads((directory / "meta.json").read_text())
+    assert meta["chunks_sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_an_updated_index_round_trips(embedder, tmp_path: Path) -> None:
+    shutil.copytree(CORPUS, tmp_path / "corpus")
+    index, _ = DocumentIndex.build([tmp_path / "corpus"], embedder, SMALL)
+    (tmp_path / "corpus" / "honeybees.txt").write_text("Bumblebees nest in the ground.\n")
+    index.update([tmp_path / "corpus"])  # moves the changed source's rows to the end
+    loaded = DocumentIndex.load(saved(index, tmp_path / "idx"), embedder)
+    assert loaded.chunks == index.chunks
+    for question in ("where do bumblebees nest", "Fresnel lens", "chain wear"):
+        before, after = index.search(question, k=5), loaded.search(question, k=5)
+        assert [h.chunk for h in before] == [h.chunk for h in after]
+        assert [h.score for h in before] == pytest.approx([h.score for h in after])
+
+
+def _swap(records) -> None:
+    records[0], records[1] = records[1], records[0]
+
+
+def _copy_over(records) -> None:
+    records[2] = records[0]
+
+
+def _duplicate(records) -> None:
+    records[3:] = [records[3], *records[3:-1]]  # the totals still match
+
+
+def _edit_row(records) -> None:
+    records[3]["row"] = 7
+
+
+def _swap_and_renumber(records) -> None:
+    _swap(records)
+    records[0]["row"], records[1]["row"] = 0, 1
+
+
+@pytest.mark.parametrize("refresh", [False, True], ids=["as-is", "digest-refreshed"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (_swap, "line 1 is damaged .*bound to row 1, not to row 0"),
+        (_copy_over, "line 3 is damaged .*bound to row 0, not to row 2"),
+        (_duplicate, "line 5 is damaged .*bound to row 3, not to row 4"),
+        (_edit_row, "line 4 is damaged .*bound to row 7, not to row 3"),
+        (_swap_and_renumber, "line 1 is not bound to row 0 of index.faiss"),
+    ],
+    ids=["swapped", "copied-over", "duplicated", "row-edited", "swapped-and-renumbered"],
+)
+def test_moved_or_copied_lines_are_refused(built, embedder, tmp_path: Path, edit, message, refresh) -> None:
+    directory = saved(built, tmp_path / "idx")
+    tamper(directory, edit, refresh=refresh)
+    with pytest.raises(IndexFormatError, match=f"{message}.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+
+
+def test_an_edited_line_with_a_recomputed_id_is_refused(built, embedder, tmp_path: Path) -> None:
+    def reword(records) -> None:
+        record = records[2]
+        record["text"] = record["text"][::-1]  # same length, so the offsets still fit
+        record["id"] = chunking.chunk_id(record["source"], record["text"], record["start"], record["end"])
+
+    directory = saved(built, tmp_path / "idx")
+    tamper(directory, reword)
+    with pytest.raises(IndexFormatError, match=f"chunks.jsonl does not match the chunks_sha256.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+
+
+def test_vectors_from_another_save_are_refused(built, embedder, tmp_path: Path) -> None:
+    directory = saved(built, tmp_path / "idx")
+    vectors = built._faiss.reconstruct_n(0, len(built))  # [N, D]
+    other = faiss.IndexFlatIP(vectors.shape[1])
+    other.add(np.ascontiguousarray(vectors[::-1]))
+    faiss.write_index(other, str(directory / "index.faiss"))
+    with pytest.raises(IndexFormatError, match=f"line 1 is not bound to row 0 of index.faiss.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+
+
+def test_deeply_nested_json_is_refused(built, embedder, tmp_path: Path) -> None:
+    directory = saved(built, tmp_path / "idx")
+    meta = (directory / "meta.json").read_text()
+    (directory / "meta.json").write_text("[" * 100_000)
+    with pytest.raises(IndexFormatError, match=f"meta.json is unreadable.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+    (directory / "meta.json").write_text(meta)
+    lines = (directory / "chunks.jsonl").read_text().splitlines()
+    (directory / "chunks.jsonl").write_text("\n".join(["[" * 100_000, *lines[1:]]) + "\n")
+    tamper(directory, refresh=True)
+    with pytest.raises(IndexFormatError, match=f"line 1 is damaged.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+
+
+def _set(key, value):
+    def edit(meta) -> None:
+        meta[key] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _set("dimension", True),
+        _set("dimension", 0),
+        _set("dimension", 384.0),
+        _set("embedder", ""),
+        _set("chunks_sha256", None),
+        _set("sources", ["a.txt"]),
+    ],
+    ids=["dimension-true", "dimension-0", "dimension-float", "no-embedder", "no-digest", "sources-list"],
+)
+def test_mistyped_meta_fields_are_refused(built, embedder, tmp_path: Path, edit) -> None:
+    directory = saved(built, tmp_path / "idx")
+    tamper(directory, edit_meta=edit)
+    with pytest.raises(IndexFormatError, match=f"meta.json is damaged.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+
+
+def _set_line(number, key, convert):
+    def edit(records) -> None:
+        records[number][key] = convert(records[number][key])
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, line, message",
+    [
+        (_set_line(1, "row", bool), 2, "'row' must be an integer, got bool"),  # true == 1
+        (_set_line(0, "start", bool), 1, "'start' must be an integer, got bool"),  # false == 0
+        (_set_line(0, "end", float), 1, "'end' must be an integer, got float"),
+        (_set_line(0, "vector", str.upper), 1, "'vector' must be 16 lowercase hex digits"),
+        (_set_line(0, "text", lambda text: [text]), 1, "'text' must be a string, got list"),
+        (lambda records: records[0].update(extra=1), 1, "a chunk has exactly the fields"),
+    ],
+    ids=["row-true", "start-false", "end-float", "vector-upper", "text-list", "extra-field"],
+)
+def test_mistyped_chunk_fields_are_refused(built, embedder, tmp_path: Path, edit, line, message) -> None:
+    assert built.chunks[0].start == 0
+    directory = saved(built, tmp_path / "idx")
+    tamper(directory, edit, refresh=True)
+    with pytest.raises(IndexFormatError, match=rf"line {line} is damaged \({message}.*{REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+
+
+def test_an_index_of_the_previous_format_is_refused(built, embedder, tmp_path: Path) -> None:
+    def unbind(records) -> None:
+        for record in records:
+            del record["row"], record["vector"]
+
+    def version_1(meta) -> None:
+        del meta["chunks_sha256"]
+        meta["format_version"] = 1
+
+    directory = saved(built, tmp_path / "idx")
+    tamper(directory, unbind, version_1)
+    with pytest.raises(IndexFormatError, match=f"format version 1, but .* reads version 2; {REBUILD}"):
+        DocumentIndex.load(directory, embedder)
+    built.save(directory)  # rebuilding over it is allowed
+    assert DocumentIndex.load(directory, embedder).chunks == built.chunks
 
 
 # ------------------------------------------------------------------------------- update

@@ -4,6 +4,7 @@ import itertools
 import math
 from collections import Counter
 
+import pytest
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -85,3 +86,19 @@ def test_sampled_triples_follow_the_model_distribution() -> None:
             pooled_obs, pooled_exp = 0, 0.0
     assert df >= 5
     assert stat < chi2_critical(df), (stat, df)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_a_seeded_call_samples_the_same_tokens_whatever_the_trie_holds(family: str) -> None:
+    model = tiny_model(family)
+    params = GenerationParams(max_new_tokens=24, do_sample=True, temperature=1.3, top_p=0.95, seed=7)
+    prompt = [5, 9, 2, 5, 9, 2, 5]
+    plain = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="off")).complete(prompt, params)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    first = engine.complete(prompt, params)  # its output now sits in the trie: the second drafts it
+    engine.trie.insert([9, 2, 5, 1, 1, 1, 1], OUTPUT_OWNER)  # and some junk to draft and reject
+    second = engine.complete(prompt, params)
+    assert first.token_ids == second.token_ids == plain.token_ids
+    assert sum(second.stats.accepted_per_step) > 0  # the drafts were verified, and kept
+    other = engine.complete(prompt, params.with_overrides(seed=8))
+    assert other.token_ids != plain.token_ids

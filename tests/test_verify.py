@@ -3,7 +3,13 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.decoding.tree import DraftTree
-from rag_lookahead.decoding.verify import TokenChooser, accept, node_prefixes
+from rag_lookahead.decoding.verify import (
+    TokenChooser,
+    accept,
+    node_prefixes,
+    position_uniform,
+    sample_inverse_cdf,
+)
 
 TREE = DraftTree((10, 11, 12, 13, 14), (-1, 0, 1, 0, 3))  # 10 -> 11 -> 12 ; 10 -> 13 -> 14
 
@@ -34,7 +40,7 @@ def test_node_prefixes_pad_with_the_root_token() -> None:
 def test_repetition_penalty_uses_each_nodes_own_prefix() -> None:
     torch.manual_seed(0)
     logits = torch.randn(len(TREE), 20).abs() + 1.0
-    chooser = TokenChooser(GenerationParams(repetition_penalty=1.5), torch.device("cpu"))
+    chooser = TokenChooser(GenerationParams(repetition_penalty=1.5))
     context = [1, 2, 10]
     chosen = chooser.choose(logits, context, TREE)
     penalty = RepetitionPenaltyLogitsProcessor(1.5)
@@ -46,15 +52,37 @@ def test_repetition_penalty_uses_each_nodes_own_prefix() -> None:
 
 def test_greedy_is_argmax_per_node() -> None:
     logits = torch.randn(len(TREE), 50)
-    chooser = TokenChooser(GenerationParams(), torch.device("cpu"))
+    chooser = TokenChooser(GenerationParams())
     assert chooser.choose(logits, [1], TREE) == logits.argmax(-1).tolist()
 
 
 def test_seeded_sampling_is_reproducible() -> None:
     logits = torch.randn(len(TREE), 50)
     params = GenerationParams(do_sample=True, seed=3, top_k=5)
-    a = TokenChooser(params, torch.device("cpu")).choose(logits, [1], TREE)
-    b = TokenChooser(params, torch.device("cpu")).choose(logits, [1], TREE)
+    a = TokenChooser(params).choose(logits, [1], TREE)
+    b = TokenChooser(params).choose(logits, [1], TREE)
     assert a == b
     top5 = logits.topk(5, dim=-1).indices
     assert all(tok in top5[i].tolist() for i, tok in enumerate(a))
+
+
+def test_sibling_nodes_draw_with_the_same_keyed_number() -> None:
+    # Nodes 1 and 3 both sit one past the root: given the same distribution, the same token.
+    logits = torch.randn(1, 50).expand(len(TREE), -1)
+    chosen = TokenChooser(GenerationParams(do_sample=True, seed=11)).choose(logits, [1], TREE)
+    assert chosen[1] == chosen[3] and chosen[2] == chosen[4]
+
+
+def test_keyed_numbers_depend_on_the_seed_and_position_only() -> None:
+    values = {position_uniform(key, p) for key in range(20) for p in range(50)}
+    assert len(values) == 1000 and all(0.0 <= u < 1.0 for u in values)
+    assert position_uniform(7, 3) == position_uniform(7, 3)
+
+
+def test_inverse_cdf_never_picks_a_zero_probability_token() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0]])
+    for u in (0.0, 0.25, 0.5, 0.75, 1.0 - 2.0**-53):
+        for row, token in enumerate(sample_inverse_cdf(probs, [u, u])):
+            assert probs[row, token] > 0
+    assert sample_inverse_cdf(probs, [0.49, 0.99]) == [1, 2]
+    assert sample_inverse_cdf(probs, [0.51, 0.0]) == [3, 2]

@@ -25,7 +25,7 @@ from transformers.generation.logits_process import (
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.decoding.tree import DraftTree
 
-__all__ = ["Accepted", "TokenChooser", "accept", "node_prefixes"]
+__all__ = ["Accepted", "TokenChooser", "accept", "node_prefixes", "position_uniform", "sample_inverse_cdf"]
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,17 @@ def node_prefixes(context: torch.Tensor, tree: DraftTree) -> torch.Tensor:
 
 
 class TokenChooser:
-    """Picks the model's token at each tree node, the way `model.generate` processes logits."""
+    """Picks the model's token at each tree node, the way `model.generate` processes logits.
 
-    def __init__(self, params: GenerationParams, device: torch.device) -> None:
+    Sampling draws the token at sequence position ``p`` by inverting the node's cumulative
+    distribution at a uniform number keyed by the call's seed and ``p`` alone. Nodes at the same
+    depth share that number, and only one of them lies on the accepted path; so each emitted
+    token is an independent draw from its own distribution, and a seeded call emits the same
+    tokens whatever was drafted — the same as with lookahead off. Without a seed, the call's key
+    comes from torch's global generator (so ``torch.manual_seed`` makes runs repeat).
+    """
+
+    def __init__(self, params: GenerationParams) -> None:
         self.do_sample = params.do_sample
         steps: list = []
         if params.repetition_penalty != 1.0:
@@ -77,9 +85,10 @@ class TokenChooser:
                 steps.append(TopPLogitsWarper(params.top_p))
         self.processors = LogitsProcessorList(steps)
         self.needs_prefix = params.repetition_penalty != 1.0
-        self.generator: torch.Generator | None = None
-        if params.do_sample and params.seed is not None:
-            self.generator = torch.Generator(device=device).manual_seed(params.seed)
+        seed = params.seed
+        if params.do_sample and seed is None:
+            seed = int(torch.randint(0, 1 << 62, (1,)).item())
+        self.key = _mix(seed if seed is not None else 0)
 
     def choose(self, logits: torch.Tensor, context: Sequence[int], tree: DraftTree) -> list[int]:
         """One token per node from ``logits`` [n, V], given the ``context`` ids before it."""
@@ -92,5 +101,33 @@ class TokenChooser:
             scores = self.processors(prefixes.to(scores.device), scores)  # type: ignore[arg-type]
         if not self.do_sample:
             return scores.argmax(dim=-1).tolist()
-        probs = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1).tolist()
+        first = len(context)  # the root's next token sits at this position
+        uniforms = [position_uniform(self.key, first + depth) for depth in tree.depths]
+        return sample_inverse_cdf(torch.softmax(scores, dim=-1), uniforms)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """SplitMix64's finaliser: a well-spread 64-bit hash of ``value``."""
+    z = (value + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def position_uniform(key: int, position: int) -> float:
+    """A uniform number in [0, 1) that depends on ``key`` and ``position`` only."""
+    return (_mix(key ^ _mix(position)) >> 11) * 2.0**-53
+
+
+def sample_inverse_cdf(probs: torch.Tensor, uniforms: Sequence[float]) -> list[int]:
+    """For each row of ``probs`` [n, V], the token where its cumulative sum first exceeds
+    ``uniforms[row]`` times the row's total; a zero-probability token is never chosen."""
+    cdf = probs.double().cumsum(dim=-1)  # [n, V]; float64, so the tail keeps its resolution
+    targets = torch.tensor(uniforms, dtype=torch.float64, device=probs.device).unsqueeze(1)  # [n, 1]
+    chosen = torch.searchsorted(cdf, targets * cdf[:, -1:], right=True).squeeze(1)  # [n]
+    # Rounding could put a target at the very end: fall back to the last possible token.
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # [n]
+    return torch.minimum(chosen, last).tolist()

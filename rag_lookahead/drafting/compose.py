@@ -40,7 +40,14 @@ def build_drafter(
     if config.mode in ("auto", "trie"):
         owner = shared.owner if shared is not None else f"call-{uuid.uuid4().hex}"
         drafters.append(
-            TrieDrafter(trie, owner, sequences, config.min_query_length, eliminate_on_close=shared is None)
+            TrieDrafter(
+                trie,
+                owner,
+                sequences,
+                config.min_query_length,
+                eliminate_on_close=shared is None,
+                idle_seconds=config.idle_release_seconds,
+            )
         )
     if config.mode in ("auto", "jacobi"):
         pooled = [*sequences, *shared.sequences] if shared is not None else list(sequences)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from weakref import WeakSet
 
+from rag_lookahead.config import MAX_TRIE_NODES
 from rag_lookahead.drafting.trie_io import read_trie_file, restore_nodes, write_trie_file
 from rag_lookahead.drafting.trie_nodes import (
     NO_OWNER,
@@ -28,6 +30,7 @@ from rag_lookahead.drafting.trie_read import TrieDraft, read_draft
 __all__ = ["NO_OWNER", "OUTPUT_OWNER", "InsertCursor", "Node", "TokenTrie", "TrieDraft"]
 
 _MIN_NODES = 1000
+_MAX_LENGTH = 4096  # far deeper than any useful draft; bounds what a hostile file can ask for
 _PRUNE_FRACTION = 0.75
 
 
@@ -74,9 +77,9 @@ class TokenTrie:
     """
 
     def __init__(self, max_query_length: int = 2, branch_length: int = 12, max_nodes: int = 200_000) -> None:
-        check_int("max_query_length", max_query_length, 1)
-        check_int("branch_length", branch_length, 1)
-        check_int("max_nodes", max_nodes, _MIN_NODES)
+        check_int("max_query_length", max_query_length, 1, _MAX_LENGTH)
+        check_int("branch_length", branch_length, 1, _MAX_LENGTH)
+        check_int("max_nodes", max_nodes, _MIN_NODES, MAX_TRIE_NODES)
         self._max_query_length = max_query_length
         self._branch_length = branch_length
         self._max_nodes = max_nodes
@@ -84,6 +87,7 @@ class TokenTrie:
         self._next_order = 1
         self._size = 0
         self._owned: dict[str, set[Node]] = {}
+        self._leases: dict[str, float] = {}  # owner -> when its call last drafted (monotonic)
         self._cursors: WeakSet[InsertCursor] = WeakSet()
         self._lock = threading.RLock()
 
@@ -179,7 +183,30 @@ class TokenTrie:
         with self._lock:
             return self._eliminate(owner)
 
+    def lease(self, owner: str) -> None:
+        """Mark ``owner``'s branches as held by a call that is running now (see `release_idle`)."""
+        check_owner(owner)
+        with self._lock:
+            self._leases[owner] = time.monotonic()
+
+    def release_idle(
+        self, idle_seconds: float, keep: str | None = None, now: float | None = None
+    ) -> list[str]:
+        """Eliminate the leased owners (but ``keep``) whose lease is older than ``idle_seconds``.
+
+        A call renews its lease each time it drafts; one whose stream is no longer advanced,
+        but not closed either (a traceback or a forgotten variable still refers to it), loses
+        its branches this way. Returns the owners released.
+        """
+        with self._lock:
+            now = time.monotonic() if now is None else now
+            idle = [o for o, t in self._leases.items() if o != keep and now - t > idle_seconds]
+            for owner in idle:
+                self._eliminate(owner)
+            return idle
+
     def _eliminate(self, owner: str) -> int:
+        self._leases.pop(owner, None)
         nodes = self._owned.pop(owner, None)
         self._restart_cursors(owner)
         if not nodes:
@@ -290,15 +317,28 @@ class TokenTrie:
             write_trie_file(path, self.settings(), self._root, self.nodes())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> TokenTrie:
-        """Read a trie written by ``save``; raises ValueError on a malformed or foreign file."""
+    def load(cls, path: str | os.PathLike[str], vocab_size: int | None = None) -> TokenTrie:
+        """Read a trie written by ``save``; raises ValueError on a malformed or foreign file,
+        or one holding token ids outside ``vocab_size`` (when given)."""
         settings, entries = read_trie_file(path)
-        trie = cls(**settings)  # the constructor validates the settings
+        try:
+            trie = cls(**settings)  # the constructor validates the settings
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{os.fspath(path)}: bad trie settings ({err})") from None
         if len(entries) > trie.max_nodes:
             raise ValueError(f"{os.fspath(path)}: more nodes than its max_nodes ({trie.max_nodes})")
         with trie._lock, collector_paused():
             restore_nodes(entries, trie.root, trie.restore_node)
+        largest = trie.largest_token()
+        if vocab_size is not None and largest >= vocab_size:
+            where = os.fspath(path)
+            raise ValueError(f"{where}: token id {largest} is outside a {vocab_size}-token vocabulary")
         return trie
+
+    def largest_token(self) -> int:
+        """The largest token id in the trie (-1 when empty)."""
+        with self._lock:
+            return max((node.token for node in self._walk() if node.token is not None), default=-1)
 
     def nodes(self) -> list[Node]:
         """Every node below the root, in creation order (each parent before its children)."""

@@ -52,9 +52,10 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: object, minimum: int) -> None:
-    if not is_int(value) or value < minimum:  # type: ignore[operator]
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    if not is_int(value) or value < minimum or (maximum is not None and value > maximum):  # type: ignore[operator]
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
 
 
 def check_owner(owner: object) -> None:

@@ -168,7 +168,9 @@ class DocumentIndex:
 
         Raises:
             IndexFormatError: The directory is missing, is not an index, is of another format
-                version, or does not match `embedder`.
+                version, does not match `embedder`, or its files are damaged, were edited, or do
+                not belong together (every chunk is bound to its vector; see
+                `rag_lookahead.rag.store`).
         """
         meta = store.read_meta(Path(directory))
         embedder = store.check_embedder(meta, embedder)

@@ -10,7 +10,7 @@ in the trie and help later questions.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,6 @@ class AnswerStream(Iterator[str]):
 
     query: PreparedQuery
     stream: TextStream
-    _done: bool = field(default=False, repr=False)
 
     @property
     def sources(self) -> tuple[Hit, ...]:
@@ -178,7 +177,8 @@ class RagPipeline:
 
     def ask(self, question: str, params: GenerationParams | None = None, **overrides: Any) -> Answer:
         """Blocking `stream`."""
-        return self.stream(question, params, **overrides).answer()
+        with self.stream(question, params, **overrides) as stream:
+            return stream.answer()
 
     def _encode(self, question: str, context: str) -> list[int]:
         return encode_prompt(self.engine.tokenizer, rag_messages(question, context, self.system_prompt))

@@ -1,9 +1,19 @@
 """The on-disk form of a `DocumentIndex`: a directory of three files, written atomically.
 
 - ``index.faiss``: the FAISS flat inner-product index (row ``i`` = line ``i`` of chunks.jsonl);
-- ``chunks.jsonl``: one chunk per line (id, source, start, end, text);
-- ``meta.json``: format name and version, embedder name and dimension, chunking settings and
-  the SHA-256 of every source's text.
+- ``chunks.jsonl``: one chunk per line (id, source, start, end, text), plus its binding to
+  its vector: ``row`` (its FAISS row, equal to its line number from 0) and ``vector`` (the
+  first 16 hex digits of the SHA-256 of that row's little-endian float32 bytes);
+- ``meta.json``: format name and version, embedder name and dimension, chunking settings, the
+  SHA-256 of every source's text, and ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes.
+
+The files are chained, and `read_rows` checks the whole chain on every load: meta.json fixes
+chunks.jsonl byte for byte, every line must name its own row, and every line's ``vector``
+must be the digest of that row of index.faiss (all rows are hashed at once, in a fraction of
+a second even for 100k chunks). So lines that were reordered, replaced, duplicated or edited
+(even with a recomputed id), or an index.faiss from another save, are refused with the advice
+to rebuild, instead of answering with a source that is not the one a vector was made from.
+The digests guard against accidents and mismatched files, not a forger: nothing is secret.
 
 No pickle: every file is plain JSON or FAISS's own format, safe to read from anywhere.
 """
@@ -11,6 +21,7 @@ No pickle: every file is plain JSON or FAISS's own format, safe to read from any
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -22,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import faiss
+import numpy as np
 
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
@@ -29,10 +41,12 @@ from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTran
 __all__ = ["FORMAT", "FORMAT_VERSION", "META_FILE", "IndexFormatError"]
 
 FORMAT = "rag-lookahead-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: chunks bound to their FAISS rows, chunks.jsonl to meta.json
 _REBUILD = "rebuild it with `rag-lookahead index`"
 _INDEX, _CHUNKS, _META = "index.faiss", "chunks.jsonl", "meta.json"
 META_FILE = _META  # its presence tells an index directory apart
+_CHUNK_FIELDS = frozenset({"id", "source", "text", "start", "end", "row", "vector"})
+_VECTOR_DIGEST = 16  # hex digits of a row's SHA-256 kept in chunks.jsonl
 
 
 class IndexFormatError(ValueError):
@@ -60,13 +74,24 @@ def source_file(source: str) -> str:
 
 
 def save(target: Path, index: Any, chunks: Sequence[Chunk], meta: dict[str, Any]) -> None:
-    """Write into a scratch sibling, then swap it in: a crash never leaves a half-written index."""
+    """Write into a scratch sibling, then swap it in: a crash never leaves a half-written index.
+
+    Row ``i`` of `index` must be the vector of ``chunks[i]``; each line of chunks.jsonl is bound
+    to its row, and meta.json (`meta` plus ``chunks_sha256``) to chunks.jsonl.
+    """
+    if index.ntotal != len(chunks):
+        raise ValueError(f"cannot save {index.ntotal} vectors with {len(chunks)} chunks")
     _refuse_foreign(target)
+    lines = "".join(
+        _chunk_line(chunk, row, digest)
+        for row, (chunk, digest) in enumerate(zip(chunks, _row_digests(index), strict=True))
+    )
+    meta = {**meta, "chunks_sha256": hashlib.sha256(lines.encode("utf-8")).hexdigest()}
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         faiss.write_index(index, str(scratch / _INDEX))
-        _write_text(scratch / _CHUNKS, "".join(_chunk_line(chunk) for chunk in chunks))
+        _write_text(scratch / _CHUNKS, lines)
         _write_text(scratch / _META, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
         for name in (_INDEX, _CHUNKS, _META):
             _fsync(scratch / name)
@@ -100,9 +125,17 @@ def _swap(scratch: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _chunk_line(chunk: Chunk) -> str:
-    record = dataclasses.asdict(chunk)  # id, source, text, start, end
+def _chunk_line(chunk: Chunk, row: int, vector: str) -> str:
+    record = {**dataclasses.asdict(chunk), "row": row, "vector": vector}  # id, source, text, start, end
     return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _row_digests(index: Any) -> list[str]:
+    """The digest of every row of `index`, from its little-endian float32 bytes."""
+    if index.ntotal == 0:
+        return []
+    vectors = np.ascontiguousarray(index.reconstruct_n(0, index.ntotal), dtype="<f4")  # [N, D]
+    return [hashlib.sha256(row).hexdigest()[:_VECTOR_DIGEST] for row in vectors]
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -132,11 +165,11 @@ def read_meta(directory: Path) -> dict[str, Any]:
         meta = json.loads((directory / _META).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise IndexFormatError(f"{directory} is not a rag-lookahead index (no {_META}); {_REBUILD}") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
         raise IndexFormatError(f"{directory / _META} is unreadable ({err}); {_REBUILD}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise IndexFormatError(f"{directory} is not a rag-lookahead index; {_REBUILD}")
-    if meta.get("format_version") != FORMAT_VERSION:
+    if not _is_int(meta.get("format_version")) or meta["format_version"] != FORMAT_VERSION:
         raise IndexFormatError(
             f"{directory} holds index format version {meta.get('format_version')!r}, but this "
             f"rag-lookahead reads version {FORMAT_VERSION}; {_REBUILD}"
@@ -146,13 +179,17 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 
 def _check_fields(directory: Path, meta: dict[str, Any]) -> None:
-    sources = meta.get("sources")
+    sources, digest = meta.get("sources"), meta.get("chunks_sha256")
     valid = (
         isinstance(meta.get("embedder"), str)
-        and isinstance(meta.get("dimension"), int)
+        and bool(meta["embedder"])
+        and _is_int(meta.get("dimension"))
+        and meta["dimension"] >= 1
         and isinstance(meta.get("chunking"), dict)
         and isinstance(sources, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items())
+        and isinstance(digest, str)
+        and re.fullmatch(r"[0-9a-f]{64}", digest) is not None
     )
     if not valid:
         raise IndexFormatError(f"{directory / _META} is damaged (missing or mistyped fields); {_REBUILD}")
@@ -189,8 +226,17 @@ def chunking_config(meta: Mapping[str, Any]) -> ChunkingConfig:
 
 
 def read_rows(directory: Path, meta: Mapping[str, Any]) -> tuple[Any, list[Chunk]]:
-    """The FAISS index and its chunks, checked against each other and against `meta`."""
-    chunks = _read_chunks(directory / _CHUNKS, meta["sources"])
+    """The FAISS index and its chunks, checked against each other and against `meta`.
+
+    Each line of chunks.jsonl must hold its own row number and the digest of that FAISS row,
+    and the file must hash to meta.json's ``chunks_sha256``; see the module docstring.
+    """
+    path = directory / _CHUNKS
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise IndexFormatError(f"{path} is unreadable ({err}); {_REBUILD}") from None
+    chunks, bound_to = _read_chunks(path, data, meta["sources"])
     try:
         index = faiss.read_index(str(directory / _INDEX))
     except RuntimeError as err:
@@ -202,38 +248,72 @@ def read_rows(directory: Path, meta: Mapping[str, Any]) -> tuple[Any, list[Chunk
         )
     if index.ntotal != len(chunks):
         raise IndexFormatError(f"{directory} has {index.ntotal} vectors but {len(chunks)} chunks; {_REBUILD}")
+    for row, (expected, found) in enumerate(zip(_row_digests(index), bound_to, strict=True)):
+        if found != expected:
+            raise IndexFormatError(
+                f"{path} line {row + 1} is not bound to row {row} of {_INDEX} (its vector digest is "
+                f"{found!r}, the row's is {expected!r}): the files come from different saves or were "
+                f"edited; {_REBUILD}"
+            )
+    if hashlib.sha256(data).hexdigest() != meta["chunks_sha256"]:
+        raise IndexFormatError(
+            f"{path} does not match the chunks_sha256 in {_META}: it was edited after saving; {_REBUILD}"
+        )
     return index, chunks
 
 
-def _read_chunks(path: Path, sources: Mapping[str, str]) -> list[Chunk]:
+def _read_chunks(path: Path, data: bytes, sources: Mapping[str, str]) -> tuple[list[Chunk], list[str]]:
+    """The chunks in `data` (read from `path`) and, for each, the digest of its vector."""
     try:
         # split("\n"), not splitlines(): JSON leaves U+2028 and friends unescaped in texts.
-        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line]
-    except (OSError, ValueError) as err:
+        lines = [line for line in data.decode("utf-8").split("\n") if line]
+    except ValueError as err:
         raise IndexFormatError(f"{path} is unreadable ({err}); {_REBUILD}") from None
-    chunks = []
-    for number, line in enumerate(lines, start=1):
+    chunks, bound_to = [], []
+    for row, line in enumerate(lines):
         try:
-            chunks.append(_parse_chunk(line, sources))
-        except (ValueError, TypeError, KeyError) as err:
-            raise IndexFormatError(f"{path} line {number} is damaged ({err}); {_REBUILD}") from None
-    return chunks
+            chunk, vector = _parse_chunk(line, row, sources)
+        except (ValueError, TypeError, KeyError, RecursionError) as err:
+            raise IndexFormatError(f"{path} line {row + 1} is damaged ({err}); {_REBUILD}") from None
+        chunks.append(chunk)
+        bound_to.append(vector)
+    return chunks, bound_to
 
 
-def _parse_chunk(line: str, sources: Mapping[str, str]) -> Chunk:
+def _parse_chunk(line: str, row: int, sources: Mapping[str, str]) -> tuple[Chunk, str]:
     record = json.loads(line)
+    if not isinstance(record, dict) or record.keys() != _CHUNK_FIELDS:
+        raise ValueError(f"a chunk has exactly the fields {', '.join(sorted(_CHUNK_FIELDS))}")
+    for name in ("id", "source", "text", "vector"):
+        if not isinstance(record[name], str):
+            raise ValueError(f"{name!r} must be a string, got {type(record[name]).__name__}")
+    for name in ("start", "end", "row"):
+        if not _is_int(record[name]):
+            raise ValueError(f"{name!r} must be an integer, got {type(record[name]).__name__}")
+    if not re.fullmatch(f"[0-9a-f]{{{_VECTOR_DIGEST}}}", record["vector"]):
+        raise ValueError(f"'vector' must be {_VECTOR_DIGEST} lowercase hex digits")
+    if record["row"] != row:
+        raise ValueError(
+            f"it is bound to row {record['row']}, not to row {row}: lines were reordered, "
+            "duplicated or edited"
+        )
     chunk = Chunk(record["id"], record["source"], record["text"], record["start"], record["end"])
     if chunk.source not in sources:
         raise ValueError(f"source {chunk.source!r} is not in meta.json")
     if chunk.id != chunk_id(chunk.source, chunk.text, chunk.start, chunk.end):
         raise ValueError(f"chunk id {chunk.id!r} does not match its content")
-    return chunk
+    return chunk, record["vector"]
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, and JSON's true must not pass for 1.
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _format_of(directory: Path) -> object:
     try:
         return json.loads((directory / _META).read_text(encoding="utf-8")).get("format")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
 
 

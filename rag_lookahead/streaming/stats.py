@@ -28,7 +28,7 @@ class DecodeStats:
         draft_sources: Where each step's draft came from (``"trie"``, or ``"none"``).
         prefill_seconds: Time to the first new token.
         seconds: Wall time of the whole call.
-        finish_reason: Why generation stopped.
+        finish_reason: Why generation stopped; ``None`` while the call is still running.
     """
 
     prompt_tokens: int
@@ -39,7 +39,7 @@ class DecodeStats:
     draft_sources: tuple[str, ...]
     prefill_seconds: float
     seconds: float
-    finish_reason: FinishReason
+    finish_reason: FinishReason | None
 
     @property
     def tokens_per_s(self) -> float:
@@ -113,5 +113,5 @@ class StepRecorder:
             draft_sources=tuple(self.sources),
             prefill_seconds=self.prefill_seconds,
             seconds=end - self.started,
-            finish_reason=self.finish_reason or "abandoned",
+            finish_reason=self.finish_reason,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from rag_lookahead.streaming.stats import DecodeStats, StepRecorder
@@ -27,43 +27,54 @@ class Completion:
     stats: DecodeStats
 
 
+@dataclass
+class _Released:
+    """The text and token ids a stream has released so far."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+
+
 class TextStream(Iterator[str]):
     """Iterates the new text chunk by chunk; ``stats`` is final once the stream is exhausted.
 
-    Leaving the loop early is fine: `close` (also called by ``with`` and on garbage collection)
-    ends generation and releases what it held, such as the query's trie branches.
+    The call holds its trie branches until the stream ends, and releases them at once when it
+    is closed: by `close`, by leaving a ``with`` block, by closing `chunks`, or when the last
+    reference to the stream goes (nothing here refers back to it, so CPython frees it then, not
+    at some later garbage collection). A stream kept referenced but never advanced again (say,
+    by a traceback) loses its branches after ``LookaheadConfig.idle_release_seconds``.
     """
 
     def __init__(self, steps: Generator[StreamChunk, None, None], recorder: StepRecorder) -> None:
         self._steps = steps
         self._recorder = recorder
+        self._released = _Released()
         self._closed = False
-        self._token_ids: list[int] = []
-        self._chunks = self._iterate()
-        self.text = ""
+        # Refers to the steps and what they released, never to this stream: no cycle.
+        self._chunks = _iterate(steps, self._released)
+
+    @property
+    def text(self) -> str:
+        """New text released so far."""
+        return self._released.text
 
     @property
     def token_ids(self) -> list[int]:
         """New token ids released so far (EOS and a stop string's tokens included)."""
-        return self._token_ids
+        return self._released.token_ids
 
     @property
     def stats(self) -> DecodeStats:
-        return self._recorder.stats()
+        """The call's measurements; ``finish_reason`` is ``None`` while it is still running."""
+        stats = self._recorder.stats()
+        if stats.finish_reason is None and self._closed:  # closed before it started
+            stats = replace(stats, finish_reason="abandoned")
+        return stats
 
     def chunks(self) -> Generator[StreamChunk, None, None]:
         """The same stream as (token ids, text) pairs, one per decoding step; closing this
         generator closes the stream."""
         return self._chunks
-
-    def _iterate(self) -> Generator[StreamChunk, None, None]:
-        try:
-            for chunk in self._steps:
-                self._token_ids += chunk.token_ids
-                self.text += chunk.text
-                yield chunk
-        finally:
-            self.close()
 
     def __iter__(self) -> TextStream:
         return self
@@ -78,7 +89,8 @@ class TextStream(Iterator[str]):
         """Stop generating and release what the call holds; idempotent."""
         if not self._closed:
             self._closed = True
-            self._steps.close()  # runs the engine's cleanup
+            self._chunks.close()
+            self._steps.close()  # runs the engine's cleanup, if the chunks had not started
 
     def __enter__(self) -> TextStream:
         return self
@@ -86,12 +98,20 @@ class TextStream(Iterator[str]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if hasattr(self, "_closed"):
-            self.close()
-
     def complete(self) -> Completion:
         """Run to the end and return the whole completion."""
-        for _ in self.chunks():
+        for _ in self._chunks:
             pass
         return Completion(self.text, list(self.token_ids), self.stats)
+
+
+def _iterate(
+    steps: Generator[StreamChunk, None, None], released: _Released
+) -> Generator[StreamChunk, None, None]:
+    try:
+        for chunk in steps:
+            released.token_ids += chunk.token_ids
+            released.text += chunk.text
+            yield chunk
+    finally:
+        steps.close()  # a consumer that stopped early ends generation here

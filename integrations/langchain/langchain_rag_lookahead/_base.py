@@ -232,7 +232,7 @@ class LookaheadSettings(BaseModel):
         """``model_name``, ``finish_reason`` and the lookahead stats of a finished call."""
         return {
             "model_name": self.model_name,
-            "finish_reason": _FINISH_REASONS.get(stats.finish_reason, stats.finish_reason),
+            "finish_reason": _FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
             "lookahead": stats.as_dict(),
         }
 

@@ -1,0 +1,182 @@
+"""Hostile input, as a user might send it: each case gets a clear error and loses nothing.
+
+The table grows with every case found: a name, what is done, the error expected and the words
+its message must hold. After each one the engine still answers, and no call's branches linger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, tiny_model
+
+PROMPT = [3, 14, 15, 9, 26]
+N = 8
+
+
+@pytest.fixture
+def engine() -> LookaheadEngine:
+    return LookaheadEngine(
+        tiny_model("llama"), CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1)
+    )
+
+
+def complete(**kwargs: Any) -> Callable[[LookaheadEngine], object]:
+    prompt = kwargs.pop("prompt", PROMPT)
+    return lambda engine: engine.complete(prompt, max_new_tokens=N, **kwargs)
+
+
+def trie_file(tmp_path: Path, **changes: Any) -> Path:
+    payload = {"format": "rag-lookahead-trie", "version": 1, "max_query_length": 2, "branch_length": 4}
+    payload |= {"max_nodes": 1000, "nodes": [[5, -1, {"a": 1}]], **changes}
+    path = tmp_path / "trie.json"
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def closed_scope(engine: LookaheadEngine) -> object:
+    scope = engine.scope(["一丁七"])
+    scope.close()
+    return engine.complete(PROMPT, max_new_tokens=N, scope=scope)
+
+
+def foreign_scope(engine: LookaheadEngine) -> object:
+    other = LookaheadEngine(engine.model, engine.tokenizer, engine.config)
+    with other.scope(["一丁七"]) as scope:
+        return engine.complete(PROMPT, max_new_tokens=N, scope=scope)
+
+
+# (case, action on the engine, error, words of its message)
+ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exception], str]] = [
+    ("token id past the vocabulary", complete(prompt=[1, 2, VOCAB + 7]), ValueError, "outside the model's"),
+    ("negative token id", complete(prompt=[-1, 2]), ValueError, "outside the model's"),
+    ("empty prompt", complete(prompt=""), ValueError, "the prompt is empty"),
+    ("prompt of another type", complete(prompt=3.5), TypeError, "a prompt is a str"),
+    ("prompt past the context window", complete(prompt=[1] * 600), ValueError, "context window"),
+    ("None among the documents", complete(documents=[None]), TypeError, "documents must be strings"),
+    ("documents not a list", complete(documents=5), TypeError, "documents must be strings"),
+    ("empty stop string", complete(stop_strings=[""]), ValueError, "non-empty strings"),
+    ("None among stop strings", complete(stop_strings=["a", None]), ValueError, "non-empty strings"),
+    ("seed past 64 bits", complete(do_sample=True, seed=2**70), ValueError, "seed must be an integer"),
+    ("negative seed", complete(do_sample=True, seed=-1), ValueError, "seed must be an integer"),
+    ("seed True", complete(seed=True), ValueError, "seed must be an integer"),
+    ("temperature 0", complete(temperature=0), ValueError, "temperature must be > 0"),
+    ("temperature a string", complete(temperature="hot"), ValueError, "temperature must be a finite number"),
+    ("top_p 0", complete(top_p=0.0), ValueError, "top_p must be in"),
+    ("top_p NaN", complete(top_p=float("nan")), ValueError, "top_p must be a finite number"),
+    ("top_k 0", complete(top_k=0), ValueError, "top_k must be a positive integer"),
+    ("repetition penalty 0", complete(repetition_penalty=0), ValueError, "repetition_penalty must be > 0"),
+    (
+        "max_new_tokens True",
+        lambda e: e.complete(PROMPT, GenerationParams(max_new_tokens=True)),
+        ValueError,
+        "max_new_tokens must be a positive integer",
+    ),
+    ("do_sample a string", complete(do_sample="yes"), ValueError, "do_sample must be True or False"),
+    ("eos a string", complete(eos_token_id="x"), ValueError, "eos_token_id must be a token id"),
+    ("negative eos", complete(eos_token_id=[-3]), ValueError, "non-negative token ids"),
+    ("unknown setting", complete(num_beams=4), TypeError, "unknown generation settings ['num_beams']"),
+    ("closed scope", closed_scope, ValueError, "scope passed to this call is closed"),
+    ("another engine's scope", foreign_scope, ValueError, "belongs to another engine"),
+    (
+        "generate with beams",
+        lambda e: e.generate(torch.tensor([PROMPT]), num_beams=4),
+        TypeError,
+        "num_beams",
+    ),
+    ("generate on 1-D ids", lambda e: e.generate(torch.tensor(PROMPT)), ValueError, "input_ids must be"),
+]
+
+CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown mode", {"mode": "fast"}, "mode must be"),
+    ("no draft tokens", {"decoding_length": 0}, "decoding_length must be a positive integer"),
+    ("a node cap of 10**40", {"max_trie_nodes": 10**40}, "max_trie_nodes must be at most"),
+    ("a node cap as a float", {"max_trie_nodes": 2e5}, "max_trie_nodes must be a positive integer"),
+    ("idle release 0", {"idle_release_seconds": 0}, "idle_release_seconds must be > 0"),
+    ("idle release NaN", {"idle_release_seconds": float("nan")}, "idle_release_seconds must be > 0"),
+    ("n-grams past the budget", {"decoding_length": 2, "ngram_size": 5}, "more than decoding_length"),
+]
+
+TRIE_FILE_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("deeply nested JSON", lambda d: _write(d, "[" * 100_000 + "]" * 100_000), "not a readable trie file"),
+    ("a node cap of 10**40", lambda d: trie_file(d, max_nodes=10**40), "bad trie settings"),
+    ("a branch length of 10**9", lambda d: trie_file(d, branch_length=10**9), "bad trie settings"),
+    ("settings as strings", lambda d: trie_file(d, max_query_length="2"), "bad trie settings"),
+    ("a negative token", lambda d: trie_file(d, nodes=[[-5, -1, {"a": 1}]]), "bad token"),
+    ("a boolean count", lambda d: trie_file(d, nodes=[[5, -1, {"a": True}]]), "count for 'a'"),
+    ("a node before its parent", lambda d: trie_file(d, nodes=[[5, 0, {"a": 1}]]), "parent index"),
+    ("nodes not a list", lambda d: trie_file(d, nodes={"5": 1}), "'nodes' must be a list"),
+    ("a gzip that is not", lambda d: _write(d, "plain", "trie.json.gz"), "not a readable trie file"),
+]
+
+
+def _write(directory: Path, text: str, name: str = "trie.json") -> Path:
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("case", "action", "error", "words"), ENGINE_CASES, ids=[c[0] for c in ENGINE_CASES])
+def test_a_hostile_call_is_refused_and_loses_nothing(engine, case, action, error, words) -> None:
+    with pytest.raises(error) as raised:
+        action(engine)
+    assert words in str(raised.value), str(raised.value)
+    assert engine.trie.owners() <= {OUTPUT_OWNER}  # nothing of the refused call lingers
+    answer = engine.complete(PROMPT, max_new_tokens=N)  # and the engine still answers
+    assert answer.token_ids == greedy_reference(engine.model, PROMPT, N)
+
+
+@pytest.mark.parametrize(("case", "fields", "words"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_a_hostile_config_is_refused(case, fields, words) -> None:
+    with pytest.raises(ValueError, match=None) as raised:
+        LookaheadConfig(**fields)
+    assert words in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize(("case", "make", "words"), TRIE_FILE_CASES, ids=[c[0] for c in TRIE_FILE_CASES])
+def test_a_hostile_trie_file_is_refused(tmp_path, case, make, words) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ValueError) as raised:
+        TokenTrie.load(path)
+    assert words in str(raised.value), str(raised.value)
+
+
+def test_a_trie_of_another_vocabulary_is_refused(tmp_path) -> None:
+    path = trie_file(tmp_path, nodes=[[VOCAB + 3, -1, {"a": 1}]])
+    with pytest.raises(ValueError, match="outside a 96-token vocabulary"):
+        TokenTrie.load(path, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="built for another tokenizer"):
+        LookaheadEngine(tiny_model("llama"), CharTokenizer(), trie=TokenTrie.load(path))
+
+
+def test_one_string_is_one_document_and_one_stop_string(engine) -> None:
+    reference = greedy_reference(engine.model, PROMPT, 2 * N)
+    text = CharTokenizer().decode(reference)
+    streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
+    next(streamed)
+    (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
+    assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text itself, not its characters
+    streamed.close()
+    stop = text[5:7]
+    stopped = engine.complete(PROMPT, max_new_tokens=2 * N, stop_strings=stop)
+    assert stopped.stats.finish_reason == "stop_string" and stopped.text == text[: text.index(stop)]
+
+
+def test_finish_reason_is_none_until_the_stream_ends(engine) -> None:
+    stream = engine.stream(PROMPT, max_new_tokens=N)
+    assert stream.stats.finish_reason is None
+    next(stream)
+    assert stream.stats.finish_reason is None
+    stream.close()
+    assert stream.stats.finish_reason == "abandoned"
+    unstarted = engine.stream(PROMPT, max_new_tokens=N)
+    unstarted.close()
+    assert unstarted.stats.finish_reason == "abandoned"
