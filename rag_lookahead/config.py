@@ -52,10 +52,10 @@ class LookaheadConfig:
         window_size: Columns W of the Jacobi window (LADE's WINDOW_SIZE).
         ngram_size: N, the length of the window's n-grams (LADE's LEVEL).
         guess_set_size: G, most n-grams kept per first token in the pool (LADE's GUESS_SET_SIZE).
-        idle_release_seconds: A call's own trie branches (prompt, documents) are eliminated once
-            its stream has not been advanced for this long while other calls draft: a stream
-            still referenced but forgotten (a traceback, a REPL) releases its branches anyway.
-            If it resumes, it drafts from the shared outputs only; its output is unchanged.
+        max_batch_size: Most calls decoding together in one forward; more wait their turn.
+            ``1`` answers one call at a time, in arrival order.
+        max_tokens_per_forward: Most tokens one forward takes: all rows' drafts together in a
+            decoding step, or one chunk of a joining call's prompt while others decode.
     """
 
     mode: Mode = "auto"
@@ -67,7 +67,8 @@ class LookaheadConfig:
     window_size: int = 4
     ngram_size: int = 4
     guess_set_size: int = 4
-    idle_release_seconds: float = 60.0
+    max_batch_size: int = 8
+    max_tokens_per_forward: int = 256
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -80,6 +81,8 @@ class LookaheadConfig:
             "window_size",
             "ngram_size",
             "guess_set_size",
+            "max_batch_size",
+            "max_tokens_per_forward",
         ):
             _positive(name, getattr(self, name))
         if self.ngram_size < 2:
@@ -94,12 +97,14 @@ class LookaheadConfig:
                 f"min_query_length ({self.min_query_length}) must not exceed "
                 f"max_query_length ({self.max_query_length})"
             )
+        if self.max_tokens_per_forward < self.max_batch_size:
+            raise ValueError(
+                f"max_tokens_per_forward ({self.max_tokens_per_forward}) must allow one token per "
+                f"row of a full batch (max_batch_size = {self.max_batch_size})"
+            )
         _positive("max_trie_nodes", self.max_trie_nodes, MAX_TRIE_NODES)
         if self.max_trie_nodes < 1000:
             raise ValueError(f"max_trie_nodes must be at least 1000, got {self.max_trie_nodes}")
-        idle = self.idle_release_seconds
-        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
-            raise ValueError(f"idle_release_seconds must be > 0 (math.inf: never), got {idle!r}")
 
 
 @dataclass(frozen=True)

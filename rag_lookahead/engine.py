@@ -1,16 +1,18 @@
-"""The engine: the decoding loop, whose `ModelRunner` is the only thing that runs the model.
+"""The engine: the public calls, each handed to the `Scheduler` that decodes all of them.
 
-Each step reads as five verbs: draft, forward the draft in one pass over the KV cache, choose
-the model's token at every node, accept the longest agreeing path, keep only that path in the
-cache. The engine knows nothing about where drafts come from: drafters see token ids only.
+Each step reads as five verbs: draft, forward the drafts of every running call in one pass
+over the KV cache, choose the model's token at every node, accept the longest agreeing path,
+keep only that path in the cache. The `ModelRunner` is the only thing that runs the model, and
+the engine knows nothing about where drafts come from: drafters see token ids only.
 """
 
 from __future__ import annotations
 
 import copy
-import time
+import functools
 import warnings
-from collections.abc import Generator, Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,19 +21,18 @@ import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.decoding.costs import CostCurve
-from rag_lookahead.decoding.kv_cache import keep_accepted, new_tree_cache
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.probe import sliding_window
 from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
-from rag_lookahead.decoding.verify import TokenChooser, accept
+from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.scheduler import Call, Scheduler
 from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
-from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
+from rag_lookahead.streaming.stream import Completion, TextStream
 
 __all__ = ["LookaheadEngine"]
 
@@ -42,7 +43,7 @@ class LookaheadEngine:
     The engine owns a token trie shared by all calls: each call's prompt and documents are
     inserted as branches owned by that call and eliminated when it ends, while the model's own
     outputs stay (pruned under the node cap) and help later calls. Calls from several threads
-    are safe: the model runner serialises forwards, and the trie guards itself with its lock.
+    or tasks decode together: up to ``config.max_batch_size`` of them share each forward.
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class LookaheadEngine:
             )
         self.planner = StepPlanner(self.config, cost_curve)
         self.runner = ModelRunner(model)
+        self.scheduler = _new_scheduler(self.runner, self.config)
         self._cache_dir = cache_dir
 
     @classmethod
@@ -100,16 +102,19 @@ class LookaheadEngine:
     def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
         """This engine with other drafting settings: the same model, runner and trie.
 
-        Variants serve threads side by side: their forwards are serialised by the shared
-        runner, and their calls draft from (and add outputs to) the same trie. Only when
-        ``config`` changes the trie's own settings (``max_query_length``, ``branch_length``,
-        ``max_trie_nodes``) does the variant get a trie of its own.
+        Variants serve threads side by side: their calls join the same batches, and draft
+        from (and add outputs to) the same trie. Only when ``config`` changes the trie's own
+        settings (``max_query_length``, ``branch_length``, ``max_trie_nodes``) does the variant
+        get a trie of its own, and only when it changes ``max_batch_size`` or
+        ``max_tokens_per_forward`` does it batch its calls apart (forwards still take turns).
         """
         other = copy.copy(self)
         other.config = config
         other.planner = StepPlanner(config, self.planner.cost_curve)
         if _trie_settings(config) != _trie_settings(self.config):
             other.trie = _new_trie(config)
+        if _batch_settings(config) != _batch_settings(self.config):
+            other.scheduler = _new_scheduler(self.runner, config)
         return other
 
     def plain(self) -> LookaheadEngine:
@@ -184,21 +189,34 @@ class LookaheadEngine:
         if scope is not None and scope.trie is not self.trie:
             # Its branches live in another trie: this call could neither see nor release them.
             raise ValueError("the document scope passed to this call belongs to another engine")
-        lookahead = self._lookahead_problem(prompt_ids, params) is None
-        if lookahead and self.config.mode == "auto" and self.cost_curve is None:
+        batchable = self._batchable(prompt_ids, params)
+        drafts = batchable and self.config.mode != "off"
+        if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
-        recorder = StepRecorder(prompt_tokens=len(prompt_ids))
-        stopping = Stopping(
-            self.tokenizer,
-            eos=self.eos_token_ids if params.eos_token_id is None else params.eos_token_id,
-            stop_strings=params.stop_strings,
-            max_new_tokens=params.max_new_tokens,
-            prompt_length=len(prompt_ids),
-            context_window=self.context_window,
+        call = Call(
+            prompt_ids=prompt_ids,
+            config=self.config,
+            planner=self.planner,
+            chooser=TokenChooser(params),
+            stopping=Stopping(
+                self.tokenizer,
+                eos=self.eos_token_ids if params.eos_token_id is None else params.eos_token_id,
+                stop_strings=params.stop_strings,
+                max_new_tokens=params.max_new_tokens,
+                prompt_length=len(prompt_ids),
+                context_window=self.context_window,
+            ),
+            recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
+            context_window=self.context_window or 1 << 62,
+            make_drafter=functools.partial(self._drafter, prompt_ids, texts, scope) if drafts else None,
+            batchable=batchable,
         )
-        drafting = (texts, scope) if lookahead else None
-        steps = self._run(prompt_ids, TokenChooser(params), stopping, recorder, drafting)
-        return TextStream(steps, recorder)
+        steps = call.chunks()
+        cancel = functools.partial(self.scheduler.cancel, call)
+        # A stream dropped, read or not, ends its call there and then: CPython frees it at once.
+        weakref.finalize(steps, cancel).atexit = False
+        self.scheduler.submit(call)
+        return TextStream(steps, call.recorder, cancel=cancel)
 
     def complete(
         self,
@@ -249,23 +267,24 @@ class LookaheadEngine:
         if bad is not None:
             raise ValueError(f"the prompt holds token id {bad}, outside the model's {vocab}-token vocabulary")
 
-    def _lookahead_problem(self, prompt_ids: list[int], params: GenerationParams) -> str | None:
-        """Why this call must decode plainly, if it must."""
-        problem = self._tree_problem()
-        if problem is not None:
-            return problem
+    def _batchable(self, prompt_ids: list[int], params: GenerationParams) -> bool:
+        """Whether this call may share the batch (and draft): the model verifies trees, and the
+        call cannot outgrow a sliding attention window. Else it decodes plainly, alone."""
+        if self.runner.tree_problem() is not None:
+            return False
         attention_window = sliding_window(self.model.config)
         cfg = self.config
         longest = len(prompt_ids) + params.max_new_tokens + cfg.decoding_length
         if attention_window is not None and longest + cfg.window_size + cfg.ngram_size > attention_window:
-            # One mask serves every layer, so a window's cut-off cannot be expressed in it.
-            warnings.warn(
-                f"rag-lookahead: this call may exceed the model's sliding attention window "
-                f"({attention_window} tokens); decoding it plainly, without lookahead.",
-                stacklevel=3,
-            )
-            return "sliding window"
-        return None
+            if cfg.mode != "off":
+                # One mask serves every layer, so a window's cut-off cannot be expressed in it.
+                warnings.warn(
+                    f"rag-lookahead: this call may exceed the model's sliding attention window "
+                    f"({attention_window} tokens); decoding it plainly, without lookahead.",
+                    stacklevel=3,
+                )
+            return False
+        return True
 
     def _drafter(
         self, prompt_ids: list[int], documents: list[str], scope: DocumentScope | None
@@ -276,76 +295,17 @@ class LookaheadEngine:
     def _tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
-    def _run(
-        self,
-        prompt_ids: list[int],
-        chooser: TokenChooser,
-        stopping: Stopping,
-        rec: StepRecorder,
-        drafting: tuple[list[str], DocumentScope | None] | None,
-    ) -> Generator[StreamChunk, None, None]:
-        """The call's decoding loop; ``drafting`` (documents, scope) is ``None`` to decode plainly."""
-        ids = list(prompt_ids)
-        drafter: ComposedDrafter | None = None
-        try:
-            # 1) Prefill: the prompt, and the first new token from its last position. The trie
-            # takes the call's texts meanwhile (on a GPU the forward is still running).
-            cache = new_tree_cache() if drafting is not None else None
-            logits, cache = self.runner.forward(torch.tensor([ids]), cache, last_only=True)
-            drafter = self._drafter(prompt_ids, *drafting) if drafting is not None else None
-            tokens = chooser.choose(logits[-1:], ids, DraftTree.root_only(ids[-1]))
-            rec.prefill_seconds = time.perf_counter() - rec.started
-            side: list[int] = []
-            while True:
-                released = stopping.release(tokens)
-                ids += released.token_ids
-                rec.new_tokens += len(released.token_ids)
-                if drafter is not None:
-                    drafter.observe(released.token_ids, side)
-                if released.reason is not None:
-                    rec.finish(released.reason)
-                yield StreamChunk(released.token_ids, released.text)
-                if released.reason is not None:
-                    return
-                # Room for the drafted tokens plus the model's own one.
-                budget = min(self.config.decoding_length, stopping.room() - 1)
-                tokens, side, cache = self._step(ids, drafter, budget, chooser, cache, rec)
-        finally:
-            rec.finish("abandoned")  # unless it finished above
-            if drafter is not None:
-                drafter.close()
-
-    def _step(
-        self,
-        ids: list[int],
-        drafter: ComposedDrafter | None,
-        budget: int,
-        chooser: TokenChooser,
-        cache: Any,
-        rec: StepRecorder,
-    ) -> tuple[list[int], list[int], Any]:
-        """2) Draft, forward, choose per node, accept, keep the accepted path's cache.
-
-        Returns the tokens to emit, the model's predictions at the draft's side rows, and the
-        cache.
-        """
-        draft = StepDraft(DraftTree.root_only(ids[-1]))
-        if drafter is not None and budget > 0:
-            room = (self.context_window or 1 << 62) - len(ids)
-            draft = self.planner.plan(drafter.propose(ids, budget), room)
-        tree, past = draft.tree, len(ids) - 1
-        logits, cache = self.runner.forward_step(draft, cache, past)  # [len(draft), V]
-        accepted = accept(tree, chooser.choose(logits[: len(tree)], ids, tree))
-        side = logits[len(tree) :].argmax(-1).tolist() if draft.side is not None else []
-        if len(draft) > 1:
-            keep_accepted(cache, past, len(draft), accepted.nodes)
-        self.planner.learn(tree, accepted.nodes)
-        rec.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-        return accepted.tokens, side, cache
-
 
 def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:
     return config.max_query_length, config.branch_length, config.max_trie_nodes
+
+
+def _batch_settings(config: LookaheadConfig) -> tuple[int, int]:
+    return config.max_batch_size, config.max_tokens_per_forward
+
+
+def _new_scheduler(runner: ModelRunner, config: LookaheadConfig) -> Scheduler:
+    return Scheduler(runner, config.max_batch_size, config.max_tokens_per_forward)
 
 
 def _new_trie(config: LookaheadConfig) -> TokenTrie:

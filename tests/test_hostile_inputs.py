@@ -16,7 +16,7 @@ import torch
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, held_after, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 8
@@ -100,8 +100,12 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("no draft tokens", {"decoding_length": 0}, "decoding_length must be a positive integer"),
     ("a node cap of 10**40", {"max_trie_nodes": 10**40}, "max_trie_nodes must be at most"),
     ("a node cap as a float", {"max_trie_nodes": 2e5}, "max_trie_nodes must be a positive integer"),
-    ("idle release 0", {"idle_release_seconds": 0}, "idle_release_seconds must be > 0"),
-    ("idle release NaN", {"idle_release_seconds": float("nan")}, "idle_release_seconds must be > 0"),
+    ("a batch of none", {"max_batch_size": 0}, "max_batch_size must be a positive integer"),
+    (
+        "a forward smaller than a batch",
+        {"max_batch_size": 8, "max_tokens_per_forward": 4},
+        "one token per row",
+    ),
     ("n-grams past the budget", {"decoding_length": 2, "ngram_size": 5}, "more than decoding_length"),
 ]
 
@@ -160,22 +164,24 @@ def test_a_trie_of_another_vocabulary_is_refused(tmp_path) -> None:
 def test_one_string_is_one_document_and_one_stop_string(engine) -> None:
     reference = greedy_reference(engine.model, PROMPT, 2 * N)
     text = CharTokenizer().decode(reference)
-    streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
-    next(streamed)
-    (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
-    assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text itself, not its characters
-    streamed.close()
+    with held_after(engine):
+        streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
+        next(streamed)
+        (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
+        assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text, not its characters
+        streamed.close()
     stop = text[5:7]
     stopped = engine.complete(PROMPT, max_new_tokens=2 * N, stop_strings=stop)
     assert stopped.stats.finish_reason == "stop_string" and stopped.text == text[: text.index(stop)]
 
 
 def test_finish_reason_is_none_until_the_stream_ends(engine) -> None:
-    stream = engine.stream(PROMPT, max_new_tokens=N)
-    assert stream.stats.finish_reason is None
-    next(stream)
-    assert stream.stats.finish_reason is None
-    stream.close()
+    with held_after(engine):
+        stream = engine.stream(PROMPT, max_new_tokens=N)
+        assert stream.stats.finish_reason is None
+        next(stream)
+        assert stream.stats.finish_reason is None
+        stream.close()
     assert stream.stats.finish_reason == "abandoned"
     unstarted = engine.stream(PROMPT, max_new_tokens=N)
     unstarted.close()

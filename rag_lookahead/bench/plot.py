@@ -5,18 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_summary"]
+__all__ = ["plot_concurrency", "plot_summary"]
 
 
 def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
     """Write a PNG with two bar charts of ``summary`` (the `run_benchmark` result)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, no display
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise ValueError("--plot needs matplotlib: pip install 'rag-lookahead[plot]'") from err
+    plt = _pyplot()
     methods = list(summary["methods"])
     speed = [summary["methods"][m]["tokens_per_s"] for m in methods]
     per_step = [summary["methods"][m]["mean_accepted_per_step"] or 1.0 for m in methods]
@@ -38,3 +32,36 @@ def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_concurrency(summary: dict[str, Any], path: str | Path) -> None:
+    """A PNG of a concurrency summary: throughput and p95 latency per method and level."""
+    plt = _pyplot()
+    levels = list(summary["concurrency"])
+    methods = list(summary["concurrency"][levels[0]]["methods"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(methods)
+    for m, name in enumerate(methods):
+        xs = [i + m * width for i in range(len(levels))]
+        rows = [summary["concurrency"][level]["methods"].get(name, {}) for level in levels]
+        left.bar(xs, [r.get("decode_tokens_per_s", 0) for r in rows], width, label=name)
+        right.bar(xs, [r.get("p95_latency_s", 0) for r in rows], width, label=name)
+    for axis, title in ((left, "decode tokens per second (all clients)"), (right, "p95 latency (s)")):
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(levels))], [f"{n} clients" for n in levels])
+        axis.set_title(title)
+    left.legend(fontsize=8)
+    fig.suptitle(f"{summary['model']} on {summary.get('data', '')}: {summary['records']} questions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ValueError("--plot needs matplotlib: pip install 'rag-lookahead[plot]'") from err
+    return plt

@@ -97,7 +97,7 @@ def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Ru
     return run
 
 
-def _prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
+def prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
     """Seconds of the prompt's forward alone: the same for every method, so it is timed apart."""
 
     takes_keep = "logits_to_keep" in inspect.signature(engine.model.forward).parameters
@@ -146,7 +146,7 @@ def run_benchmark(
         runners[mode] = _engine_runner(forced, max_new_tokens)
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")
-    prefill = _prefill_timer(engine)
+    prefill = prefill_timer(engine)
     warm = BenchInput(inputs[0].prompt_ids[-32:])
     for name in chosen:  # warm-up: first-call costs (allocations, the probe) are not timed
         runners[name](warm)

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import METHODS
 from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
 from rag_lookahead.cli.benchmark import run_bench
@@ -154,8 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
     bench.add_argument(
         "--methods",
-        default="greedy,prompt_lookup,lookahead",
-        help=f"comma-separated subset of {','.join(METHODS)} (greedy always runs as the reference)",
+        default=None,
+        help=f"comma-separated subset of {','.join(METHODS)} (default: greedy,prompt_lookup,lookahead; "
+        "greedy always runs as the reference), or with --concurrency of "
+        f"{','.join(CONCURRENCY_METHODS)} (default: all)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated numbers of concurrent clients, e.g. 1,8: compare serialised and batched "
+        "serving with transformers' static and continuous batching",
+    )
+    bench.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=None,
+        help="with --concurrency: questions arrive as a Poisson process at this rate per second "
+        "(default: all at once)",
     )
     bench.add_argument(
         "--retrieval",

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS, format_concurrency, run_concurrency
 from rag_lookahead.bench.run import BenchInput, format_table, gold_inputs, load_records, run_benchmark
 from rag_lookahead.cli.setup import make_embedder, make_engine, progress, retrieval_config
 from rag_lookahead.engine import LookaheadEngine
@@ -21,7 +22,9 @@ def run_bench(args: argparse.Namespace) -> int:
         inputs = _retrieved_inputs(args, engine, records)
     else:
         inputs = gold_inputs(engine, records)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.concurrency:
+        return _run_concurrency(args, engine, inputs)
+    methods = _names(args.methods or "greedy,prompt_lookup,lookahead")
     summary = run_benchmark(engine, inputs, args.max_new_tokens, methods, progress=progress("records"))
     summary["data"] = Path(args.data).name
     summary["retrieval"] = args.retrieval
@@ -37,6 +40,31 @@ def run_bench(args: argparse.Namespace) -> int:
         plot_summary(summary, args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:
+    levels = [int(n) for n in _names(args.concurrency)]
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency takes positive numbers of clients, got {args.concurrency!r}")
+    if args.arrival_rate is not None and not args.arrival_rate > 0:
+        raise ValueError(f"--arrival-rate must be > 0, got {args.arrival_rate}")
+    methods = _names(args.methods) if args.methods else list(CONCURRENCY_METHODS)
+    summary = run_concurrency(engine, inputs, args.max_new_tokens, levels, methods, args.arrival_rate)
+    summary["data"] = Path(args.data).name
+    print(format_concurrency(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from rag_lookahead.bench.plot import plot_concurrency
+
+        plot_concurrency(summary, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _retrieved_inputs(

@@ -15,12 +15,65 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["cache_kwarg", "keep_accepted", "new_tree_cache", "supports_tree"]
+__all__ = ["GrowingCache", "GrowingLayer", "cache_kwarg", "keep_accepted", "new_tree_cache", "supports_tree"]
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` that appends into spare room in place instead of concatenating.
+
+    `DynamicLayer` copies the whole layer at every step (``torch.cat``); with several rows of a
+    long context that copy costs more than the attention itself. Here ``keys`` and ``values``
+    are views of the first columns of a larger buffer; new columns are written after them,
+    and only when the room runs out (or someone replaced the tensors) is the layer copied.
+    """
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        self.keys, self._key_room = _append(self.keys, getattr(self, "_key_room", None), key_states)
+        self.values, self._value_room = _append(self.values, getattr(self, "_value_room", None), value_states)
+        return self.keys, self.values
+
+
+class GrowingCache(DynamicCache):
+    """A `DynamicCache` of `GrowingLayer`s: full attention, cropped and gathered like it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer_class_to_replicate = GrowingLayer
+
+
+def _append(
+    current: torch.Tensor, room: torch.Tensor | None, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``current`` then ``new`` along the columns, as a view of ``room`` (grown if needed)."""
+    used = current.shape[-2] if current.dim() == 4 else 0
+    needed = used + new.shape[-2]
+    fits = (
+        room is not None
+        and used > 0
+        and room.shape[:2] == new.shape[:2]
+        and room.shape[-1] == new.shape[-1]
+        and needed <= room.shape[-2]
+        and current.data_ptr() == room.data_ptr()
+        and current.stride() == room.stride()
+    )
+    if not fits:
+        spare = max(64, needed // 2)
+        room = new.new_empty((*new.shape[:2], needed + spare, new.shape[-1]))
+        if used:
+            room[:, :, :used] = current
+    assert room is not None
+    room[:, :, used:needed] = new
+    return room[:, :, :needed], room
 
 
 def new_tree_cache() -> DynamicCache:
     """A cache of plain full-attention layers, whose entries can be cropped and gathered."""
-    return DynamicCache()
+    return GrowingCache()
 
 
 def supports_tree(cache: Any) -> bool:
@@ -29,7 +82,7 @@ def supports_tree(cache: Any) -> bool:
     return (
         isinstance(cache, DynamicCache)
         and bool(layers)
-        and all(type(layer) is DynamicLayer for layer in layers)  # type: ignore[union-attr]
+        and all(type(layer) in (DynamicLayer, GrowingLayer) for layer in layers)  # type: ignore[union-attr]
     )
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
-__all__ = ["AcceptanceModel", "StepPlanner", "plan_draft"]
+__all__ = ["AcceptanceModel", "RankedDraft", "StepPlanner", "plan_batch", "plan_draft", "rank_draft"]
 
 # The Jacobi window rides along only where it adds at most this much to a forward's cost.
 _WINDOW_OVERHEAD = 1.05
@@ -78,10 +79,30 @@ class AcceptanceModel:
                     seen[1] /= 2
 
 
-def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) -> DraftTree:
-    """The part of ``tree`` worth verifying: the best rate of expected tokens per second."""
-    if len(tree) == 1:
-        return tree
+@dataclass(frozen=True)
+class RankedDraft:
+    """A draft's nodes by decreasing chance of acceptance: any prefix of ``order`` (with the
+    root) is a connected tree, and ``fixed`` drafts are verified whole (modes other than auto)."""
+
+    tree: DraftTree
+    order: tuple[int, ...]  # node indices, most likely first
+    chances: tuple[float, ...]  # the chance of each node of ``order``
+    fixed: bool = False
+
+    def gain(self, size: int) -> float:
+        """Expected tokens from verifying the best ``size`` nodes (the root's own one included)."""
+        return 1.0 + sum(self.chances[: max(size, 1) - 1])
+
+    def take(self, size: int) -> DraftTree:
+        """The best ``size`` nodes, root included."""
+        return self.tree.subtree(self.order[: max(size, 1) - 1])
+
+
+def rank_draft(tree: DraftTree, acceptance: AcceptanceModel, fixed: bool = False) -> RankedDraft:
+    """Rank ``tree``'s nodes by their calibrated chance: the product of calibrated estimates
+    along the path (the drafter's raw estimates on an exploring plan)."""
+    if len(tree) == 1 or fixed:
+        return RankedDraft(tree, tuple(range(1, len(tree))), (1.0,) * (len(tree) - 1), fixed)
     explore = acceptance.explore()
     chance = [1.0] * len(tree)
     for node in range(1, len(tree)):  # parents come first
@@ -91,13 +112,40 @@ def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) ->
             p = acceptance.probability(tree.sources[node], parent == 0, p)
         chance[node] = chance[parent] * p
     order = sorted(range(1, len(tree)), key=lambda n: (-chance[n], n))
-    best_size, best_rate, expected = 0, 1.0 / cost(1), 1.0
-    for size, node in enumerate(order, 1):
-        expected += chance[node]
-        rate = expected / cost(size + 1)
-        if rate > best_rate:
-            best_size, best_rate = size, rate
-    return tree.subtree(order[:best_size])
+    return RankedDraft(tree, tuple(order), tuple(chance[n] for n in order))
+
+
+def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) -> DraftTree:
+    """The part of ``tree`` worth verifying: the best rate of expected tokens per second."""
+    if len(tree) == 1:
+        return tree
+    return plan_batch([rank_draft(tree, acceptance)], cost)[0]
+
+
+def plan_batch(
+    drafts: Sequence[RankedDraft], cost: CostCurve | None, max_tokens: int | None = None
+) -> list[DraftTree]:
+    """One tree per row for a batched forward, where every row is padded to the widest.
+
+    The forward costs ``cost(rows x width)``: the plan picks the width with the best rate of
+    expected tokens (all rows together) per second, each auto row verifying its best nodes up
+    to that width; a fixed row is verified whole (and sets the least width). No row is wider
+    than ``max_tokens / rows`` (at least its root).
+    """
+    rows = len(drafts)
+    cap = max(max_tokens // rows, 1) if max_tokens is not None else None
+    least = max((len(d.tree) for d in drafts if d.fixed), default=1)
+    widest = max(len(d.tree) for d in drafts)
+    if cap is not None:
+        least, widest = min(least, cap), min(widest, cap)
+    best_width, best_rate = widest, -1.0
+    if cost is not None:
+        for width in range(least, widest + 1):
+            expected = sum(d.gain(max(width, len(d.tree)) if d.fixed else width) for d in drafts)
+            rate = expected / cost(rows * width)
+            if rate > best_rate:
+                best_width, best_rate = width, rate
+    return [d.take(min(len(d.tree), best_width if not d.fixed else max(best_width, least))) for d in drafts]
 
 
 class StepPlanner:
@@ -112,6 +160,11 @@ class StepPlanner:
         self.acceptance = AcceptanceModel()
         self.cost_curve = cost_curve
         self._lock = threading.Lock()
+
+    def rank(self, draft: StepDraft) -> RankedDraft:
+        """``draft``'s nodes by calibrated chance, for a batch plan (`plan_batch`)."""
+        with self._lock:
+            return rank_draft(draft.tree, self.acceptance, fixed=self.config.mode != "auto")
 
     def plan(self, draft: StepDraft, room: int) -> StepDraft:
         """The part of ``draft`` to forward this step; ``room`` positions are left in the context."""

@@ -19,7 +19,7 @@ import torch
 from rag_lookahead.decoding.costs import CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.probe import tree_support_problem
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
 
 __all__ = ["ModelRunner"]
 
@@ -69,6 +69,19 @@ class ModelRunner:
             cache = getattr(out, "cache", None)
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
         return out.logits[0], cache
+
+    def forward_batch(self, inputs: TreeInputs, cache: Any) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.decoding.batch`)."""
+        kwargs = {self.cache_arg: cache}
+        with self.lock, torch.inference_mode():
+            out = self.model(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.position_ids,
+                attention_mask=inputs.attention_mask,
+                use_cache=True,
+                **kwargs,
+            )
+        return out.logits
 
     def forward_step(self, draft: StepDraft, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
         """Logits ``[len(draft), V]`` for a step's tree (then its side rows) after ``past`` tokens."""

@@ -186,25 +186,7 @@ class DraftTree:
         side: SideRows | None = None,
     ) -> TreeInputs:
         """Flatten the tree (then any side rows) into model inputs over a ``past_length`` cache."""
-        n, m = len(self), len(side) if side is not None else 0
-        allowed = torch.zeros(n + m, n + m, dtype=torch.bool)
-        allowed[:n, :n] = self.ancestor_mask()
-        offsets = list(self.depths)
-        tokens = list(self.tokens)
-        if side is not None:
-            allowed[n:, 0] = True  # the root
-            for row, seen in enumerate(side.visible):
-                allowed[n + row, [n + k for k in seen]] = True
-            offsets += side.offsets
-            tokens += side.tokens
-        mask = torch.zeros(1, 1, n + m, past_length + n + m, dtype=dtype)  # the cache is visible
-        mask[0, 0, :, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = torch.tensor([offsets], dtype=torch.long) + past_length
-        return TreeInputs(
-            input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
-            position_ids=positions.to(device),
-            attention_mask=mask.to(device),
-        )
+        return StepDraft(self, side).inputs(past_length, device, dtype)
 
 
 @dataclass(frozen=True)
@@ -222,6 +204,31 @@ class StepDraft:
         """Rows in the forward: the tree's nodes, then the side rows."""
         return len(self.tree) + (len(self.side) if self.side is not None else 0)
 
+    def layout(self) -> tuple[list[int], list[int], torch.Tensor]:
+        """Token ids, position offsets after the root's, and ``[n, n]`` bool: which of this
+        draft's rows each row sees (its ancestors and itself; side rows their own pattern)."""
+        tree, side = self.tree, self.side
+        n = len(tree)
+        allowed = torch.zeros(len(self), len(self), dtype=torch.bool)
+        allowed[:n, :n] = tree.ancestor_mask()
+        offsets, tokens = list(tree.depths), list(tree.tokens)
+        if side is not None:
+            allowed[n:, 0] = True  # the root
+            for row, seen in enumerate(side.visible):
+                allowed[n + row, [n + k for k in seen]] = True
+            offsets += side.offsets
+            tokens += side.tokens
+        return tokens, offsets, allowed
+
     def inputs(self, past_length: int, device: torch.device, dtype: torch.dtype) -> TreeInputs:
-        """The model inputs of this forward over a ``past_length`` cache."""
-        return self.tree.inputs(past_length, device, dtype, self.side)
+        """The model inputs of this forward over a ``past_length`` cache, all of it visible."""
+        tokens, offsets, allowed = self.layout()
+        width = len(tokens)
+        mask = torch.zeros(1, 1, width, past_length + width, dtype=dtype)
+        mask[0, 0, :, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = torch.tensor([offsets], dtype=torch.long) + past_length
+        return TreeInputs(
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
+            position_ids=positions.to(device),
+            attention_mask=mask.to(device),
+        )

@@ -46,7 +46,6 @@ def build_drafter(
                 sequences,
                 config.min_query_length,
                 eliminate_on_close=shared is None,
-                idle_seconds=config.idle_release_seconds,
             )
         )
     if config.mode in ("auto", "jacobi"):

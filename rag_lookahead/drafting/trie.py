@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from weakref import WeakSet
@@ -87,7 +86,6 @@ class TokenTrie:
         self._next_order = 1
         self._size = 0
         self._owned: dict[str, set[Node]] = {}
-        self._leases: dict[str, float] = {}  # owner -> when its call last drafted (monotonic)
         self._cursors: WeakSet[InsertCursor] = WeakSet()
         self._lock = threading.RLock()
 
@@ -183,30 +181,7 @@ class TokenTrie:
         with self._lock:
             return self._eliminate(owner)
 
-    def lease(self, owner: str) -> None:
-        """Mark ``owner``'s branches as held by a call that is running now (see `release_idle`)."""
-        check_owner(owner)
-        with self._lock:
-            self._leases[owner] = time.monotonic()
-
-    def release_idle(
-        self, idle_seconds: float, keep: str | None = None, now: float | None = None
-    ) -> list[str]:
-        """Eliminate the leased owners (but ``keep``) whose lease is older than ``idle_seconds``.
-
-        A call renews its lease each time it drafts; one whose stream is no longer advanced,
-        but not closed either (a traceback or a forgotten variable still refers to it), loses
-        its branches this way. Returns the owners released.
-        """
-        with self._lock:
-            now = time.monotonic() if now is None else now
-            idle = [o for o, t in self._leases.items() if o != keep and now - t > idle_seconds]
-            for owner in idle:
-                self._eliminate(owner)
-            return idle
-
     def _eliminate(self, owner: str) -> int:
-        self._leases.pop(owner, None)
         nodes = self._owned.pop(owner, None)
         self._restart_cursors(owner)
         if not nodes:

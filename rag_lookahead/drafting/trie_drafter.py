@@ -16,8 +16,7 @@ class TrieDrafter:
     The call's branches are inserted on construction and eliminated by `close`, unless the
     owner is a `DocumentScope`'s, which eliminates them itself; the tokens it generates are
     added to the shared output branches as they are accepted, so they help the rest of this
-    answer as well as later calls. Its own branches are leased: each proposal renews the lease
-    and releases other calls' branches idle longer than ``idle_seconds``.
+    answer as well as later calls.
     """
 
     def __init__(
@@ -28,26 +27,17 @@ class TrieDrafter:
         min_match: int,
         *,
         eliminate_on_close: bool = True,
-        idle_seconds: float = 60.0,
     ) -> None:
         self.trie = trie
         self.owner = owner
         self.eliminate_on_close = eliminate_on_close
         self.min_match = min_match
-        self.idle_seconds = idle_seconds
         with trie.lock:  # all of the call's texts at once, as one update
-            self._renew()
             for seq in sequences:
                 trie.insert(seq, owner)
             self._outputs = trie.insert_cursor(OUTPUT_OWNER)
 
-    def _renew(self) -> None:
-        if self.eliminate_on_close:  # a scope's branches are the scope's to release
-            self.trie.lease(self.owner)
-        self.trie.release_idle(self.idle_seconds, keep=self.owner)
-
     def propose(self, context: Sequence[int], budget: int) -> StepDraft:
-        self._renew()
         draft = self.trie.draft(context, self.owner, budget, self.min_match)
         # Sources name the kind of branch and the match length, e.g. "doc2" or "out1": the
         # acceptance statistics are kept apart for each.

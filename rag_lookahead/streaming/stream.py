@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -38,20 +38,26 @@ class _Released:
 class TextStream(Iterator[str]):
     """Iterates the new text chunk by chunk; ``stats`` is final once the stream is exhausted.
 
-    The call holds its trie branches until the stream ends, and releases them at once when it
-    is closed: by `close`, by leaving a ``with`` block, by closing `chunks`, or when the last
-    reference to the stream goes (nothing here refers back to it, so CPython frees it then, not
-    at some later garbage collection). A stream kept referenced but never advanced again (say,
-    by a traceback) loses its branches after ``LookaheadConfig.idle_release_seconds``.
+    The call decodes ahead of its reader and holds its trie branches until it ends: when its
+    last token is decided, or when the stream is closed — by `close`, by leaving a ``with``
+    block, by closing `chunks`, or when the last reference to the stream goes (nothing here
+    refers back to it, so CPython frees it then, not at some later garbage collection). A
+    stream still referenced but never read again (a kept traceback) ends when its tokens do.
     """
 
-    def __init__(self, steps: Generator[StreamChunk, None, None], recorder: StepRecorder) -> None:
+    def __init__(
+        self,
+        steps: Generator[StreamChunk, None, None],
+        recorder: StepRecorder,
+        cancel: Callable[[], None] | None = None,
+    ) -> None:
         self._steps = steps
         self._recorder = recorder
+        self._cancel = cancel
         self._released = _Released()
         self._closed = False
         # Refers to the steps and what they released, never to this stream: no cycle.
-        self._chunks = _iterate(steps, self._released)
+        self._chunks = _iterate(steps, self._released, cancel)
 
     @property
     def text(self) -> str:
@@ -90,7 +96,9 @@ class TextStream(Iterator[str]):
         if not self._closed:
             self._closed = True
             self._chunks.close()
-            self._steps.close()  # runs the engine's cleanup, if the chunks had not started
+            self._steps.close()
+            if self._cancel is not None:  # also a call whose chunks were never read
+                self._cancel()
 
     def __enter__(self) -> TextStream:
         return self
@@ -106,7 +114,7 @@ class TextStream(Iterator[str]):
 
 
 def _iterate(
-    steps: Generator[StreamChunk, None, None], released: _Released
+    steps: Generator[StreamChunk, None, None], released: _Released, cancel: Callable[[], None] | None
 ) -> Generator[StreamChunk, None, None]:
     try:
         for chunk in steps:
@@ -115,3 +123,5 @@ def _iterate(
             yield chunk
     finally:
         steps.close()  # a consumer that stopped early ends generation here
+        if cancel is not None:
+            cancel()

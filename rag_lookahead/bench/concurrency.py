@@ -1,0 +1,316 @@
+"""Concurrency benchmark: many clients at once, against serialised and batched baselines.
+
+Each method answers the same questions for ``c`` concurrent clients: all sent at once (each
+client sends its next question when its previous answer is done), or arriving as a Poisson
+process at a given rate (a question waits for a free client). Methods:
+
+- ``serialised``: this engine with ``max_batch_size=1`` (one call at a time, arrival order);
+- ``batched``: this engine as configured (continuous batching of lookahead steps);
+- ``hf_static_batch``: transformers ``generate``, greedy, the questions as left-padded static
+  batches of ``c``;
+- ``hf_continuous_batching``: transformers ``generate_batch`` (its own paged cache), where this
+  transformers has it, all questions at once;
+- ``prompt_lookup``: transformers prompt lookup decoding, one question at a time.
+
+Every output is compared with plain greedy ``generate`` of the same prompt alone.
+``decode_tokens_per_s`` leaves out the prompts' forwards (timed alone, the same work for every
+method).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from rag_lookahead.bench.run import PROMPT_LOOKUP_TOKENS, BenchInput, prefill_timer
+from rag_lookahead.engine import LookaheadEngine
+
+__all__ = ["CONCURRENCY_METHODS", "format_concurrency", "run_concurrency"]
+
+CONCURRENCY_METHODS = ("serialised", "batched", "hf_static_batch", "hf_continuous_batching", "prompt_lookup")
+
+
+@dataclass
+class Served:
+    """One question's answer and its timing, in seconds from the start of the run."""
+
+    arrived: float
+    first_token: float = 0.0
+    done: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+
+
+Method = Callable[[Sequence[BenchInput], Sequence[float], int], list[Served]]
+
+
+def run_concurrency(
+    engine: LookaheadEngine,
+    inputs: Sequence[BenchInput],
+    max_new_tokens: int,
+    concurrency: Sequence[int],
+    methods: Sequence[str] = CONCURRENCY_METHODS,
+    arrival_rate: float | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run every method at every concurrency level; return the JSON-ready summary."""
+    unknown = set(methods) - set(CONCURRENCY_METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(CONCURRENCY_METHODS)}")
+    if not inputs:
+        raise ValueError("nothing to benchmark: no inputs")
+    reference = [_greedy(engine, item.prompt_ids, max_new_tokens) for item in inputs]
+    prefill = prefill_timer(engine)
+    prefill_seconds = sum(prefill(item.prompt_ids) for item in inputs)
+    levels: dict[str, Any] = {}
+    for clients in concurrency:
+        arrivals = _arrivals(len(inputs), arrival_rate, seed)
+        results: dict[str, dict[str, Any]] = {}
+        for name in methods:
+            warm = _method(engine, name, clients, max_new_tokens)
+            if warm is None:
+                continue
+            warm(inputs[:1], [0.0], clients)  # warm-up (allocations, kernels), then a fresh start
+            method = _method(engine, name, clients, max_new_tokens)
+            assert method is not None
+            started = time.perf_counter()
+            served = method(inputs, arrivals, clients)
+            wall = time.perf_counter() - started
+            results[name] = _measures(served, reference, wall, prefill_seconds)
+        _ratios(results)
+        arrival = "all at once" if arrival_rate is None else f"poisson {arrival_rate}/s"
+        levels[str(clients)] = {"arrival": arrival, "methods": results}
+    return {
+        "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
+        "device": str(engine.device),
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "records": len(inputs),
+        "max_new_tokens": max_new_tokens,
+        "prefill_seconds": round(prefill_seconds, 3),
+        "lookahead_config": dict(vars(engine.config)),
+        "concurrency": levels,
+    }
+
+
+def _arrivals(count: int, rate: float | None, seed: int) -> list[float]:
+    if rate is None:
+        return [0.0] * count
+    rng, now, times = random.Random(seed), 0.0, []
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate)
+    return times
+
+
+def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: int) -> Method | None:
+    if name in ("serialised", "batched"):
+        size = 1 if name == "serialised" else max(engine.config.max_batch_size, clients)
+        tokens = max(engine.config.max_tokens_per_forward, size)
+        config = replace(engine.config, max_batch_size=size, max_tokens_per_forward=tokens)
+        # A trie of its own for each run: no method drafts from another's answers.
+        variant = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=engine.cost_curve)
+        return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served))
+    if name == "prompt_lookup":
+        lock = threading.Lock()  # one request at a time
+
+        def lookup(item: BenchInput, served: Served) -> None:
+            with lock:
+                served.tokens = _greedy(engine, item.prompt_ids, max_new_tokens, PROMPT_LOOKUP_TOKENS)
+                served.first_token = served.done = time.perf_counter()
+
+        return _clients(lookup)
+    if name == "hf_static_batch":
+        return lambda inputs, arrivals, size: _static_batches(engine, inputs, arrivals, size, max_new_tokens)
+    if not hasattr(engine.model, "generate_batch"):
+        return None
+    return lambda inputs, arrivals, size: _continuous(engine, inputs, arrivals, max_new_tokens)
+
+
+def _clients(answer: Callable[[BenchInput, Served], None]) -> Method:
+    """``clients`` threads taking questions in order, each once it has arrived."""
+
+    def run(inputs: Sequence[BenchInput], arrivals: Sequence[float], clients: int) -> list[Served]:
+        start = time.perf_counter()
+        served = [Served(start + t) for t in arrivals]
+        queue = iter(range(len(inputs)))
+        lock = threading.Lock()
+
+        def client() -> None:
+            while True:
+                with lock:
+                    i = next(queue, None)
+                if i is None:
+                    return
+                time.sleep(max(0.0, served[i].arrived - time.perf_counter()))
+                answer(inputs[i], served[i])
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [_relative(s, start) for s in served]
+
+    return run
+
+
+def _stream(engine: LookaheadEngine, item: BenchInput, max_new_tokens: int, served: Served) -> None:
+    with engine.stream(item.prompt_ids, max_new_tokens=max_new_tokens, documents=item.documents) as stream:
+        for chunk in stream.chunks():
+            if not served.first_token:
+                served.first_token = time.perf_counter()
+            served.tokens += chunk.token_ids
+    served.done = time.perf_counter()
+
+
+def _static_batches(
+    engine: LookaheadEngine,
+    inputs: Sequence[BenchInput],
+    arrivals: Sequence[float],
+    size: int,
+    max_new_tokens: int,
+) -> list[Served]:
+    start = time.perf_counter()
+    served = [Served(start + t) for t in arrivals]
+    pad = engine.eos_token_ids[0] if engine.eos_token_ids else 0
+    for first in range(0, len(inputs), size):
+        group = range(first, min(first + size, len(inputs)))
+        time.sleep(max(0.0, max(served[i].arrived for i in group) - time.perf_counter()))
+        width = max(len(inputs[i].prompt_ids) for i in group)
+        ids = torch.full((len(group), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(group):
+            prompt = inputs[i].prompt_ids
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        with torch.inference_mode():
+            out = engine.model.generate(
+                ids.to(engine.device),
+                attention_mask=mask.to(engine.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        done = time.perf_counter()
+        for row, i in enumerate(group):
+            served[i].tokens = _unpadded(out[row, width:].tolist(), engine.eos_token_ids)
+            served[i].first_token = served[i].done = done  # a static batch returns all at once
+    return [_relative(s, start) for s in served]
+
+
+def _continuous(
+    engine: LookaheadEngine, inputs: Sequence[BenchInput], arrivals: Sequence[float], max_new_tokens: int
+) -> list[Served]:
+    """transformers' continuous batching, all questions submitted at once (arrivals ignored)."""
+    from transformers import GenerationConfig
+
+    eos = engine.eos_token_ids[0] if engine.eos_token_ids else -1
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
+    )
+    start = time.perf_counter()
+    outputs = engine.model.generate_batch(
+        inputs=[list(item.prompt_ids) for item in inputs],
+        generation_config=config,
+        record_timestamps=True,
+        progress_bar=False,
+        warmup=False,
+    )
+    done = time.perf_counter()
+    served = []
+    for i in range(len(inputs)):
+        out = outputs[f"req_{i}"]
+        stamps = list(getattr(out, "timestamps", None) or [])
+        # Its timestamps are on its own clock: times relative to the request's creation.
+        first = stamps[0] - out.created_time if stamps else done - start
+        last = stamps[-1] - out.created_time if stamps else done - start
+        served.append(Served(0.0, first, last, _unpadded(list(out.generated_tokens), engine.eos_token_ids)))
+    return served
+
+
+def _greedy(
+    engine: LookaheadEngine, prompt: Sequence[int], max_new_tokens: int, lookup: int = 0
+) -> list[int]:
+    input_ids = torch.tensor([list(prompt)], device=engine.device)
+    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    with torch.inference_mode():
+        out = engine.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
+            **extra,
+        )
+    return list(out[0, len(prompt) :].tolist())
+
+
+def _unpadded(tokens: list[int], eos: Sequence[int]) -> list[int]:
+    """A batch row's tokens up to and including its first EOS (the rest is padding)."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _relative(served: Served, start: float) -> Served:
+    return Served(served.arrived - start, served.first_token - start, served.done - start, served.tokens)
+
+
+def _measures(
+    served: list[Served], reference: list[list[int]], wall: float, prefill: float
+) -> dict[str, Any]:
+    tokens = sum(len(s.tokens) for s in served)
+    latency = sorted(s.done - s.arrived for s in served)
+    ttft = sorted(s.first_token - s.arrived for s in served)
+    return {
+        "tokens_per_s": round(tokens / wall, 3),
+        "decode_tokens_per_s": round(tokens / max(wall - prefill, 1e-9), 3),
+        "p50_latency_s": round(_quantile(latency, 0.5), 3),
+        "p95_latency_s": round(_quantile(latency, 0.95), 3),
+        "p50_ttft_s": round(_quantile(ttft, 0.5), 3),
+        "answers": len(served),
+        "identical_to_greedy": sum(s.tokens == r for s, r in zip(served, reference, strict=True)),
+        "seconds": round(wall, 3),
+        "new_tokens": tokens,
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _ratios(results: dict[str, dict[str, Any]]) -> None:
+    for base in ("serialised", "hf_static_batch"):
+        if base not in results:
+            continue
+        for measures in results.values():
+            for key in ("tokens_per_s", "decode_tokens_per_s"):
+                name = f"{'speedup' if key == 'tokens_per_s' else 'decode_speedup'}_vs_{base}"
+                measures[name] = round(measures[key] / results[base][key], 3)
+
+
+def format_concurrency(summary: dict[str, Any]) -> str:
+    """A plain-text table per concurrency level."""
+    head = (
+        f"{'method':<24}{'tok/s':>8}{'decode':>9}{'p50 s':>8}{'p95 s':>8}{'ttft s':>8}"
+        f"{'same':>7}{'vs serial':>10}{'vs static':>10}"
+    )
+    lines = []
+    for clients, level in summary["concurrency"].items():
+        lines += [f"{clients} clients, {level['arrival']}", head, "-" * len(head)]
+        for name, m in level["methods"].items():
+            lines.append(
+                f"{name:<24}{m['tokens_per_s']:>8.2f}{m['decode_tokens_per_s']:>9.2f}"
+                f"{m['p50_latency_s']:>8.2f}{m['p95_latency_s']:>8.2f}{m['p50_ttft_s']:>8.2f}"
+                f"{m['identical_to_greedy']:>4}/{m['answers']:<2}"
+                f"{m.get('speedup_vs_serialised', 0):>9.2f}x{m.get('speedup_vs_hf_static_batch', 0):>9.2f}x"
+            )
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,282 @@
+"""Continuous batching: one worker thread decodes every running call, one forward per step.
+
+Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
+prompt is prefilled in its own cache, in chunks while others are decoding (a whole prompt at
+once when nobody waits on it); its cache then becomes one row of the batch (`BatchCache`).
+Each step drafts for every row, plans how much of each draft the batch verifies
+(`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
+accepts, keeps the accepted path in the cache and releases the tokens through the call's
+`Stopping`. Calls that cannot share the batch (a model that cannot verify trees, a call that
+may outgrow a sliding attention window) decode plainly in their own cache, between steps.
+
+Every row is computed as if it were alone (its own positions, its own columns of the cache),
+so batching changes no output; only the rounding of batched kernels differs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.decoding.planner import StepPlanner, plan_batch
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.verify import TokenChooser, accept
+from rag_lookahead.drafting.compose import ComposedDrafter
+from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stopping import Stopping
+from rag_lookahead.streaming.stream import StreamChunk
+
+__all__ = ["Call", "Scheduler"]
+
+# The batch cache is compacted once this share of its columns could go (rows right-aligned).
+_MAX_SLACK = 0.25
+
+_END = None  # the outbox's last item
+
+
+@dataclass(eq=False)
+class Call:
+    """One generation call, from submission to its last token."""
+
+    prompt_ids: list[int]
+    config: LookaheadConfig
+    planner: StepPlanner
+    chooser: TokenChooser
+    stopping: Stopping
+    recorder: StepRecorder
+    context_window: int
+    make_drafter: Callable[[], ComposedDrafter] | None  # None: decode plainly
+    batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
+    outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
+    cancelled: bool = False
+    ended: threading.Event = field(default_factory=threading.Event)  # set once it holds nothing
+    ids: list[int] = field(default_factory=list)
+    cache: Any = None  # its own cache, while prefilling (and for calls outside the batch)
+    prefilled: int = 0
+    drafter: ComposedDrafter | None = None
+    side: list[int] = field(default_factory=list)  # the model's predictions at the side rows
+
+    def __post_init__(self) -> None:
+        self.ids = list(self.prompt_ids)
+
+    def chunks(self) -> Generator[StreamChunk, None, None]:
+        """What the call releases, as the consumer's thread reads it; closing this generator
+        (or an error in the consumer's loop that closes it) cancels the call."""
+        try:
+            while True:
+                item = self.outbox.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancelled = True  # nothing to stop if it has ended
+
+
+class Scheduler:
+    """The decoding loop of every call on one model: a worker thread while there is work."""
+
+    def __init__(self, runner: ModelRunner, max_batch_size: int, max_tokens_per_forward: int) -> None:
+        self.runner = runner
+        self.max_batch_size = max_batch_size
+        self.max_tokens_per_forward = max_tokens_per_forward
+        self._cond = threading.Condition()
+        self._waiting: deque[Call] = deque()
+        self._worker: threading.Thread | None = None
+        # Only the worker touches these.
+        self._joining: list[Call] = []
+        self._rows: list[Call] = []  # the batch, in row order
+        self._alone: list[Call] = []
+        self._batch = BatchCache.empty()
+
+    def submit(self, call: Call) -> None:
+        """Queue ``call``; its chunks arrive in ``call.outbox``."""
+        with self._cond:
+            self._waiting.append(call)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name="rag-lookahead-decoder", daemon=True)
+                self._worker.start()
+            self._cond.notify()
+
+    def cancel(self, call: Call, wait: bool = True) -> None:
+        """Stop ``call`` at the next step boundary (nothing if it has ended); with ``wait``,
+        return once it has left and released what it held (at most one step later)."""
+        call.cancelled = True
+        if wait and threading.current_thread() is not self._worker:
+            call.ended.wait()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                running = len(self._joining) + len(self._rows) + len(self._alone)
+                while self._waiting and running < self.max_batch_size:
+                    self._joining.append(self._waiting.popleft())
+                    running += 1
+                if running == 0:
+                    self._worker = None
+                    return
+            self._retire_cancelled()
+            if self._joining:
+                self._guarded([self._joining[0]], self._prefill)
+            for call in list(self._alone):
+                self._guarded([call], self._alone_step)
+            if self._rows:
+                self._guarded(list(self._rows), self._batch_step, batch=True)
+
+    def _guarded(self, calls: list[Call], run: Callable[..., None], batch: bool = False) -> None:
+        """Run one phase on ``calls`` (a batch step takes them all, another phase the one);
+        a failure ends the calls it concerns, with the error, and no others."""
+        try:
+            run(calls) if batch else run(calls[0])
+        except Exception as err:
+            for call in calls:
+                self._end(call, err)
+            if batch:  # the cache may be half updated: the batch starts afresh
+                self._rows, self._batch = [], BatchCache.empty()
+
+    def _retire_cancelled(self) -> None:
+        for group in (self._joining, self._alone):
+            for call in [c for c in group if c.cancelled]:
+                self._end(call)
+        gone = [i for i, c in enumerate(self._rows) if c.cancelled]
+        if gone:
+            for i in gone:
+                self._end(self._rows[i])
+            self._drop_rows(gone)
+
+    # ------------------------------------------------------------------ phases
+
+    def _prefill(self, call: Call) -> None:
+        prompt, start = call.prompt_ids, call.prefilled
+        busy = bool(self._rows or self._alone)
+        end = min(len(prompt), start + self.max_tokens_per_forward) if busy else len(prompt)
+        if call.cache is None and call.batchable:
+            call.cache = new_tree_cache()
+        logits, call.cache = self.runner.forward(
+            torch.tensor([prompt[start:end]]), call.cache, last_only=True
+        )
+        call.prefilled = end
+        if end < len(prompt):
+            return
+        # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
+        call.drafter = call.make_drafter() if call.make_drafter is not None else None
+        tokens = call.chooser.choose(logits[-1:], call.ids, DraftTree.root_only(call.ids[-1]))
+        call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
+        self._joining.remove(call)
+        if self._release(call, tokens):
+            return
+        if call.batchable:
+            self._batch.add_row(call.cache)
+            call.cache = None
+            self._rows.append(call)
+        else:
+            self._alone.append(call)
+
+    def _alone_step(self, call: Call) -> None:
+        """One plain step of a call outside the batch, in the model's own cache."""
+        logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
+        tokens = call.chooser.choose(logits[-1:], call.ids, DraftTree.root_only(call.ids[-1]))
+        call.recorder.step(0, 0, "none")
+        if self._release(call, tokens):
+            self._alone.remove(call)
+
+    def _batch_step(self, calls: list[Call]) -> None:
+        drafts = self._plan(calls, [self._propose(call) for call in calls])
+        past = self._batch.width
+        if len(calls) == 1 and self._batch.holes() == 0:  # one call alone: exactly its own forward
+            logits, _ = self.runner.forward_step(drafts[0], self._batch.cache, past)
+            logits = logits.unsqueeze(0)  # [1, T, V]
+        else:
+            lengths = [len(call.ids) - 1 for call in calls]
+            inputs = batch_inputs(
+                drafts, lengths, self._batch.valid, self.runner.device, self.runner.model.dtype
+            )
+            logits = self.runner.forward_batch(inputs, self._batch.cache)  # [B, T, V]
+        outcomes, nodes = [], []
+        for i, (call, draft) in enumerate(zip(calls, drafts, strict=True)):
+            tree = draft.tree
+            accepted = accept(tree, call.chooser.choose(logits[i, : len(tree)], call.ids, tree))
+            call.side = logits[i, len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
+            call.planner.learn(tree, accepted.nodes)
+            call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
+            outcomes.append(accepted.tokens)
+            nodes.append(accepted.nodes)
+        self._batch.keep_accepted(past, max(len(d) for d in drafts), nodes)
+        done = [
+            i
+            for i, (call, tokens) in enumerate(zip(calls, outcomes, strict=True))
+            if self._release(call, tokens)
+        ]
+        if done:
+            self._drop_rows(done)
+        elif self._batch.slack() > _MAX_SLACK:
+            self._batch.compact()
+
+    def _propose(self, call: Call) -> StepDraft:
+        # Room for the drafted tokens plus the model's own one.
+        budget = min(call.config.decoding_length, call.stopping.room() - 1)
+        if call.drafter is None or budget <= 0:
+            return StepDraft(DraftTree.root_only(call.ids[-1]))
+        return call.drafter.propose(call.ids, budget)
+
+    def _plan(self, calls: list[Call], proposals: list[StepDraft]) -> list[StepDraft]:
+        if len(calls) == 1:
+            call = calls[0]
+            return [call.planner.plan(proposals[0], call.context_window - len(call.ids))]
+        # Several rows: side rows stay out (each would widen every row), the plan is joint.
+        ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
+        curve = next((c.planner.cost_curve for c in calls if c.planner.cost_curve is not None), None)
+        return [StepDraft(tree) for tree in plan_batch(ranked, curve, self.max_tokens_per_forward)]
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _release(self, call: Call, tokens: list[int]) -> bool:
+        """Pass a step's tokens through the call's stopping; whether the call has ended."""
+        released = call.stopping.release(tokens)
+        call.ids += released.token_ids
+        call.recorder.new_tokens += len(released.token_ids)
+        if call.drafter is not None:
+            call.drafter.observe(released.token_ids, call.side)
+        call.outbox.put(StreamChunk(released.token_ids, released.text))
+        if released.reason is None:
+            return False
+        call.recorder.finish(released.reason)
+        self._end(call)
+        return True
+
+    def _end(self, call: Call, error: BaseException | None = None) -> None:
+        """The call is over: record it, release what it holds, tell its consumer."""
+        call.recorder.finish("abandoned")  # unless it finished
+        if call in self._joining:
+            self._joining.remove(call)
+        if call in self._alone:
+            self._alone.remove(call)
+        drafter, call.drafter, call.cache = call.drafter, None, None
+        try:
+            if drafter is not None:
+                drafter.close()
+        finally:
+            call.outbox.put(error if error is not None else _END)
+            call.ended.set()
+
+    def _drop_rows(self, gone: list[int]) -> None:
+        keep = [i for i in range(len(self._rows)) if i not in set(gone)]
+        self._rows = [self._rows[i] for i in keep]
+        self._batch.keep_rows(keep)
+        # A call left alone gets its own plain forward back (no holes), as if never batched.
+        if self._batch.slack() > _MAX_SLACK or (len(self._rows) == 1 and self._batch.holes() > 0):
+            self._batch.compact()

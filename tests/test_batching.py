@@ -1,0 +1,257 @@
+"""Continuous batching: rows of different calls in one forward, each computed as if alone."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.testing import FAMILIES, VOCAB, CharTokenizer, greedy_reference, held_after, tiny_model
+
+TREE = DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))  # 7 -> 8 -> 9 ; 7 -> 10
+
+
+def prefilled(runner: ModelRunner, prompt: list[int]):
+    cache = new_tree_cache()
+    runner.forward(torch.tensor([prompt]), cache, last_only=True)
+    return cache
+
+
+def test_batch_inputs_hide_holes_pads_and_other_branches() -> None:
+    valid = torch.tensor([[True, True, True], [False, True, True]])
+    drafts = [StepDraft(TREE), StepDraft(DraftTree.root_only(4))]
+    inputs = batch_inputs(drafts, [3, 2], valid, torch.device("cpu"), torch.float32)
+    assert inputs.input_ids.tolist() == [[7, 8, 9, 10], [4, 4, 4, 4]]  # pads repeat the root
+    assert inputs.position_ids.tolist() == [[3, 4, 5, 4], [2, 2, 2, 2]]
+    seen = (inputs.attention_mask[:, 0] == 0).int().tolist()
+    assert seen[0] == [
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 0, 0, 1],
+    ]
+    # Row 1: its root sees its valid cache; each pad sees only itself.
+    assert seen[1] == [
+        [0, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 0, 1],
+    ]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_batched_step_matches_each_row_alone(family: str) -> None:
+    runner = ModelRunner(tiny_model(family))
+    prompts = [[3, 14, 15, 9, 26, 5], [2, 7], [18, 28, 18, 28, 45, 90, 45, 23, 5]]
+    drafts = [
+        StepDraft(DraftTree((5, 8, 9, 10), (-1, 0, 1, 0))),
+        StepDraft(DraftTree.root_only(7)),
+        StepDraft(TREE),
+    ]
+    alone = []
+    for prompt, draft in zip(prompts, drafts, strict=True):
+        logits, _ = runner.forward_step(draft, prefilled(runner, prompt[:-1]), len(prompt) - 1)
+        alone.append(logits)
+    batch = BatchCache.empty()
+    for prompt in prompts:
+        batch.add_row(prefilled(runner, prompt[:-1]))
+    inputs = batch_inputs(drafts, [len(p) - 1 for p in prompts], batch.valid, runner.device, torch.float32)
+    logits = runner.forward_batch(inputs, batch.cache)  # [3, 4, V]
+    for i, draft in enumerate(drafts):
+        torch.testing.assert_close(logits[i, : len(draft)], alone[i], rtol=1e-4, atol=1e-4)
+
+
+def test_each_row_keeps_only_its_accepted_path_and_compacts_in_order() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    prompts = [[3, 14, 15, 9], [2, 7, 1]]
+    batch = BatchCache.empty()
+    for prompt in prompts:
+        batch.add_row(prefilled(runner, prompt))
+    width = batch.width
+    drafts = [StepDraft(TREE), StepDraft(DraftTree((1, 2), (-1, 0)))]
+    inputs = batch_inputs(drafts, [4, 3], batch.valid, runner.device, torch.float32)
+    runner.forward_batch(inputs, batch.cache)
+    batch.keep_accepted(width, 4, [[0, 3], [0]])  # row 0 took the second branch, row 1 nothing
+    assert batch.valid.tolist() == [[True] * 4 + [True, True], [False, True, True, True, True, False]]
+    # Row 0's kept entries are those of its prompt + 7, 10 computed alone.
+    alone = prefilled(runner, [3, 14, 15, 9, 7, 10])
+    layer = batch.cache.layers[0]
+    torch.testing.assert_close(layer.keys[0, :, :6], alone.layers[0].keys[0], rtol=1e-4, atol=1e-4)
+    batch.compact()
+    assert batch.valid.tolist() == [[True] * 6, [False, False, True, True, True, True]]
+    torch.testing.assert_close(batch.cache.layers[0].keys[0], alone.layers[0].keys[0], rtol=1e-4, atol=1e-4)
+    row1 = prefilled(runner, [2, 7, 1, 1])
+    torch.testing.assert_close(
+        batch.cache.layers[0].keys[1, :, 2:], row1.layers[0].keys[0], rtol=1e-4, atol=1e-4
+    )
+
+
+def run_together(
+    engine: LookaheadEngine, jobs: list[tuple[list[int], GenerationParams]], stagger: int
+) -> list:
+    """Start the calls one after another, each once the previous has released ``stagger``
+    chunks, then read them all (in threads): they join and leave the batch at many steps."""
+    streams, results = [], [None] * len(jobs)
+    for prompt, params in jobs:
+        streams.append(engine.stream(prompt, params))
+        for _ in range(stagger):
+            next(streams[-1].chunks(), None)
+
+    def finish(i: int) -> None:
+        results[i] = streams[i].complete()
+
+    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    family=st.sampled_from(FAMILIES),
+    mode=st.sampled_from(["trie", "auto", "off"]),
+    seed=st.integers(0, 10_000),
+    calls=st.integers(2, 5),
+    stagger=st.integers(0, 3),
+    batch=st.sampled_from([2, 3, 8]),
+)
+def test_concurrent_calls_give_each_its_own_greedy_output(family, mode, seed, calls, stagger, batch) -> None:
+    rng = random.Random(seed)
+    model = tiny_model(family)
+    config = LookaheadConfig(mode=mode, min_query_length=1, max_batch_size=batch, max_tokens_per_forward=24)
+    engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=None)
+    if mode == "auto":
+        from rag_lookahead.decoding.costs import CostCurve
+
+        engine.planner.cost_curve = CostCurve((1, 4, 32), (1.0, 1.2, 2.0))
+    jobs = []
+    for _ in range(calls):
+        base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
+        prompt = (base * rng.randint(2, 12))[: rng.randint(3, 40)]
+        jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
+    for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
+        assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_stop_strings_and_cancellations_do_not_disturb_the_other_rows() -> None:
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    prompts = [[3, 14, 15, 9, 26], [2, 7, 1, 8, 2, 8], [5, 5, 5, 6], [9, 1]]
+    references = [greedy_reference(model, p, 20) for p in prompts]
+    stop = CharTokenizer().decode(references[1][6:8])
+    with held_after(engine, steps=2) as held:
+        streams = [
+            engine.stream(prompts[0], max_new_tokens=20),
+            engine.stream(prompts[1], max_new_tokens=20, stop_strings=[stop]),
+            engine.stream(prompts[2], max_new_tokens=20),
+            engine.stream(prompts[3], max_new_tokens=20),
+        ]
+        streams[2].close()  # cancelled while the others decode
+        held.set()
+        done = [s.complete() for s in streams]
+    assert done[0].token_ids == references[0] and done[3].token_ids == references[3]
+    assert done[1].stats.finish_reason == "stop_string"
+    assert (
+        done[1].text
+        == CharTokenizer().decode(references[1])[: CharTokenizer().decode(references[1]).index(stop)]
+    )
+    assert done[2].stats.finish_reason == "abandoned"
+
+
+def test_a_joining_prompt_is_prefilled_in_chunks_with_the_same_output() -> None:
+    model = tiny_model("llama")
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_tokens_per_forward=8)
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    prefills: list[int] = []
+    forward = engine.runner.forward
+
+    def counting(input_ids, *args, **kwargs):
+        prefills.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    engine.runner.forward = counting  # type: ignore[method-assign]
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    with held_after(engine, steps=1) as held:
+        first = engine.stream([3, 14, 15], max_new_tokens=30)
+        second = engine.stream(long_prompt, max_new_tokens=12)  # joins while the first decodes
+        held.set()
+        outputs = [first.complete(), second.complete()]
+    assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
+    assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 30)
+    assert 45 not in prefills and prefills.count(8) >= 2  # the long prompt went in chunks
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch() -> None:
+    model = tiny_model("qwen2")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    params = GenerationParams(max_new_tokens=16, do_sample=True, temperature=1.2, seed=5)
+    alone = engine.complete([4, 8, 15, 16], params)
+    jobs = [
+        ([4, 8, 15, 16], params),
+        ([23, 42, 4, 8], params.with_overrides(seed=6)),
+        ([4, 8, 15, 16], params),
+    ]
+    together = run_together(engine, jobs, stagger=0)
+    assert together[0].token_ids == together[2].token_ids == alone.token_ids
+
+
+def test_one_call_at_a_time_with_a_batch_of_one() -> None:
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", max_batch_size=1))
+    widths: list[int] = []
+    forward_step = engine.runner.forward_step
+
+    def single(draft, cache, past):
+        widths.append(cache.layers[0].keys.shape[0])
+        return forward_step(draft, cache, past)
+
+    engine.runner.forward_step = single  # type: ignore[method-assign]
+    jobs = [
+        ([3, 14, 15], GenerationParams(max_new_tokens=10)),
+        ([2, 7, 1], GenerationParams(max_new_tokens=10)),
+    ]
+    results = run_together(engine, jobs, stagger=0)
+    assert [r.token_ids for r in results] == [greedy_reference(model, p, 10) for p, _ in jobs]
+    assert set(widths) == {1}
+
+
+def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on() -> None:
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    forward_batch = engine.runner.forward_batch
+    failures = [1]
+
+    def flaky(*args, **kwargs):
+        if failures:
+            failures.pop()
+            raise RuntimeError("device lost")
+        return forward_batch(*args, **kwargs)
+
+    engine.runner.forward_batch = flaky  # type: ignore[method-assign]
+    jobs = [
+        ([3, 14, 15], GenerationParams(max_new_tokens=10)),
+        ([2, 7, 1], GenerationParams(max_new_tokens=10)),
+    ]
+    with held_after(engine, steps=0) as held:
+        streams = [engine.stream(p, params) for p, params in jobs]
+        held.set()
+        for stream in streams:
+            with pytest.raises(RuntimeError, match="device lost"):
+                stream.complete()
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+    assert engine.complete([3, 14, 15], max_new_tokens=10).token_ids == greedy_reference(
+        model, [3, 14, 15], 10
+    )
