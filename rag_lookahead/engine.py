@@ -36,6 +36,10 @@ from rag_lookahead.streaming.stream import Completion, TextStream
 
 __all__ = ["LookaheadEngine"]
 
+# The widest draft per row that batch costs are measured for (wider is extrapolated): in a
+# batch the spare compute is shared, and on a CPU a few tokens per row already use it up.
+_BATCH_WIDTH = 6
+
 
 class LookaheadEngine:
     """Lossless lookahead decoding for a Hugging Face decoder-only model.
@@ -110,7 +114,7 @@ class LookaheadEngine:
         """
         other = copy.copy(self)
         other.config = config
-        other.planner = StepPlanner(config, self.planner.cost_curve)
+        other.planner = StepPlanner(config, self.planner.cost_curve, self.planner.batch_costs)
         if _trie_settings(config) != _trie_settings(self.config):
             other.trie = _new_trie(config)
         if _batch_settings(config) != _batch_settings(self.config):
@@ -152,12 +156,15 @@ class LookaheadEngine:
         return self.planner.cost_curve
 
     def measure_costs(self) -> CostCurve:
-        """Time forwards of every draft size this config may verify (or read them from the
-        on-disk cache), and plan with them from now on. Takes seconds on a CPU."""
+        """Time forwards of every draft size this config may verify, alone and in batches of
+        2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
+        Takes seconds on a CPU, once per model, device, dtype and thread count."""
         cfg = self.config
         size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
         curve = self.runner.measure_costs(size, self._cache_dir)
         self.planner.cost_curve = curve
+        width = min(_BATCH_WIDTH, cfg.decoding_length + 1)
+        self.planner.batch_costs = self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir)
         return curve
 
     # ------------------------------------------------------------------ public calls

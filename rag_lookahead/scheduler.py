@@ -27,6 +27,7 @@ import torch
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+from rag_lookahead.decoding.costs import Calibration
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.planner import StepPlanner, plan_batch
 from rag_lookahead.decoding.runner import ModelRunner
@@ -38,9 +39,6 @@ from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import StreamChunk
 
 __all__ = ["Call", "Scheduler"]
-
-# The batch cache is compacted once this share of its columns could go (rows right-aligned).
-_MAX_SLACK = 0.25
 
 _END = None  # the outbox's last item
 
@@ -99,7 +97,8 @@ class Scheduler:
         self._joining: list[Call] = []
         self._rows: list[Call] = []  # the batch, in row order
         self._alone: list[Call] = []
-        self._batch = BatchCache.empty()
+        self._batch = BatchCache()
+        self._calibration = Calibration()
 
     def submit(self, call: Call) -> None:
         """Queue ``call``; its chunks arrive in ``call.outbox``."""
@@ -146,7 +145,7 @@ class Scheduler:
             for call in calls:
                 self._end(call, err)
             if batch:  # the cache may be half updated: the batch starts afresh
-                self._rows, self._batch = [], BatchCache.empty()
+                self._rows, self._batch = [], BatchCache()
 
     def _retire_cancelled(self) -> None:
         for group in (self._joining, self._alone):
@@ -196,16 +195,16 @@ class Scheduler:
 
     def _batch_step(self, calls: list[Call]) -> None:
         drafts = self._plan(calls, [self._propose(call) for call in calls])
-        past = self._batch.width
-        if len(calls) == 1 and self._batch.holes() == 0:  # one call alone: exactly its own forward
-            logits, _ = self.runner.forward_step(drafts[0], self._batch.cache, past)
+        batch = self._batch
+        if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
+            logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
             logits = logits.unsqueeze(0)  # [1, T, V]
         else:
-            lengths = [len(call.ids) - 1 for call in calls]
-            inputs = batch_inputs(
-                drafts, lengths, self._batch.valid, self.runner.device, self.runner.model.dtype
-            )
-            logits = self.runner.forward_batch(inputs, self._batch.cache)  # [B, T, V]
+            batch.prepare()
+            inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
+            started = time.perf_counter()
+            logits = self.runner.forward_batch(inputs, batch.cache)  # [B, T, V]
+            self._calibrate(calls, inputs.input_ids.shape[1], time.perf_counter() - started)
         outcomes, nodes = [], []
         for i, (call, draft) in enumerate(zip(calls, drafts, strict=True)):
             tree = draft.tree
@@ -215,16 +214,16 @@ class Scheduler:
             call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
             outcomes.append(accepted.tokens)
             nodes.append(accepted.nodes)
-        self._batch.keep_accepted(past, max(len(d) for d in drafts), nodes)
-        done = [
-            i
-            for i, (call, tokens) in enumerate(zip(calls, outcomes, strict=True))
-            if self._release(call, tokens)
-        ]
+        batch.keep_accepted(max(len(d) for d in drafts), nodes)
+        ended = zip(calls, outcomes, strict=True)
+        done = [i for i, (call, tokens) in enumerate(ended) if self._release(call, tokens)]
         if done:
             self._drop_rows(done)
-        elif self._batch.slack() > _MAX_SLACK:
-            self._batch.compact()
+
+    def _calibrate(self, calls: list[Call], width: int, seconds: float) -> None:
+        costs = next((c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None)
+        if costs is not None:
+            self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
 
     def _propose(self, call: Call) -> StepDraft:
         # Room for the drafted tokens plus the model's own one.
@@ -239,8 +238,17 @@ class Scheduler:
             return [call.planner.plan(proposals[0], call.context_window - len(call.ids))]
         # Several rows: side rows stay out (each would widen every row), the plan is joint.
         ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
-        curve = next((c.planner.cost_curve for c in calls if c.planner.cost_curve is not None), None)
-        return [StepDraft(tree) for tree in plan_batch(ranked, curve, self.max_tokens_per_forward)]
+        return [
+            StepDraft(tree) for tree in plan_batch(ranked, self._costs(calls), self.max_tokens_per_forward)
+        ]
+
+    def _costs(self, calls: list[Call]) -> Callable[[int], float] | None:
+        """A batched forward's seconds over these rows by width, as calibrated so far."""
+        costs = next((c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None)
+        if costs is None:
+            return None
+        rows = len(calls)
+        return lambda width: costs(rows, width) * self._calibration.factor(rows, width)
 
     # ------------------------------------------------------------------ outcomes
 
@@ -277,6 +285,3 @@ class Scheduler:
         keep = [i for i in range(len(self._rows)) if i not in set(gone)]
         self._rows = [self._rows[i] for i in keep]
         self._batch.keep_rows(keep)
-        # A call left alone gets its own plain forward back (no holes), as if never batched.
-        if self._batch.slack() > _MAX_SLACK or (len(self._rows) == 1 and self._batch.holes() > 0):
-            self._batch.compact()

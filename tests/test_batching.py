@@ -27,25 +27,26 @@ def prefilled(runner: ModelRunner, prompt: list[int]):
     return cache
 
 
-def test_batch_inputs_hide_holes_pads_and_other_branches() -> None:
-    valid = torch.tensor([[True, True, True], [False, True, True]])
+def test_batch_inputs_show_each_row_its_own_tokens_and_branches() -> None:
     drafts = [StepDraft(TREE), StepDraft(DraftTree.root_only(4))]
-    inputs = batch_inputs(drafts, [3, 2], valid, torch.device("cpu"), torch.float32)
+    inputs = batch_inputs(drafts, [3, 2], torch.device("cpu"), torch.float32)
     assert inputs.input_ids.tolist() == [[7, 8, 9, 10], [4, 4, 4, 4]]  # pads repeat the root
     assert inputs.position_ids.tolist() == [[3, 4, 5, 4], [2, 2, 2, 2]]
     seen = (inputs.attention_mask[:, 0] == 0).int().tolist()
+    # Row 0: three cached tokens, then its tree at columns 3-6.
     assert seen[0] == [
         [1, 1, 1, 1, 0, 0, 0],
         [1, 1, 1, 1, 1, 0, 0],
         [1, 1, 1, 1, 1, 1, 0],
         [1, 1, 1, 1, 0, 0, 1],
     ]
-    # Row 1: its root sees its valid cache; each pad sees only itself.
+    # Row 1: two cached tokens, its root at column 2, pads that see only themselves, and a
+    # last column (stale for this row) that nobody sees.
     assert seen[1] == [
-        [0, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0, 0],
         [0, 0, 0, 0, 1, 0, 0],
         [0, 0, 0, 0, 0, 1, 0],
-        [0, 0, 0, 0, 0, 0, 1],
     ]
 
 
@@ -53,47 +54,39 @@ def test_batch_inputs_hide_holes_pads_and_other_branches() -> None:
 def test_a_batched_step_matches_each_row_alone(family: str) -> None:
     runner = ModelRunner(tiny_model(family))
     prompts = [[3, 14, 15, 9, 26, 5], [2, 7], [18, 28, 18, 28, 45, 90, 45, 23, 5]]
-    drafts = [
-        StepDraft(DraftTree((5, 8, 9, 10), (-1, 0, 1, 0))),
-        StepDraft(DraftTree.root_only(7)),
-        StepDraft(TREE),
-    ]
+    branchy = DraftTree((5, 8, 9, 10), (-1, 0, 1, 0))
+    drafts = [StepDraft(branchy), StepDraft(DraftTree.root_only(7)), StepDraft(TREE)]
     alone = []
     for prompt, draft in zip(prompts, drafts, strict=True):
         logits, _ = runner.forward_step(draft, prefilled(runner, prompt[:-1]), len(prompt) - 1)
         alone.append(logits)
-    batch = BatchCache.empty()
+    batch = BatchCache()
     for prompt in prompts:
         batch.add_row(prefilled(runner, prompt[:-1]))
-    inputs = batch_inputs(drafts, [len(p) - 1 for p in prompts], batch.valid, runner.device, torch.float32)
+    batch.prepare()
+    inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
     logits = runner.forward_batch(inputs, batch.cache)  # [3, 4, V]
     for i, draft in enumerate(drafts):
         torch.testing.assert_close(logits[i, : len(draft)], alone[i], rtol=1e-4, atol=1e-4)
 
 
-def test_each_row_keeps_only_its_accepted_path_and_compacts_in_order() -> None:
+def test_each_row_keeps_only_its_accepted_path() -> None:
     runner = ModelRunner(tiny_model("llama"))
-    prompts = [[3, 14, 15, 9], [2, 7, 1]]
-    batch = BatchCache.empty()
-    for prompt in prompts:
+    batch = BatchCache()
+    for prompt in ([3, 14, 15, 9], [2, 7, 1]):
         batch.add_row(prefilled(runner, prompt))
-    width = batch.width
     drafts = [StepDraft(TREE), StepDraft(DraftTree((1, 2), (-1, 0)))]
-    inputs = batch_inputs(drafts, [4, 3], batch.valid, runner.device, torch.float32)
-    runner.forward_batch(inputs, batch.cache)
-    batch.keep_accepted(width, 4, [[0, 3], [0]])  # row 0 took the second branch, row 1 nothing
-    assert batch.valid.tolist() == [[True] * 4 + [True, True], [False, True, True, True, True, False]]
-    # Row 0's kept entries are those of its prompt + 7, 10 computed alone.
-    alone = prefilled(runner, [3, 14, 15, 9, 7, 10])
-    layer = batch.cache.layers[0]
-    torch.testing.assert_close(layer.keys[0, :, :6], alone.layers[0].keys[0], rtol=1e-4, atol=1e-4)
-    batch.compact()
-    assert batch.valid.tolist() == [[True] * 6, [False, False, True, True, True, True]]
-    torch.testing.assert_close(batch.cache.layers[0].keys[0], alone.layers[0].keys[0], rtol=1e-4, atol=1e-4)
-    row1 = prefilled(runner, [2, 7, 1, 1])
-    torch.testing.assert_close(
-        batch.cache.layers[0].keys[1, :, 2:], row1.layers[0].keys[0], rtol=1e-4, atol=1e-4
-    )
+    batch.prepare()
+    runner.forward_batch(batch_inputs(drafts, batch.lengths, runner.device, torch.float32), batch.cache)
+    batch.keep_accepted(4, [[0, 3], [0]])  # row 0 took the second branch, row 1 nothing
+    assert batch.lengths == [6, 4]
+    rows = [prefilled(runner, [3, 14, 15, 9, 7, 10]), prefilled(runner, [2, 7, 1, 1])]
+    for layer, row0, row1 in zip(batch.cache.layers, rows[0].layers, rows[1].layers, strict=True):
+        torch.testing.assert_close(layer.key_buffer[0, :, :6], row0.keys[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(layer.value_buffer[1, :, :4], row1.values[0], rtol=1e-4, atol=1e-4)
+    batch.keep_rows([1])  # row 0's call left: row 1 decodes alone, in a cache of its own
+    assert batch.lengths == [4] and batch.cache.get_seq_length() == 4
+    torch.testing.assert_close(batch.cache.layers[0].keys[0], rows[1].layers[0].keys[0], rtol=1e-4, atol=1e-4)
 
 
 def run_together(

@@ -158,7 +158,7 @@ def test_caches_that_cannot_be_rolled_back_are_refused() -> None:
 
 
 def test_an_error_inside_generation_releases_the_branches() -> None:
-    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer())
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig(mode="trie"))
     assert engine.tree_verification
     params = GenerationParams(max_new_tokens=4)
     engine.model.forward, original = None, engine.model.forward  # type: ignore[assignment]

@@ -1,56 +1,54 @@
-"""Several calls in one forward: one KV cache of rows, each row with its own valid columns.
+"""Several calls in one forward: one KV buffer of rows, each row written at its own length.
 
-The batch keeps transformers' own `DynamicCache`, its layers ``[B, H, L, D]``. Column ``j`` of
-row ``i`` is either one of that call's cached tokens or a hole: left padding from when the row
-joined, a padded slot of a step, or a draft node the model did not accept. ``valid`` ``[B, L]``
-says which; each row's mask hides its holes, and its position ids are its own, so a row is
-computed as if it were alone. A step appends the same number of columns ``T`` to every row (its
-draft, then pads); afterwards each row's accepted nodes are gathered to the front of those
-columns and the batch keeps as many as the row that accepted most. `compact` squeezes the holes
-out (rows right-aligned) once they are a large part of the cache.
+The batch's cache is a `RowCache`: per layer, buffers ``[B, H, capacity, D]`` in which row
+``i`` holds its call's ``lengths[i]`` cached tokens in its first columns. A step's new columns
+are written, for each row, right after its own tokens (`RowLayer.update`), so rows of different
+lengths never leave holes in one another; the attention sees the first ``max(lengths) + T``
+columns, and each row's mask shows it only its own tokens and its own draft (with its own
+positions), so a row is computed as if it were alone. After the step each row keeps its
+accepted nodes (gathered to the front of its new columns) and its length grows by them;
+whatever lies beyond a row's length is stale and stays hidden.
+
+A call alone decodes in its own `GrowingCache` instead, exactly as it would outside a batch;
+the batch converts between the two when a second call joins or the last but one leaves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted
 from rag_lookahead.decoding.tree import StepDraft, TreeInputs
 
-__all__ = ["BatchCache", "batch_inputs"]
+__all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
 
 
 def batch_inputs(
-    drafts: Sequence[StepDraft],
-    lengths: Sequence[int],
-    valid: torch.Tensor,
-    device: torch.device,
-    dtype: torch.dtype,
+    drafts: Sequence[StepDraft], lengths: Sequence[int], device: torch.device, dtype: torch.dtype
 ) -> TreeInputs:
-    """Inputs ``[B, T]`` and mask ``[B, 1, T, L + T]`` for one draft per row.
+    """Inputs ``[B, T]`` and mask ``[B, 1, T, max(lengths) + T]`` for one draft per row.
 
-    ``lengths[i]`` is row ``i``'s logical cache length (its root's position); ``valid`` ``[B, L]``
-    marks the columns each row may see. A padded slot sees only itself, so that every query
-    row has a finite softmax (its output is never used, and its column is a hole).
+    Row ``i``'s draft sits at columns ``lengths[i]`` to ``lengths[i] + T``; it sees its own
+    first ``lengths[i]`` columns and, within the draft, what its layout allows. A padded slot
+    sees only itself, so that every query has a finite softmax (its output is never used).
     """
     rows, width = len(drafts), max(len(d) for d in drafts)
-    past = valid.shape[1]
-    hidden = torch.finfo(dtype).min
-    mask = torch.full((rows, 1, width, past + width), hidden, dtype=dtype)
+    columns = max(lengths) + width
+    mask = torch.full((rows, 1, width, columns), torch.finfo(dtype).min, dtype=dtype)
     ids = torch.zeros(rows, width, dtype=torch.long)
     positions = torch.zeros(rows, width, dtype=torch.long)
-    pad = torch.eye(width, dtype=torch.bool)
     for i, (draft, length) in enumerate(zip(drafts, lengths, strict=True)):
         tokens, offsets, allowed = draft.layout()
         n = len(tokens)
-        seen = pad.clone()
+        seen = torch.eye(width, dtype=torch.bool)
         seen[:n, :n] = allowed
-        mask[i, 0, :, past:].masked_fill_(seen, 0.0)
-        mask[i, 0, :n, :past].masked_fill_(valid[i].unsqueeze(0), 0.0)
+        mask[i, 0, :, length : length + width].masked_fill_(seen, 0.0)
+        mask[i, 0, :n, :length] = 0.0
         ids[i, :n] = torch.tensor(tokens)
         ids[i, n:] = tokens[0]
         positions[i, :n] = torch.tensor(offsets) + length
@@ -58,119 +56,182 @@ def batch_inputs(
     return TreeInputs(ids.to(device), positions.to(device), mask.to(device))
 
 
-@dataclass
+class _Rows:
+    """Where each row's next columns go: shared by the layers of one `RowCache`."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths  # the batch's own list, kept up to date by it
+        self.starts: torch.Tensor | None = None  # [B], on the device, for the forward in flight
+
+
+class RowLayer(DynamicLayer):
+    """Keys and values of several rows in one buffer; each row appends after its own length."""
+
+    def __init__(self, rows: _Rows) -> None:
+        super().__init__()
+        self._rows = rows
+        self.key_buffer: torch.Tensor | None = None  # [B, H, capacity, D]
+        self.value_buffer: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.key_buffer is not None and self.value_buffer is not None
+        new = key_states.shape[-2]
+        used = max(self._rows.lengths) + new
+        self._reserve(used)
+        starts = self._rows.starts
+        assert starts is not None, "set the rows' starts before the forward"
+        where = starts[:, None] + torch.arange(new, device=starts.device)  # [B, T]
+        _scatter_columns(self.key_buffer, where, key_states)
+        _scatter_columns(self.value_buffer, where, value_states)
+        self.keys, self.values = self.key_buffer[:, :, :used], self.value_buffer[:, :, :used]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return max(self._rows.lengths, default=0)
+
+    def _reserve(self, columns: int) -> None:
+        assert self.key_buffer is not None and self.value_buffer is not None
+        if columns > self.key_buffer.shape[2]:
+            room = columns + max(64, columns // 2)
+            self.key_buffer = _widened(self.key_buffer, room)
+            self.value_buffer = _widened(self.value_buffer, room)
+
+
+class RowCache(DynamicCache):
+    """A cache of `RowLayer`s over the rows of a batch."""
+
+    def __init__(self, rows: _Rows, buffers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__()
+        self.rows = rows
+        self.layer_class_to_replicate = None
+        self.layers = []
+        for keys, values in buffers:
+            layer = RowLayer(rows)
+            layer.key_buffer, layer.value_buffer = keys, values
+            layer.lazy_initialization(keys, values)
+            self.layers.append(layer)
+
+    def row_layers(self) -> list[RowLayer]:
+        return [layer for layer in self.layers if isinstance(layer, RowLayer)]
+
+
 class BatchCache:
-    """The KV cache of the calls decoding together, one row each."""
+    """The KV cache of the calls decoding together: one row each, in order."""
 
-    cache: DynamicCache
-    valid: torch.Tensor  # [B, L] bool, on the CPU
-
-    @classmethod
-    def empty(cls) -> BatchCache:
-        return cls(DynamicCache(), torch.zeros(0, 0, dtype=torch.bool))
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.cache: DynamicCache = GrowingCache()  # the one row's own cache, or a RowCache
 
     @property
     def rows(self) -> int:
-        return self.valid.shape[0]
-
-    @property
-    def width(self) -> int:
-        """Physical columns ``L`` of every row."""
-        return self.valid.shape[1]
-
-    def holes(self) -> float:
-        """The share of the cache's columns that are holes."""
-        total = self.valid.numel()
-        return 1.0 - float(self.valid.sum()) / total if total else 0.0
-
-    def slack(self) -> float:
-        """The share of columns that `compact` would remove: beyond the longest row's count."""
-        if not self.width:
-            return 0.0
-        return 1.0 - int(self.valid.sum(dim=1).max()) / self.width
-
-    def _layers(self) -> list[DynamicLayer]:
-        return _dynamic_layers(self.cache)
+        return len(self.lengths)
 
     @torch.inference_mode()
     def add_row(self, row: DynamicCache) -> int:
         """Append a call's own (prefilled, batch-of-one) cache as a new row; returns its index."""
         length = row.get_seq_length()
-        if self.rows == 0:
-            self.cache = row
-            self.valid = torch.ones(1, length, dtype=torch.bool)
+        if not self.lengths:
+            self.cache, self.lengths = row, [length]
             return 0
-        if length > self.width:  # the newcomer is longer: every row gets leading holes
-            self._pad_left(length - self.width)
-        lead = self.width - length
-        for mine, theirs in zip(self._layers(), _dynamic_layers(row), strict=True):
-            assert mine.keys is not None and mine.values is not None
-            assert theirs.keys is not None and theirs.values is not None
-            mine.keys = torch.cat([mine.keys, _pad_columns(theirs.keys, lead)], dim=0)
-            mine.values = torch.cat([mine.values, _pad_columns(theirs.values, lead)], dim=0)
-        row_valid = torch.cat([torch.zeros(lead, dtype=torch.bool), torch.ones(length, dtype=torch.bool)])
-        self.valid = torch.cat([self.valid, row_valid.unsqueeze(0)])
+        states = [_states(layer) for layer in _full_layers(row)]
+        longest = max(*self.lengths, length)
+        buffers = self._buffers(extra_rows=1, columns=longest + max(64, longest // 2))
+        for (keys, values), (new_keys, new_values) in zip(buffers, states, strict=True):
+            keys[-1, :, :length] = new_keys[0]
+            values[-1, :, :length] = new_values[0]
+        self.lengths.append(length)
+        self.cache = RowCache(_Rows(self.lengths), buffers)
         return self.rows - 1
 
     @torch.inference_mode()
     def keep_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows ``keep`` (in that order): the others' calls have left."""
-        if not keep:
-            self.cache, self.valid = DynamicCache(), torch.zeros(0, 0, dtype=torch.bool)
+        lengths = [self.lengths[i] for i in keep]
+        if len(keep) <= 1:  # back to a call alone, in a cache of its own
+            single = GrowingCache()
+            if keep:
+                row, length = keep[0], lengths[0]
+                for layer_index, (keys, values) in enumerate(self._buffers()):
+                    single.update(
+                        keys[row : row + 1, :, :length], values[row : row + 1, :, :length], layer_index
+                    )
+            self.cache, self.lengths = single, lengths
             return
-        for layer in self._layers():
-            assert layer.keys is not None and layer.values is not None
-            index = torch.tensor(list(keep), device=layer.keys.device)
-            layer.keys = layer.keys.index_select(0, index)
-            layer.values = layer.values.index_select(0, index)
-        self.valid = self.valid[list(keep)]
+        index = torch.tensor(list(keep))
+        buffers = [(_rows_of(k, index), _rows_of(v, index)) for k, v in self._buffers()]
+        self.lengths = lengths
+        self.cache = RowCache(_Rows(lengths), buffers)
+
+    def prepare(self) -> None:
+        """Before a batched forward: where each row's new columns go."""
+        if isinstance(self.cache, RowCache):
+            device = self.cache.row_layers()[0].key_buffer.device  # type: ignore[union-attr]
+            self.cache.rows.starts = torch.tensor(self.lengths, device=device)
 
     @torch.inference_mode()
-    def keep_accepted(self, past: int, width: int, nodes: Sequence[Sequence[int]]) -> None:
-        """After a step of ``width`` columns over ``past`` ones, keep each row's accepted
-        ``nodes`` (indices into its draft, root first) at the front of the new columns."""
-        kept = max(len(n) for n in nodes)
+    def keep_accepted(self, width: int, nodes: Sequence[Sequence[int]]) -> None:
+        """After a step of ``width`` new columns per row, keep each row's accepted ``nodes``
+        (indices into its draft, root first) and grow its length by them."""
+        if not isinstance(self.cache, RowCache):  # a call alone: its own cache, rolled back
+            keep_accepted(self.cache, self.lengths[0], width, nodes[0])
+            self.lengths[0] += len(nodes[0])
+            return
         if any(list(n) != list(range(len(n))) for n in nodes):
-            # Per row, the accepted columns, padded with the row's root to one length.
-            index = torch.tensor([[past + k for k in n] + [past] * (kept - len(n)) for n in nodes])  # [B, A]
-            for layer in self._layers():
-                assert layer.keys is not None and layer.values is not None
-                # Gather first (a new tensor), then write: the ranges overlap.
-                layer.keys[:, :, past : past + kept] = _gather_columns(layer.keys, index)
-                layer.values[:, :, past : past + kept] = _gather_columns(layer.values, index)
-        if width > kept:
-            self.cache.crop(-(width - kept))
-        fresh = torch.tensor([[j < len(n) for j in range(kept)] for n in nodes], dtype=torch.bool)
-        self.valid = torch.cat([self.valid, fresh], dim=1)
+            kept = max(len(n) for n in nodes)
+            # Beyond a row's accepted count the gathered columns are stale, and stay hidden.
+            rows = zip(self.lengths, nodes, strict=True)
+            source = torch.tensor(
+                [[length + k for k in n] + [length] * (kept - len(n)) for length, n in rows]
+            )
+            target = torch.tensor([[length + k for k in range(kept)] for length in self.lengths])
+            for layer in self.cache.row_layers():
+                for buffer in (layer.key_buffer, layer.value_buffer):
+                    assert buffer is not None
+                    _scatter_columns(buffer, target.to(buffer.device), _gather_columns(buffer, source))
+        self.lengths[:] = [length + len(n) for length, n in zip(self.lengths, nodes, strict=True)]
 
-    @torch.inference_mode()
-    def compact(self) -> None:
-        """Squeeze the holes out: each row's valid columns, right-aligned, in their order."""
-        counts = self.valid.sum(dim=1)  # [B]
-        width = int(counts.max()) if self.rows else 0
-        index = torch.zeros(self.rows, width, dtype=torch.long)
-        for i in range(self.rows):
-            columns = self.valid[i].nonzero().squeeze(1)
-            index[i, width - len(columns) :] = columns
-            if len(columns) < width:  # leading holes: any column will do, they stay hidden
-                index[i, : width - len(columns)] = columns[0] if len(columns) else 0
-        for layer in self._layers():
-            assert layer.keys is not None and layer.values is not None
-            layer.keys = _gather_columns(layer.keys, index)
-            layer.values = _gather_columns(layer.values, index)
-        self.valid = torch.arange(width).unsqueeze(0) >= (width - counts).unsqueeze(1)
-
-    def _pad_left(self, columns: int) -> None:
-        for layer in self._layers():
-            assert layer.keys is not None and layer.values is not None
-            layer.keys = _pad_columns(layer.keys, columns)
-            layer.values = _pad_columns(layer.values, columns)
-        self.valid = torch.cat([torch.zeros(self.rows, columns, dtype=torch.bool), self.valid], dim=1)
+    def _buffers(self, extra_rows: int = 0, columns: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values as ``[B + extra_rows, H, >= columns, D]`` buffers
+        holding the current rows first (fresh tensors when anything grows)."""
+        if isinstance(self.cache, RowCache):
+            pairs = [(layer.key_buffer, layer.value_buffer) for layer in self.cache.row_layers()]
+        else:
+            pairs = [_states(layer) for layer in _full_layers(self.cache)]
+        grown = []
+        for keys, values in pairs:
+            assert keys is not None and values is not None
+            room = max(columns, keys.shape[2])
+            if extra_rows or room > keys.shape[2]:
+                keys, values = _enlarged(keys, extra_rows, room), _enlarged(values, extra_rows, room)
+            grown.append((keys, values))
+        return grown
 
 
-def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
-    """The cache's layers: full-attention ones (`supports_tree` admitted the model)."""
+def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
     return [layer for layer in cache.layers if isinstance(layer, DynamicLayer)]
+
+
+def _states(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    assert layer.keys is not None and layer.values is not None
+    return layer.keys, layer.values
+
+
+def _enlarged(states: torch.Tensor, extra_rows: int, columns: int) -> torch.Tensor:
+    """``states`` in a zero buffer with ``extra_rows`` more rows and ``columns`` columns."""
+    rows, heads, used, dim = states.shape
+    out = states.new_zeros((rows + extra_rows, heads, columns, dim))
+    out[:rows, :, :used] = states
+    return out
+
+
+def _widened(buffer: torch.Tensor, columns: int) -> torch.Tensor:
+    return _enlarged(buffer, 0, columns)
+
+
+def _rows_of(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return states.index_select(0, index.to(states.device))
 
 
 def _gather_columns(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -180,9 +241,7 @@ def _gather_columns(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return states.gather(2, where)
 
 
-def _pad_columns(states: torch.Tensor, columns: int) -> torch.Tensor:
-    """``states`` ``[B, H, L, D]`` with ``columns`` zero columns in front (holes: hidden, finite)."""
-    if columns == 0:
-        return states
-    shape = (*states.shape[:2], columns, states.shape[3])
-    return torch.cat([states.new_zeros(shape), states], dim=2)
+def _scatter_columns(buffer: torch.Tensor, index: torch.Tensor, states: torch.Tensor) -> None:
+    """Write ``states`` ``[B, H, A, D]`` into ``buffer`` at columns ``index`` ``[B, A]``."""
+    rows, heads, count, dim = states.shape
+    buffer.scatter_(2, index.to(buffer.device)[:, None, :, None].expand(rows, heads, count, dim), states)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CostCurve", "cached_curve", "curve_key", "measure_curve"]
+__all__ = ["BatchCosts", "Calibration", "CostCurve", "cached_curve", "curve_key", "measure_curve"]
 
 FORMAT = "rag-lookahead-costs"
 VERSION = 2  # 1: sparse sizes, forced non-decreasing
@@ -53,6 +53,56 @@ class CostCurve:
     def flat(cls) -> CostCurve:
         """Every size costs the same: drafting is free (an idle GPU, roughly)."""
         return cls((1,), (1.0,))
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """Forward seconds of a batch by its width (tokens per row), one curve per number of rows.
+
+    Measured for a few row counts; in between, the two nearest are interpolated. A batched
+    forward is not priced by its total tokens: several rows each attend to their own cache,
+    and kernels take other paths than for one row (on a CPU a second token per row can cost
+    as much as the first).
+    """
+
+    curves: tuple[tuple[int, CostCurve], ...]  # (rows, seconds by width), rows increasing
+
+    def __post_init__(self) -> None:
+        rows = [n for n, _ in self.curves]
+        if not rows or rows != sorted(set(rows)) or rows[0] < 2:
+            raise ValueError("batch costs need increasing row counts of at least 2")
+
+    def __call__(self, rows: int, width: int) -> float:
+        """Seconds of a forward over ``rows`` rows of ``width`` tokens each."""
+        below = [(n, c) for n, c in self.curves if n <= rows] or [self.curves[0]]
+        above = [(n, c) for n, c in self.curves if n >= rows] or [self.curves[-1]]
+        (low, low_curve), (high, high_curve) = below[-1], above[0]
+        if high == low:
+            return low_curve(width) * max(rows, 1) / low if rows > high else low_curve(width)
+        frac = (rows - low) / (high - low)
+        return low_curve(width) + frac * (high_curve(width) - low_curve(width))
+
+
+class Calibration:
+    """How much batched forwards really cost over what `BatchCosts` says, learned step by step.
+
+    The batch costs were measured at a short context; real rows hold RAG prompts, and some
+    kernels copy the whole cache once a row has more than one token (grouped-query attention
+    with a mask). The ratio observed / predicted is kept per row count and per width class
+    (one token per row, or more), smoothed, and multiplies the prediction.
+    """
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self.weight = weight
+        self._ratios: dict[tuple[int, bool], float] = {}
+
+    def factor(self, rows: int, width: int) -> float:
+        return self._ratios.get((rows, width > 1), 1.0)
+
+    def record(self, rows: int, width: int, predicted: float, observed: float) -> None:
+        key, ratio = (rows, width > 1), observed / predicted
+        old = self._ratios.get(key)
+        self._ratios[key] = ratio if old is None else old + self.weight * (ratio - old)
 
 
 def measure_curve(forward: Callable[[int], float], max_tokens: int, repeats: int = 3) -> CostCurve:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.costs import BatchCosts, CostCurve
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
 __all__ = ["AcceptanceModel", "RankedDraft", "StepPlanner", "plan_batch", "plan_draft", "rank_draft"]
@@ -123,14 +123,14 @@ def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) ->
 
 
 def plan_batch(
-    drafts: Sequence[RankedDraft], cost: CostCurve | None, max_tokens: int | None = None
+    drafts: Sequence[RankedDraft], cost: Callable[[int], float] | None, max_tokens: int | None = None
 ) -> list[DraftTree]:
-    """One tree per row for a batched forward, where every row is padded to the widest.
+    """One tree per row for a forward in which every row is padded to the widest.
 
-    The forward costs ``cost(rows x width)``: the plan picks the width with the best rate of
-    expected tokens (all rows together) per second, each auto row verifying its best nodes up
-    to that width; a fixed row is verified whole (and sets the least width). No row is wider
-    than ``max_tokens / rows`` (at least its root).
+    The forward over these rows costs ``cost(width)``: the plan picks the width with the best
+    rate of expected tokens (all rows together) per second, each auto row verifying its best
+    nodes up to that width; a fixed row is verified whole (and sets the least width). No row is
+    wider than ``max_tokens / rows`` (at least its root).
     """
     rows = len(drafts)
     cap = max(max_tokens // rows, 1) if max_tokens is not None else None
@@ -142,7 +142,7 @@ def plan_batch(
     if cost is not None:
         for width in range(least, widest + 1):
             expected = sum(d.gain(max(width, len(d.tree)) if d.fixed else width) for d in drafts)
-            rate = expected / cost(rows * width)
+            rate = expected / cost(width)
             if rate > best_rate:
                 best_width, best_rate = width, rate
     return [d.take(min(len(d.tree), best_width if not d.fixed else max(best_width, least))) for d in drafts]
@@ -155,10 +155,16 @@ class StepPlanner:
     Thread-safe: calls of one engine plan and learn concurrently.
     """
 
-    def __init__(self, config: LookaheadConfig, cost_curve: CostCurve | None = None) -> None:
+    def __init__(
+        self,
+        config: LookaheadConfig,
+        cost_curve: CostCurve | None = None,
+        batch_costs: BatchCosts | None = None,
+    ) -> None:
         self.config = config
         self.acceptance = AcceptanceModel()
         self.cost_curve = cost_curve
+        self.batch_costs = batch_costs
         self._lock = threading.Lock()
 
     def rank(self, draft: StepDraft) -> RankedDraft:

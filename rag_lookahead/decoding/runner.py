@@ -6,6 +6,7 @@ The engine decides what to run; this module runs it over a KV cache — the prom
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
@@ -16,12 +17,15 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.decoding.costs import CostCurve, cached_curve, curve_key, measure_curve
+from rag_lookahead.decoding.costs import BatchCosts, CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
 
 __all__ = ["ModelRunner"]
+
+# The context each row of a measured batch holds (a RAG prompt is longer; this keeps it quick).
+_BATCH_CONTEXT = 256
 
 
 class ModelRunner:
@@ -104,6 +108,49 @@ class ModelRunner:
         key = curve_key(self.model, self.device, max_tokens)
         directory = (cache_dir or default_cache_dir()) / "costs"
         return cached_curve(directory, key, lambda: measure_curve(self.chain_timer(context), max_tokens))
+
+    def measure_batch_costs(
+        self, max_rows: int, max_width: int, cache_dir: Path | None = None
+    ) -> BatchCosts | None:
+        """Batched forward seconds by width for 2, 4, 8, ... rows up to ``max_rows`` (cached on
+        disk, else measured now); ``None`` when no batch has two rows."""
+        from rag_lookahead.models import default_cache_dir
+
+        directory = (cache_dir or default_cache_dir()) / "costs"
+        curves = []
+        rows = 2
+        while rows <= max_rows:
+            key = {**curve_key(self.model, self.device, max_width), "rows": rows, "context": _BATCH_CONTEXT}
+            measure = functools.partial(self._measure_batch, rows, max_width)
+            curves.append((rows, cached_curve(directory, key, measure)))
+            rows *= 2
+        return BatchCosts(tuple(curves)) if curves else None
+
+    def _measure_batch(self, rows: int, max_width: int) -> CostCurve:
+        return measure_curve(self._batch_timer(rows), max_width)
+
+    def _batch_timer(self, rows: int) -> Callable[[int], float]:
+        """Seconds of one batched forward of ``rows`` rows, each a chain of ``width`` tokens."""
+        from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+
+        vocab = int(self.model.config.vocab_size)
+        batch = BatchCache()
+        for row in range(rows):
+            prompt = [(31 * i + 7 * row + 3) % vocab for i in range(_BATCH_CONTEXT)]
+            _, cache = self.forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
+            batch.add_row(cache)
+
+        def seconds(width: int) -> float:
+            chain = DraftTree(tuple(range(3, 3 + width)), tuple(range(-1, width - 1)))
+            batch.prepare()
+            inputs = batch_inputs([StepDraft(chain)] * rows, batch.lengths, self.device, self.model.dtype)
+            start = time.perf_counter()
+            self.forward_batch(inputs, batch.cache)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return time.perf_counter() - start  # nothing kept: the rows' lengths stay as they were
+
+        return seconds
 
     def chain_timer(self, context_length: int) -> Callable[[int], float]:
         """Seconds of one forward over k chained draft tokens after ``context_length`` tokens."""
