@@ -218,7 +218,7 @@ class LookaheadEngine:
             make_drafter=functools.partial(self._drafter, prompt_ids, texts, scope) if drafts else None,
             batchable=batchable,
         )
-        steps = call.chunks()
+        steps = self.scheduler.chunks(call)
         cancel = functools.partial(self.scheduler.cancel, call)
         # A stream dropped, read or not, ends its call there and then: CPython frees it at once.
         weakref.finalize(steps, cancel).atexit = False

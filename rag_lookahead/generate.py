@@ -3,9 +3,10 @@
     engine = LookaheadEngine(model, tokenizer)
     output = engine.generate(**inputs, max_new_tokens=128)   # was: model.generate(...)
 
-Rows are decoded one after another (lookahead is a batch-size-1 latency technique); left or
-right padding in ``input_ids`` is removed using ``attention_mask`` and kept in the output, and
-finished rows are padded on the right with ``pad_token_id``, as `generate` does.
+Rows are decoded together, each as its own call (continuous batching, each row without its
+padding); left or right padding in ``input_ids`` is removed using ``attention_mask`` and kept
+in the output, and finished rows are padded on the right with ``pad_token_id``, as `generate`
+does.
 """
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def generate(
     )
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     docs = list(documents)
-    rows = [
-        _generate_row(engine, ids[m.bool()], params, docs, streamer)
-        for ids, m in zip(input_ids.cpu(), mask.cpu(), strict=True)
-    ]
+    # Every row is submitted before any is read: the engine decodes them as one batch.
+    prompts = [ids[m.bool()] for ids, m in zip(input_ids.cpu(), mask.cpu(), strict=True)]
+    streams = [engine.stream(ids, params, documents=docs) for ids in prompts]
+    rows = [_read_row(stream, ids, streamer) for stream, ids in zip(streams, prompts, strict=True)]
     pad = pad_token_id if pad_token_id is not None else gc.pad_token_id
     if pad is None:
         pad = params.eos_token_id[0] if params.eos_token_id else 0
@@ -95,10 +96,7 @@ def generate(
     return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
 
 
-def _generate_row(
-    engine: LookaheadEngine, ids: torch.Tensor, params: GenerationParams, docs: list[str], streamer: Any
-) -> list[int]:
-    stream = engine.stream(ids, params, documents=docs)
+def _read_row(stream: TextStream, ids: torch.Tensor, streamer: Any) -> list[int]:
     if streamer is not None:
         streamer.put(ids.unsqueeze(0))  # `generate` hands the streamer the prompt first
     tokens: list[int] = []

@@ -1,4 +1,4 @@
-"""Continuous batching: one worker thread decodes every running call, one forward per step.
+"""Continuous batching: every running call's step in one forward, driven by its readers.
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
 prompt is prefilled in its own cache, in chunks while others are decoding (a whole prompt at
@@ -11,6 +11,13 @@ may outgrow a sliding attention window) decode plainly in their own cache, betwe
 
 Every row is computed as if it were alone (its own positions, its own columns of the cache),
 so batching changes no output; only the rounding of batched kernels differs.
+
+No thread of its own runs the loop: a reader waiting for its call's next chunk runs one
+iteration for everybody, unless another reader already is (then it waits for its chunk). A
+lone caller thus decodes in its own thread, as a plain `generate` call would; this matters on
+small CPUs, where torch's OpenMP threads answer a second thread's parallel regions slowly. A
+call nobody reads advances while others are read, and is ended when its stream is closed or
+dropped.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ __all__ = ["Call", "Scheduler"]
 
 _END = None  # the outbox's last item
 
+# How long a reader waits for its chunk before it checks whether it should drive the loop.
+_POLL_SECONDS = 0.02
+
 
 @dataclass(eq=False)
 class Call:
@@ -68,32 +78,19 @@ class Call:
     def __post_init__(self) -> None:
         self.ids = list(self.prompt_ids)
 
-    def chunks(self) -> Generator[StreamChunk, None, None]:
-        """What the call releases, as the consumer's thread reads it; closing this generator
-        (or an error in the consumer's loop that closes it) cancels the call."""
-        try:
-            while True:
-                item = self.outbox.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.cancelled = True  # nothing to stop if it has ended
-
 
 class Scheduler:
-    """The decoding loop of every call on one model: a worker thread while there is work."""
+    """The decoding loop of every call on one model, run by whichever reader waits."""
 
     def __init__(self, runner: ModelRunner, max_batch_size: int, max_tokens_per_forward: int) -> None:
         self.runner = runner
         self.max_batch_size = max_batch_size
         self.max_tokens_per_forward = max_tokens_per_forward
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards the waiting queue
         self._waiting: deque[Call] = deque()
-        self._worker: threading.Thread | None = None
-        # Only the worker touches these.
+        self._driving = threading.Lock()  # held by the thread running an iteration
+        self._driver: threading.Thread | None = None
+        # Only the thread holding `_driving` touches these.
         self._joining: list[Call] = []
         self._rows: list[Call] = []  # the batch, in row order
         self._alone: list[Call] = []
@@ -101,40 +98,79 @@ class Scheduler:
         self._calibration = Calibration()
 
     def submit(self, call: Call) -> None:
-        """Queue ``call``; its chunks arrive in ``call.outbox``."""
-        with self._cond:
+        """Queue ``call``; read what it releases with `chunks`."""
+        with self._lock:
             self._waiting.append(call)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._loop, name="rag-lookahead-decoder", daemon=True)
-                self._worker.start()
-            self._cond.notify()
+
+    def chunks(self, call: Call) -> Generator[StreamChunk, None, None]:
+        """What ``call`` releases, in its reader's thread (which drives the loop while it
+        waits); closing this generator (or an error in the reader's loop) cancels the call."""
+        try:
+            while True:
+                item = self._next_item(call)
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            call.cancelled = True  # nothing to stop if it has ended
 
     def cancel(self, call: Call, wait: bool = True) -> None:
         """Stop ``call`` at the next step boundary (nothing if it has ended); with ``wait``,
         return once it has left and released what it held (at most one step later)."""
         call.cancelled = True
-        if wait and threading.current_thread() is not self._worker:
-            call.ended.wait()
+        with self._lock:
+            if call in self._waiting:  # not started yet: it ends here, holding nothing
+                self._waiting.remove(call)
+                call.recorder.finish("abandoned")
+                call.outbox.put(_END)
+                call.ended.set()
+        if not wait or threading.current_thread() is self._driver:
+            return  # (a finaliser inside an iteration: the next one retires it)
+        while not call.ended.is_set():
+            if not self._drive():
+                call.ended.wait(_POLL_SECONDS)
 
     # ------------------------------------------------------------------ the loop
 
-    def _loop(self) -> None:
+    def _next_item(self, call: Call) -> StreamChunk | BaseException | None:
         while True:
-            with self._cond:
-                running = len(self._joining) + len(self._rows) + len(self._alone)
-                while self._waiting and running < self.max_batch_size:
-                    self._joining.append(self._waiting.popleft())
-                    running += 1
-                if running == 0:
-                    self._worker = None
-                    return
-            self._retire_cancelled()
-            if self._joining:
-                self._guarded([self._joining[0]], self._prefill)
-            for call in list(self._alone):
-                self._guarded([call], self._alone_step)
-            if self._rows:
-                self._guarded(list(self._rows), self._batch_step, batch=True)
+            try:
+                return call.outbox.get_nowait()
+            except queue.Empty:
+                pass
+            if not self._drive():  # another reader is driving: wait for this call's chunk
+                try:
+                    return call.outbox.get(timeout=_POLL_SECONDS)
+                except queue.Empty:
+                    continue
+
+    def _drive(self) -> bool:
+        """Run one iteration of the loop unless another thread is; whether this one did."""
+        if not self._driving.acquire(blocking=False):
+            return False
+        self._driver = threading.current_thread()
+        try:
+            self._iterate()
+        finally:
+            self._driver = None
+            self._driving.release()
+        return True
+
+    def _iterate(self) -> None:
+        with self._lock:
+            running = len(self._joining) + len(self._rows) + len(self._alone)
+            while self._waiting and running < self.max_batch_size:
+                self._joining.append(self._waiting.popleft())
+                running += 1
+        self._retire_cancelled()
+        if self._rows:
+            self._guarded(list(self._rows), self._batch_step, batch=True)
+        for call in list(self._alone):
+            self._guarded([call], self._alone_step)
+        if self._joining:  # one prefill (chunk) per iteration; the call steps from the next one
+            self._guarded([self._joining[0]], self._prefill)
 
     def _guarded(self, calls: list[Call], run: Callable[..., None], batch: bool = False) -> None:
         """Run one phase on ``calls`` (a batch step takes them all, another phase the one);

@@ -6,9 +6,7 @@ need: the same tokens with lookahead on and off. Nothing here downloads anything
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -33,7 +31,6 @@ __all__ = [
     "AsciiTokenizer",
     "CharTokenizer",
     "greedy_reference",
-    "held_after",
     "tiny_config",
     "tiny_engine",
     "tiny_model",
@@ -152,44 +149,3 @@ def greedy_reference(model: Any, prompt: Sequence[int], max_new_tokens: int, **k
             **kwargs,
         )
     return list(out[0, len(prompt) :].tolist())
-
-
-@contextmanager
-def held_after(engine: LookaheadEngine, steps: int = 0) -> Iterator[threading.Event]:
-    """Hold the engine's decoding before its step ``steps + 1`` until a call is cancelled.
-
-    Calls decode in a worker thread, ahead of their consumers; a test that looks at a call
-    while it runs (its trie branches, its stats) holds it with this. Prefills still run. The
-    hold ends when any call is cancelled (after the cancel is recorded), when the returned
-    event is set, or when the block exits. Streams must be opened inside the block.
-    """
-    gate = threading.Event()
-    runner, scheduler = engine.runner, engine.scheduler
-    forwards = {name: getattr(runner, name) for name in ("forward_step", "forward_batch")}
-    cancel = scheduler.cancel
-    count = [0]
-
-    def held(forward: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
-            if count[0] > steps:
-                gate.wait()
-            return forward(*args, **kwargs)
-
-        return run
-
-    def cancel_then_release(call: Any, wait: bool = True) -> None:
-        call.cancelled = True
-        gate.set()
-        cancel(call, wait)
-
-    for name, forward in forwards.items():
-        setattr(runner, name, held(forward))
-    scheduler.cancel = cancel_then_release  # type: ignore[method-assign]
-    try:
-        yield gate
-    finally:
-        gate.set()
-        for name in forwards:
-            delattr(runner, name)
-        del scheduler.cancel

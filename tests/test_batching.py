@@ -16,7 +16,7 @@ from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import FAMILIES, VOCAB, CharTokenizer, greedy_reference, held_after, tiny_model
+from rag_lookahead.testing import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
 
 TREE = DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))  # 7 -> 8 -> 9 ; 7 -> 10
 
@@ -145,16 +145,14 @@ def test_stop_strings_and_cancellations_do_not_disturb_the_other_rows() -> None:
     prompts = [[3, 14, 15, 9, 26], [2, 7, 1, 8, 2, 8], [5, 5, 5, 6], [9, 1]]
     references = [greedy_reference(model, p, 20) for p in prompts]
     stop = CharTokenizer().decode(references[1][6:8])
-    with held_after(engine, steps=2) as held:
-        streams = [
-            engine.stream(prompts[0], max_new_tokens=20),
-            engine.stream(prompts[1], max_new_tokens=20, stop_strings=[stop]),
-            engine.stream(prompts[2], max_new_tokens=20),
-            engine.stream(prompts[3], max_new_tokens=20),
-        ]
-        streams[2].close()  # cancelled while the others decode
-        held.set()
-        done = [s.complete() for s in streams]
+    streams = [
+        engine.stream(prompts[0], max_new_tokens=20),
+        engine.stream(prompts[1], max_new_tokens=20, stop_strings=[stop]),
+        engine.stream(prompts[2], max_new_tokens=20),
+        engine.stream(prompts[3], max_new_tokens=20),
+    ]
+    streams[2].close()  # cancelled while the others decode
+    done = [s.complete() for s in streams]
     assert done[0].token_ids == references[0] and done[3].token_ids == references[3]
     assert done[1].stats.finish_reason == "stop_string"
     assert (
@@ -177,11 +175,9 @@ def test_a_joining_prompt_is_prefilled_in_chunks_with_the_same_output() -> None:
 
     engine.runner.forward = counting  # type: ignore[method-assign]
     long_prompt = [(7 * i) % VOCAB for i in range(45)]
-    with held_after(engine, steps=1) as held:
-        first = engine.stream([3, 14, 15], max_new_tokens=30)
-        second = engine.stream(long_prompt, max_new_tokens=12)  # joins while the first decodes
-        held.set()
-        outputs = [first.complete(), second.complete()]
+    first = engine.stream([3, 14, 15], max_new_tokens=30)
+    second = engine.stream(long_prompt, max_new_tokens=12)  # joins while the first decodes
+    outputs = [first.complete(), second.complete()]
     assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
     assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 30)
     assert 45 not in prefills and prefills.count(8) >= 2  # the long prompt went in chunks
@@ -238,13 +234,22 @@ def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on() -> None:
         ([3, 14, 15], GenerationParams(max_new_tokens=10)),
         ([2, 7, 1], GenerationParams(max_new_tokens=10)),
     ]
-    with held_after(engine, steps=0) as held:
-        streams = [engine.stream(p, params) for p, params in jobs]
-        held.set()
-        for stream in streams:
-            with pytest.raises(RuntimeError, match="device lost"):
-                stream.complete()
+    streams = [engine.stream(p, params) for p, params in jobs]
+    for stream in streams:
+        with pytest.raises(RuntimeError, match="device lost"):
+            stream.complete()
     assert engine.trie.owners() <= {OUTPUT_OWNER}
     assert engine.complete([3, 14, 15], max_new_tokens=10).token_ids == greedy_reference(
         model, [3, 14, 15], 10
     )
+
+
+def test_a_call_waiting_for_a_place_is_cancelled_at_once() -> None:
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", max_batch_size=1))
+    with engine.runner.lock:  # the model is busy: nothing decodes until the block ends
+        running = engine.stream([3, 14, 15], max_new_tokens=10)
+        waiting = engine.stream([2, 7, 1], max_new_tokens=10)  # the batch (of one) is full
+        waiting.close()  # returns at once: the call never started
+        assert waiting.stats.finish_reason == "abandoned" and waiting.complete().token_ids == []
+    assert running.complete().token_ids == greedy_reference(model, [3, 14, 15], 10)

@@ -1,7 +1,7 @@
 """A call's trie branches leave with it: however the consumer stops, raises or forgets it.
 
-Calls decode ahead of their readers, so these tests hold the decoding (`held_after`) while
-they look at a call that is still running.
+A call advances while it (or another call) is read, so a stream read once and left alone is
+a call still running: these tests look at its branches then.
 """
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
-import time
 
 import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.streaming import aiterate
-from rag_lookahead.testing import CharTokenizer, greedy_reference, held_after, tiny_model
+from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 16
@@ -50,55 +49,49 @@ def test_an_exception_in_the_consumer_loop_releases_the_branches() -> None:
         for _ in stream:
             raise RuntimeError("the consumer failed")
 
-    with held_after(engine):
-        try:
-            consume()
-        except RuntimeError:
-            assert call_owners(engine)  # the traceback still holds the stream here
-        assert not call_owners(engine)  # the handled exception is gone, and the branches with it
+    try:
+        consume()
+    except RuntimeError:
+        assert call_owners(engine)  # the traceback still holds the stream here
+    assert not call_owners(engine)  # the handled exception is gone, and the branches with it
 
 
 def test_a_break_out_of_an_unnamed_stream_releases_the_branches() -> None:
     engine = make_engine()
-    with held_after(engine):
-        for _ in engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT]):
-            assert call_owners(engine)
-            break
-        assert not call_owners(engine)
+    for _ in engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT]):
+        assert call_owners(engine)
+        break
+    assert not call_owners(engine)
 
 
 def test_a_stream_dropped_half_read_releases_the_branches() -> None:
     engine = make_engine()
-    with held_after(engine):
-        stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
-        next(stream)
-        assert call_owners(engine)
-        del stream
-        assert not call_owners(engine)
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
+    next(stream)
+    assert call_owners(engine)
+    del stream
+    assert not call_owners(engine)
 
 
 def test_a_stream_dropped_unread_releases_the_branches() -> None:
     engine = make_engine()
-    with held_after(engine):
-        stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
-        del stream
-        assert not call_owners(engine)
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
+    del stream
+    assert not call_owners(engine)
 
 
 def test_closing_the_chunks_closes_the_stream() -> None:
     engine = make_engine()
-    with held_after(engine):
-        stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
-        chunks = stream.chunks()
-        next(chunks)
-        chunks.close()
-        assert not call_owners(engine) and stream.stats.finish_reason == "abandoned"
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
+    chunks = stream.chunks()
+    next(chunks)
+    chunks.close()
+    assert not call_owners(engine) and stream.stats.finish_reason == "abandoned"
 
 
 def test_a_with_block_releases_the_branches_even_when_it_raises() -> None:
     engine = make_engine()
     with (
-        held_after(engine),
         pytest.raises(KeyError),
         engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT]) as stream,
     ):
@@ -108,7 +101,7 @@ def test_a_with_block_releases_the_branches_even_when_it_raises() -> None:
     assert not call_owners(engine)
 
 
-def test_a_forgotten_stream_still_ends_and_releases_its_branches() -> None:
+def test_a_forgotten_stream_is_finished_by_the_calls_after_it() -> None:
     engine = make_engine()
 
     def consume() -> None:
@@ -121,10 +114,8 @@ def test_a_forgotten_stream_still_ends_and_releases_its_branches() -> None:
     except ValueError:
         kept = sys.exc_info()  # the traceback keeps the stream referenced, never read again
     stream = kept[2].tb_next.tb_frame.f_locals["stream"]  # type: ignore[union-attr]
-    for _ in range(6000):  # the call decodes on without its reader (polled, at most a minute)
-        if stream.stats.finish_reason is not None:
-            break
-        time.sleep(0.01)
+    assert call_owners(engine)
+    engine.complete([2, 7, 1, 8], max_new_tokens=2 * N)  # reading it drives every running call
     assert stream.stats.finish_reason == "length" and not call_owners(engine)
     assert stream.complete().token_ids == greedy_reference(engine.model, PROMPT, N)
 

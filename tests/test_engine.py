@@ -9,7 +9,7 @@ from transformers import LlamaForCausalLM
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.streaming.stopping import Released, Stopping
-from rag_lookahead.testing import CharTokenizer, greedy_reference, held_after, tiny_config, tiny_model
+from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_config, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 20
@@ -126,23 +126,21 @@ def test_stopping_never_splits_a_multibyte_character() -> None:
 
 def test_abandoned_stream_releases_the_calls_branches(setup) -> None:
     engine, _ = setup
-    with held_after(engine):
-        stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
-        next(stream)
-        assert len(engine.trie.owners()) == 2
-        stream.close()
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
+    next(stream)
+    assert len(engine.trie.owners()) == 2
+    stream.close()
     assert engine.trie.owners() == {OUTPUT_OWNER}
     assert stream.stats.finish_reason == "abandoned"
 
 
 def test_a_stream_dropped_without_close_releases_the_branches(setup) -> None:
     engine, _ = setup
-    with held_after(engine):
-        stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
-        next(stream)
-        assert len(engine.trie.owners()) == 2
-        del stream
-        assert engine.trie.owners() == {OUTPUT_OWNER}
+    stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
+    next(stream)
+    assert len(engine.trie.owners()) == 2
+    del stream
+    assert engine.trie.owners() == {OUTPUT_OWNER}
 
 
 def test_caches_that_cannot_be_rolled_back_are_refused() -> None:

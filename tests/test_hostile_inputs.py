@@ -16,7 +16,7 @@ import torch
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, held_after, tiny_model
+from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 8
@@ -164,24 +164,22 @@ def test_a_trie_of_another_vocabulary_is_refused(tmp_path) -> None:
 def test_one_string_is_one_document_and_one_stop_string(engine) -> None:
     reference = greedy_reference(engine.model, PROMPT, 2 * N)
     text = CharTokenizer().decode(reference)
-    with held_after(engine):
-        streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
-        next(streamed)
-        (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
-        assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text, not its characters
-        streamed.close()
+    streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
+    next(streamed)
+    (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
+    assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text, not its characters
+    streamed.close()
     stop = text[5:7]
     stopped = engine.complete(PROMPT, max_new_tokens=2 * N, stop_strings=stop)
     assert stopped.stats.finish_reason == "stop_string" and stopped.text == text[: text.index(stop)]
 
 
 def test_finish_reason_is_none_until_the_stream_ends(engine) -> None:
-    with held_after(engine):
-        stream = engine.stream(PROMPT, max_new_tokens=N)
-        assert stream.stats.finish_reason is None
-        next(stream)
-        assert stream.stats.finish_reason is None
-        stream.close()
+    stream = engine.stream(PROMPT, max_new_tokens=N)
+    assert stream.stats.finish_reason is None
+    next(stream)
+    assert stream.stats.finish_reason is None
+    stream.close()
     assert stream.stats.finish_reason == "abandoned"
     unstarted = engine.stream(PROMPT, max_new_tokens=N)
     unstarted.close()

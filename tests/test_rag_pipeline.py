@@ -9,7 +9,6 @@ import torch
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
-from rag_lookahead.testing import held_after
 
 pytestmark = pytest.mark.slow
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
@@ -50,30 +49,26 @@ def test_answers_are_those_of_plain_decoding_with_their_sources(pipeline, engine
 
 
 def test_the_querys_documents_are_in_the_trie_only_while_it_runs(pipeline, engine) -> None:
-    with held_after(engine) as held:
-        stream = pipeline.stream(QUESTION, max_new_tokens=N)
-        next(stream)
-        (owner,) = query_owners(engine)
-        assert engine.trie.count_owned(owner) > 0
-        held.set()
-        for _ in stream:
-            pass
+    stream = pipeline.stream(QUESTION, max_new_tokens=N)
+    next(stream)
+    (owner,) = query_owners(engine)
+    assert engine.trie.count_owned(owner) > 0
+    for _ in stream:
+        pass
     assert not query_owners(engine)
 
 
 def test_cancelled_abandoned_and_failed_queries_release_their_branches(pipeline, engine, monkeypatch) -> None:
-    with held_after(engine):
-        stream = pipeline.stream(QUESTION, max_new_tokens=N)
-        next(stream)
-        stream.close()  # cancelled
+    stream = pipeline.stream(QUESTION, max_new_tokens=N)
+    next(stream)
+    stream.close()  # cancelled
     assert not query_owners(engine) and stream.stats.finish_reason == "abandoned"
 
-    with held_after(engine):
-        stream = pipeline.stream(QUESTION, max_new_tokens=N)
-        next(stream)
-        assert query_owners(engine)
-        del stream  # abandoned without close
-        assert not query_owners(engine)
+    stream = pipeline.stream(QUESTION, max_new_tokens=N)
+    next(stream)
+    assert query_owners(engine)
+    del stream  # abandoned without close
+    assert not query_owners(engine)
 
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
