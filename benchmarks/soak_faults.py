@@ -25,12 +25,11 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from soak import tiny_engine  # the same tiny model as the plain soak (this folder)
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import load_records
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.models import default_model_dir
 from rag_lookahead.rag import (
     Document,
     DocumentIndex,
@@ -45,22 +44,6 @@ FATES = ("complete", "cancel", "raise", "abandon", "async_cancel")
 
 class ConsumerFailed(Exception):
     """Raised on purpose inside a consumer loop."""
-
-
-def tiny_engine(config: LookaheadConfig) -> LookaheadEngine:
-    """A 2-layer random LLaMA with the default model's tokenizer: fast, with real token traffic."""
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
-    torch.manual_seed(0)
-    model_config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-    )
-    return LookaheadEngine(LlamaForCausalLM(model_config).eval(), tokenizer, config)
 
 
 def consume(pipeline: RagPipeline, question: str, fate: str, tokens: int, rng: random.Random) -> str | None:

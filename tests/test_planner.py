@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve, cached_curve, measure_curve
-from rag_lookahead.decoding.planner import AcceptanceModel, StepPlanner, plan_draft
+from rag_lookahead.decoding.costs import BatchCosts, Calibration, CostCurve, cached_curve, measure_curve
+from rag_lookahead.decoding.planner import AcceptanceModel, StepPlanner, plan_batch, plan_draft, rank_draft
 from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 
 # root -> a -> b -> c ; root -> d ; a -> e
@@ -146,3 +146,33 @@ def test_curves_are_cached_per_key_and_remeasured_when_stale(tmp_path) -> None:
     path.write_text("not json")
     cached_curve(tmp_path, key, measure)
     assert len(calls) == 4
+
+
+def test_batch_costs_interpolate_between_measured_row_counts() -> None:
+    two = CostCurve((1, 2, 4), (1.0, 2.0, 3.0))
+    eight = CostCurve((1, 2, 4), (2.0, 5.0, 6.0))
+    costs = BatchCosts(((2, two), (8, eight)))
+    assert costs(2, 2) == 2.0 and costs(8, 4) == 6.0
+    assert costs(5, 1) == pytest.approx(1.5)  # halfway between 2 and 8 rows
+    assert costs(16, 1) == pytest.approx(4.0)  # past the largest: scaled by the rows
+    with pytest.raises(ValueError):
+        BatchCosts(((1, two),))
+
+
+def test_calibration_follows_observed_over_predicted_per_width_class() -> None:
+    calibration = Calibration(weight=0.5)
+    assert calibration.factor(4, 1) == 1.0
+    calibration.record(4, 2, predicted=1.0, observed=3.0)
+    calibration.record(4, 3, predicted=1.0, observed=1.0)
+    assert calibration.factor(4, 5) == 2.0  # widths above one share a class
+    assert calibration.factor(4, 1) == 1.0 and calibration.factor(8, 2) == 1.0
+
+
+def test_a_batch_plan_widens_only_while_the_rate_grows() -> None:
+    ranked = [rank_draft(TREE, no_exploring()), rank_draft(TREE, no_exploring())]
+    cheap = plan_batch(ranked, lambda width: 1.0)
+    assert [len(t) for t in cheap] == [len(TREE), len(TREE)]
+    steep = plan_batch(ranked, lambda width: float(width))  # each width costs as much as it adds
+    assert [len(t) for t in steep] == [1, 1]
+    capped = plan_batch(ranked, lambda width: 1.0, max_tokens=4)
+    assert [len(t) for t in capped] == [2, 2]

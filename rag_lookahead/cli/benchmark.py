@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS, format_concurrency, run_concurrency
 from rag_lookahead.bench.run import BenchInput, format_table, gold_inputs, load_records, run_benchmark
@@ -26,20 +28,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_concurrency(args, engine, inputs)
     methods = _names(args.methods or "greedy,prompt_lookup,lookahead")
     summary = run_benchmark(engine, inputs, args.max_new_tokens, methods, progress=progress("records"))
-    summary["data"] = Path(args.data).name
     summary["retrieval"] = args.retrieval
     if args.retrieval == "faiss":
         summary["top_k"] = args.top_k
-    print(format_table(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
-    if args.plot:
-        from rag_lookahead.bench.plot import plot_summary
-
-        plot_summary(summary, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    return _report(args, summary, format_table, "plot_summary")
 
 
 def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:
@@ -50,15 +42,22 @@ def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: 
         raise ValueError(f"--arrival-rate must be > 0, got {args.arrival_rate}")
     methods = _names(args.methods) if args.methods else list(CONCURRENCY_METHODS)
     summary = run_concurrency(engine, inputs, args.max_new_tokens, levels, methods, args.arrival_rate)
+    return _report(args, summary, format_concurrency, "plot_concurrency")
+
+
+def _report(
+    args: argparse.Namespace, summary: dict[str, Any], table: Callable[[dict[str, Any]], str], plot: str
+) -> int:
+    """Print the table; write the JSON and the chart when asked."""
     summary["data"] = Path(args.data).name
-    print(format_concurrency(summary))
+    print(table(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     if args.plot:
-        from rag_lookahead.bench.plot import plot_concurrency
+        from rag_lookahead.bench import plot as charts
 
-        plot_concurrency(summary, args.plot)
+        getattr(charts, plot)(summary, args.plot)
         print(f"wrote {args.plot}")
     return 0
 

@@ -38,11 +38,11 @@ class _Released:
 class TextStream(Iterator[str]):
     """Iterates the new text chunk by chunk; ``stats`` is final once the stream is exhausted.
 
-    The call decodes ahead of its reader and holds its trie branches until it ends: when its
-    last token is decided, or when the stream is closed — by `close`, by leaving a ``with``
-    block, by closing `chunks`, or when the last reference to the stream goes (nothing here
-    refers back to it, so CPython frees it then, not at some later garbage collection). A
-    stream still referenced but never read again (a kept traceback) ends when its tokens do.
+    The call holds its trie branches until it ends: when its last token is decided, or when
+    the stream is closed — by `close`, by leaving a ``with`` block, by closing `chunks`, or when
+    the last reference to the stream goes (nothing here refers back to it, so CPython frees it
+    then, not at some later garbage collection). A stream still referenced but never read again
+    (a kept traceback) is carried to its end by the engine's other calls as they are read.
     """
 
     def __init__(
