@@ -50,6 +50,17 @@ def tiny_engine(config: LookaheadConfig) -> LookaheadEngine:
     return LookaheadEngine(LlamaForCausalLM(model_config).eval(), tokenizer, config)
 
 
+def rag_pipeline(records: list[dict[str, str]], config: LookaheadConfig, tiny: bool) -> RagPipeline:
+    """Every context of ``records`` indexed once, answered by SmolLM2 (or the tiny model)."""
+    contexts = dict.fromkeys(r["context"] for r in records)
+    index = DocumentIndex(SentenceTransformerEmbedder())
+    index.add([Document(f"ctx#{i}", text) for i, text in enumerate(contexts) if text.strip()])
+    engine = tiny_engine(config) if tiny else LookaheadEngine.from_pretrained(config=config)
+    if config.mode == "auto":
+        engine.measure_costs()
+    return RagPipeline(engine, index, RetrievalConfig(top_k=4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, type=Path)
@@ -63,12 +74,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     records = load_records(args.data)
-    contexts = dict.fromkeys(r["context"] for r in records)
-    index = DocumentIndex(SentenceTransformerEmbedder())
-    index.add([Document(f"ctx#{i}", text) for i, text in enumerate(contexts) if text.strip()])
     config = LookaheadConfig(mode="trie", max_trie_nodes=args.max_trie_nodes)
-    engine = tiny_engine(config) if args.tiny else LookaheadEngine.from_pretrained(config=config)
-    pipeline = RagPipeline(engine, index, RetrievalConfig(top_k=4))
+    pipeline = rag_pipeline(records, config, args.tiny)
+    engine = pipeline.engine
 
     peak_nodes, leaked, started = 0, 0, time.perf_counter()
     for n in range(args.queries):

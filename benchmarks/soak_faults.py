@@ -25,17 +25,14 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from soak import tiny_engine  # the same tiny model as the plain soak (this folder)
+from soak import rag_pipeline  # the same pipeline and tiny model as the plain soak (this folder)
 
-from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead import LookaheadConfig
 from rag_lookahead.bench.run import load_records
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.rag import (
-    Document,
-    DocumentIndex,
     RagPipeline,
     RetrievalConfig,
-    SentenceTransformerEmbedder,
 )
 from rag_lookahead.streaming import aiterate
 
@@ -98,14 +95,8 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
 
     records = load_records(args.data)
-    contexts = dict.fromkeys(r["context"] for r in records)
-    index = DocumentIndex(SentenceTransformerEmbedder())
-    index.add([Document(f"ctx#{i}", text) for i, text in enumerate(contexts) if text.strip()])
-    config = LookaheadConfig(mode=args.mode)
-    engine = tiny_engine(config) if args.tiny else LookaheadEngine.from_pretrained(config=config)
-    if args.mode == "auto":
-        engine.measure_costs()
-    pipeline = RagPipeline(engine, index, RetrievalConfig(top_k=4))
+    pipeline = rag_pipeline(records, LookaheadConfig(mode=args.mode), args.tiny)
+    engine, index = pipeline.engine, pipeline.index
     questions = [records[n % len(records)]["question"] for n in range(args.questions)]
 
     started = time.perf_counter()

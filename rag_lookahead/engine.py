@@ -75,9 +75,10 @@ class LookaheadEngine:
         self.tokenizer = tokenizer
         self.config = config or LookaheadConfig()
         self.trie = trie or _new_trie(self.config)
-        if self.trie.largest_token() >= self.vocab_size:
+        largest = self.trie.largest_token()
+        if largest >= self.vocab_size:
             raise ValueError(
-                f"the trie holds token id {self.trie.largest_token()}, outside this model's "
+                f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
         self.planner = StepPlanner(self.config, cost_curve)

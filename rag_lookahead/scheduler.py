@@ -34,7 +34,7 @@ import torch
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.costs import Calibration
+from rag_lookahead.decoding.costs import BatchCosts, Calibration
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.planner import StepPlanner, plan_batch
 from rag_lookahead.decoding.runner import ModelRunner
@@ -226,8 +226,7 @@ class Scheduler:
         logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
         tokens = call.chooser.choose(logits[-1:], call.ids, DraftTree.root_only(call.ids[-1]))
         call.recorder.step(0, 0, "none")
-        if self._release(call, tokens):
-            self._alone.remove(call)
+        self._release(call, tokens)  # an ended call has left `_alone`
 
     def _batch_step(self, calls: list[Call]) -> None:
         drafts = self._plan(calls, [self._propose(call) for call in calls])
@@ -257,7 +256,7 @@ class Scheduler:
             self._drop_rows(done)
 
     def _calibrate(self, calls: list[Call], width: int, seconds: float) -> None:
-        costs = next((c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None)
+        costs = _batch_costs(calls)
         if costs is not None:
             self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
 
@@ -280,7 +279,7 @@ class Scheduler:
 
     def _costs(self, calls: list[Call]) -> Callable[[int], float] | None:
         """A batched forward's seconds over these rows by width, as calibrated so far."""
-        costs = next((c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None)
+        costs = _batch_costs(calls)
         if costs is None:
             return None
         rows = len(calls)
@@ -318,6 +317,12 @@ class Scheduler:
             call.ended.set()
 
     def _drop_rows(self, gone: list[int]) -> None:
-        keep = [i for i in range(len(self._rows)) if i not in set(gone)]
+        left = set(gone)
+        keep = [i for i in range(len(self._rows)) if i not in left]
         self._rows = [self._rows[i] for i in keep]
         self._batch.keep_rows(keep)
+
+
+def _batch_costs(calls: list[Call]) -> BatchCosts | None:
+    """The measured batch costs (every auto engine of one model measures the same ones)."""
+    return next((c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None)

@@ -191,6 +191,11 @@ def test_a_model_that_cannot_verify_trees_decodes_plainly_with_one_warning() -> 
         second = engine.complete(PROMPT, max_new_tokens=N)
     assert first.token_ids == second.token_ids == reference
     assert not engine.tree_verification and first.stats.steps == N - 1
+    failures = []
+    end = engine.scheduler._end
+    engine.scheduler._end = lambda call, error=None: (failures.append(error), end(call, error))  # type: ignore[method-assign]
+    engine.complete(PROMPT, max_new_tokens=N)  # decoded alone, outside the batch, to its end
+    assert failures == [None]  # it ended once, without a failure along the way
 
 
 def test_a_sliding_window_too_short_for_the_call_decodes_plainly() -> None:

@@ -141,11 +141,12 @@ def plan_batch(
     best_width, best_rate = widest, -1.0
     if cost is not None:
         for width in range(least, widest + 1):
-            expected = sum(d.gain(max(width, len(d.tree)) if d.fixed else width) for d in drafts)
+            expected = sum(d.gain(min(width, len(d.tree))) for d in drafts)
             rate = expected / cost(width)
             if rate > best_rate:
                 best_width, best_rate = width, rate
-    return [d.take(min(len(d.tree), best_width if not d.fixed else max(best_width, least))) for d in drafts]
+    # Every width tried is at least each fixed row's size (under the cap): fixed rows stay whole.
+    return [d.take(min(len(d.tree), best_width)) for d in drafts]
 
 
 class StepPlanner:
