@@ -15,6 +15,7 @@ Mode = Literal["auto", "trie", "jacobi", "off"]
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
 MAX_TRIE_NODES = 1_000_000_000
+MAX_PREFIX_CACHE_MB = 1 << 30  # a petabyte: only there to refuse absurd values
 
 
 def _positive(name: str, value: object, most: int | None = None) -> None:
@@ -56,6 +57,9 @@ class LookaheadConfig:
             ``1`` answers one call at a time, in arrival order.
         max_tokens_per_forward: Most tokens one forward takes: all rows' drafts together in a
             decoding step, or one chunk of a joining call's prompt while others decode.
+        prefix_cache_mb: Memory for the KV entries of past prompts, which a prompt sharing
+            their beginning (a system prompt, a repeated question) reuses instead of
+            prefilling it again; ``0`` turns the reuse off.
     """
 
     mode: Mode = "auto"
@@ -69,6 +73,7 @@ class LookaheadConfig:
     guess_set_size: int = 4
     max_batch_size: int = 8
     max_tokens_per_forward: int = 256
+    prefix_cache_mb: int = 256
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -101,6 +106,12 @@ class LookaheadConfig:
             raise ValueError(
                 f"max_tokens_per_forward ({self.max_tokens_per_forward}) must allow one token per "
                 f"row of a full batch (max_batch_size = {self.max_batch_size})"
+            )
+        if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, int):
+            raise ValueError(f"prefix_cache_mb must be an integer, got {self.prefix_cache_mb!r}")
+        if not 0 <= self.prefix_cache_mb <= MAX_PREFIX_CACHE_MB:
+            raise ValueError(
+                f"prefix_cache_mb must be from 0 to {MAX_PREFIX_CACHE_MB}, got {self.prefix_cache_mb}"
             )
         _positive("max_trie_nodes", self.max_trie_nodes, MAX_TRIE_NODES)
         if self.max_trie_nodes < 1000:

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.costs import CostCurve, model_digest
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.probe import sliding_window
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.models import default_cache_dir
 from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.scheduler import Call, Scheduler
 from rag_lookahead.scope import DocumentScope, document_texts
@@ -39,6 +40,8 @@ __all__ = ["LookaheadEngine"]
 # The widest draft per row that batch costs are measured for (wider is extrapolated): in a
 # batch the spare compute is shared, and on a CPU a few tokens per row already use it up.
 _BATCH_WIDTH = 6
+# Draft nodes learned between two writes of the acceptance statistics to disk.
+_SAVE_EVERY = 256
 
 
 class LookaheadEngine:
@@ -67,7 +70,8 @@ class LookaheadEngine:
             trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
             cost_curve: Forward costs by size, for ``mode="auto"``; when not given, the first
                 call that needs it runs `measure_costs`.
-            cache_dir: Where measured cost curves are kept (default: `default_cache_dir`).
+            cache_dir: Where measured cost curves and acceptance statistics are kept (default:
+                `default_cache_dir`).
         """
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
@@ -110,12 +114,13 @@ class LookaheadEngine:
         Variants serve threads side by side: their calls join the same batches, and draft
         from (and add outputs to) the same trie. Only when ``config`` changes the trie's own
         settings (``max_query_length``, ``branch_length``, ``max_trie_nodes``) does the variant
-        get a trie of its own, and only when it changes ``max_batch_size`` or
-        ``max_tokens_per_forward`` does it batch its calls apart (forwards still take turns).
+        get a trie of its own, and only when it changes ``max_batch_size``,
+        ``max_tokens_per_forward`` or ``prefix_cache_mb`` does it batch its calls apart (and
+        keep prompt prefixes apart; forwards still take turns).
         """
         other = copy.copy(self)
         other.config = config
-        other.planner = StepPlanner(config, self.planner.cost_curve, self.planner.batch_costs)
+        other.planner = self.planner.with_config(config)
         if _trie_settings(config) != _trie_settings(self.config):
             other.trie = _new_trie(config)
         if _batch_settings(config) != _batch_settings(self.config):
@@ -159,13 +164,21 @@ class LookaheadEngine:
     def measure_costs(self) -> CostCurve:
         """Time forwards of every draft size this config may verify, alone and in batches of
         2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
-        Takes seconds on a CPU, once per model, device, dtype and thread count."""
+        Takes seconds on a CPU, once per model, device, dtype and thread count. Also probes
+        whether the model verifies trees, and takes the acceptance statistics stored by earlier
+        processes: everything a first answer would otherwise pay for."""
         cfg = self.config
+        self.runner.tree_problem()  # the one-off probe, here rather than in a first answer
         size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
         curve = self.runner.measure_costs(size, self._cache_dir)
         self.planner.cost_curve = curve
         width = min(_BATCH_WIDTH, cfg.decoding_length + 1)
         self.planner.batch_costs = self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir)
+        # What drafts of each source the model accepted in earlier processes: a fresh engine
+        # plans its first questions with it rather than with a guess.
+        directory = (self._cache_dir or default_cache_dir()) / "acceptance"
+        digest = model_digest(self.model)
+        self.planner.load_acceptance(directory / f"acceptance-{digest}.json", {"model": digest})
         return curve
 
     # ------------------------------------------------------------------ public calls
@@ -201,6 +214,7 @@ class LookaheadEngine:
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
+        self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         call = Call(
             prompt_ids=prompt_ids,
             config=self.config,
@@ -308,12 +322,14 @@ def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:
     return config.max_query_length, config.branch_length, config.max_trie_nodes
 
 
-def _batch_settings(config: LookaheadConfig) -> tuple[int, int]:
-    return config.max_batch_size, config.max_tokens_per_forward
+def _batch_settings(config: LookaheadConfig) -> tuple[int, int, int]:
+    return config.max_batch_size, config.max_tokens_per_forward, config.prefix_cache_mb
 
 
 def _new_scheduler(runner: ModelRunner, config: LookaheadConfig) -> Scheduler:
-    return Scheduler(runner, config.max_batch_size, config.max_tokens_per_forward)
+    return Scheduler(
+        runner, config.max_batch_size, config.max_tokens_per_forward, config.prefix_cache_mb << 20
+    )
 
 
 def _new_trie(config: LookaheadConfig) -> TokenTrie:

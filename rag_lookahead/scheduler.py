@@ -37,6 +37,7 @@ from rag_lookahead.decoding.batch import BatchCache, batch_inputs
 from rag_lookahead.decoding.costs import BatchCosts, Calibration
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.planner import StepPlanner, plan_batch
+from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser, accept
@@ -82,7 +83,13 @@ class Call:
 class Scheduler:
     """The decoding loop of every call on one model, run by whichever reader waits."""
 
-    def __init__(self, runner: ModelRunner, max_batch_size: int, max_tokens_per_forward: int) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_batch_size: int,
+        max_tokens_per_forward: int,
+        prefix_cache_bytes: int = 0,
+    ) -> None:
         self.runner = runner
         self.max_batch_size = max_batch_size
         self.max_tokens_per_forward = max_tokens_per_forward
@@ -96,6 +103,7 @@ class Scheduler:
         self._alone: list[Call] = []
         self._batch = BatchCache()
         self._calibration = Calibration()
+        self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     def submit(self, call: Call) -> None:
         """Queue ``call``; read what it releases with `chunks`."""
@@ -196,17 +204,22 @@ class Scheduler:
     # ------------------------------------------------------------------ phases
 
     def _prefill(self, call: Call) -> None:
-        prompt, start = call.prompt_ids, call.prefilled
-        busy = bool(self._rows or self._alone)
-        end = min(len(prompt), start + self.max_tokens_per_forward) if busy else len(prompt)
+        prompt = call.prompt_ids
         if call.cache is None and call.batchable:
-            call.cache = new_tree_cache()
+            call.cache, call.prefilled = (
+                self._prefixes.lookup(prompt) if self._prefixes is not None else (new_tree_cache(), 0)
+            )
+            call.recorder.cached_prompt_tokens = call.prefilled
+        start, busy = call.prefilled, bool(self._rows or self._alone)
+        end = min(len(prompt), start + self.max_tokens_per_forward) if busy else len(prompt)
         logits, call.cache = self.runner.forward(
             torch.tensor([prompt[start:end]]), call.cache, last_only=True
         )
         call.prefilled = end
         if end < len(prompt):
             return
+        if self._prefixes is not None and call.batchable:
+            self._prefixes.store(prompt, call.cache)
         # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
         call.drafter = call.make_drafter() if call.make_drafter is not None else None
         tokens = call.chooser.choose(logits[-1:], call.ids, DraftTree.root_only(call.ids[-1]))
@@ -323,6 +336,16 @@ class Scheduler:
         self._batch.keep_rows(keep)
 
 
-def _batch_costs(calls: list[Call]) -> BatchCosts | None:
-    """The measured batch costs (every auto engine of one model measures the same ones)."""
-    return next((c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None)
+def _batch_costs(calls: list[Call]) -> Callable[[int, int], float] | None:
+    """Seconds of a batched forward by rows and width: as measured (every auto engine of one
+    model measures the same), else a row's curve over all the batch's tokens (the calibration
+    corrects it), else nothing to plan with."""
+    measured: BatchCosts | None = next(
+        (c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None
+    )
+    if measured is not None:
+        return measured
+    curve = next((c.planner.cost_curve for c in calls if c.planner.cost_curve is not None), None)
+    if curve is None:
+        return None
+    return lambda rows, width: curve(rows * width)

@@ -129,10 +129,13 @@ def test_concurrent_calls_give_each_its_own_greedy_output(family, mode, seed, ca
         from rag_lookahead.decoding.costs import CostCurve
 
         engine.planner.cost_curve = CostCurve((1, 4, 32), (1.0, 1.2, 2.0))
-    jobs = []
+    jobs: list[tuple[list[int], GenerationParams]] = []
     for _ in range(calls):
         base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
         prompt = (base * rng.randint(2, 12))[: rng.randint(3, 40)]
+        if jobs and rng.random() < 0.5:  # starts like an earlier prompt: its prefix is reused
+            earlier = rng.choice(jobs)[0]
+            prompt = earlier[: rng.randint(1, len(earlier))] + prompt[: rng.randint(0, 8)]
         jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
     for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
         assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)

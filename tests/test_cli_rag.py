@@ -69,7 +69,8 @@ def test_chat_answers_until_an_empty_line_and_debug_marks_drafts(index_dir, caps
 def test_demo_indexes_the_bundled_corpus_and_compares(capsys) -> None:
     assert main(["demo", "--max-new-tokens", "8", "--threads", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.count("identical: True") == 3 and "normans.md" in out
+    assert out.count("identical: True") == 12 and "normans.md" in out
+    assert "per answer:" in out and "All 12 answers:" in out and "12/12 identical" in out
 
 
 def test_bench_with_retrieved_contexts_matches_greedy(tmp_path) -> None:

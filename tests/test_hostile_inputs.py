@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie
+from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance
+from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, tiny_model
 
@@ -107,6 +109,9 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
         "one token per row",
     ),
     ("n-grams past the budget", {"decoding_length": 2, "ngram_size": 5}, "more than decoding_length"),
+    ("a negative prefix cache", {"prefix_cache_mb": -1}, "prefix_cache_mb must be from 0"),
+    ("a prefix cache as a float", {"prefix_cache_mb": 0.5}, "prefix_cache_mb must be an integer"),
+    ("a prefix cache as a bool", {"prefix_cache_mb": True}, "prefix_cache_mb must be an integer"),
 ]
 
 TRIE_FILE_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
@@ -120,6 +125,40 @@ TRIE_FILE_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("nodes not a list", lambda d: trie_file(d, nodes={"5": 1}), "'nodes' must be a list"),
     ("a gzip that is not", lambda d: _write(d, "plain", "trie.json.gz"), "not a readable trie file"),
 ]
+
+
+def acceptance_file(tmp_path: Path, **changes: Any) -> Path:
+    payload = {"format": "rag-lookahead-acceptance", "version": 1, "key": {"model": "m"}}
+    payload |= {"buckets": [["doc1", True, 3, 2.0, 5.0]], "scales": [["doc1", True, 2.0, 1.5, 5.0]]}
+    payload |= changes
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps(payload))
+    return path
+
+
+# An acceptance table is a cache: a bad one is reported and learning starts afresh (outputs
+# never depend on it), but it is never half-read.
+ACCEPTANCE_FILE_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("not JSON", lambda d: _write(d, "{", "acceptance.json"), "not a readable acceptance table"),
+    ("deeply nested JSON", lambda d: _write(d, "[" * 100_000 + "]" * 100_000, "acceptance.json"), "readable"),
+    ("another format", lambda d: acceptance_file(d, format="rag-lookahead-trie"), "not an acceptance table"),
+    ("buckets not a list", lambda d: acceptance_file(d, buckets={"doc1": 1}), "must be lists"),
+    ("more hits than tries", lambda d: _bucket(d, ["doc1", True, 3, 9.0, 5.0]), "more nodes"),
+    (
+        "a negative count",
+        lambda d: acceptance_file(d, scales=[["doc1", True, -1.0, 1.0, 2.0]]),
+        "non-negative",
+    ),
+    ("a boolean count", lambda d: _bucket(d, ["doc1", True, 3, True, 5.0]), "non-negative"),
+    ("a decile of 10", lambda d: _bucket(d, ["doc1", True, 10, 1.0, 5.0]), "decile"),
+    ("a level as 1", lambda d: _bucket(d, ["doc1", 1, 3, 1.0, 5.0]), "first-level flag"),
+    ("a huge source name", lambda d: _bucket(d, ["d" * 999, True, 3, 1.0, 5.0]), "source"),
+    ("too many entries", lambda d: _bucket(d, ["doc1", True, 3, 1.0, 5.0], 10_001), "at most"),
+]
+
+
+def _bucket(tmp_path: Path, row: list[Any], copies: int = 1) -> Path:
+    return acceptance_file(tmp_path, buckets=[row] * copies)
 
 
 def _write(directory: Path, text: str, name: str = "trie.json") -> Path:
@@ -151,6 +190,22 @@ def test_a_hostile_trie_file_is_refused(tmp_path, case, make, words) -> None:
     with pytest.raises(ValueError) as raised:
         TokenTrie.load(path)
     assert words in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "words"), ACCEPTANCE_FILE_CASES, ids=[c[0] for c in ACCEPTANCE_FILE_CASES]
+)
+def test_a_hostile_acceptance_table_is_reported_and_not_used(tmp_path, case, make, words) -> None:
+    path = make(tmp_path)
+    model = AcceptanceModel()
+    with pytest.raises(ValueError) as raised:
+        load_acceptance(path, {"model": "m"}, model)
+    assert words in str(raised.value), str(raised.value)
+    assert model.state() == {"buckets": [], "scales": []}  # nothing half-read
+    planner = StepPlanner(LookaheadConfig())
+    with pytest.warns(UserWarning, match="learning afresh"):
+        planner.load_acceptance(path, {"model": "m"})
+    assert planner.acceptance.state() == {"buckets": [], "scales": []}
 
 
 def test_a_trie_of_another_vocabulary_is_refused(tmp_path) -> None:

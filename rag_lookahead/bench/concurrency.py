@@ -115,6 +115,8 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
         config = replace(engine.config, max_batch_size=size, max_tokens_per_forward=tokens)
         # A trie of its own for each run: no method drafts from another's answers.
         variant = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=engine.cost_curve)
+        if config.mode == "auto":
+            variant.measure_costs()  # the batch costs too (read back from the disk cache)
         return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served))
     if name == "prompt_lookup":
         lock = threading.Lock()  # one request at a time

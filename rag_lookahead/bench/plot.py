@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_concurrency", "plot_summary"]
+__all__ = ["plot_concurrency", "plot_fresh", "plot_summary"]
 
 
 def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
@@ -51,6 +51,25 @@ def plot_concurrency(summary: dict[str, Any], path: str | Path) -> None:
         axis.set_title(title)
     left.legend(fontsize=8)
     fig.suptitle(f"{summary['model']} on {summary.get('data', '')}: {summary['records']} questions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_fresh(summary: dict[str, Any], path: str | Path) -> None:
+    """A PNG of a fresh-questions summary: lookahead against plain, per answer."""
+    plt = _pyplot()
+    ratios = [a["ratio"] for a in summary["answers"]]
+    fig, ax = plt.subplots(figsize=(max(6, len(ratios) * 0.35), 3.5))
+    ax.bar(range(1, len(ratios) + 1), ratios, color=["#55a868" if r >= 1 else "#c44e52" for r in ratios])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(summary["aggregate_ratio"], color="#4c72b0", linestyle="--", linewidth=1)
+    ax.set_xlabel("question")
+    ax.set_ylabel("plain time / lookahead time")
+    ax.set_title(
+        f"{summary.get('data', '')}: {summary['records']} fresh questions, {summary['max_new_tokens']} "
+        f"tokens; all answers {summary['aggregate_ratio']:.2f}x (dashed), cost curve {summary['cost_curve']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

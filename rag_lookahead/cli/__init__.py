@@ -149,7 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=run_demo)
 
     bench = sub.add_parser("bench", help="time greedy, prompt lookup and lookahead on a JSONL set")
-    bench.add_argument("--data", required=True, type=Path, help="JSONL with 'question' and 'context'")
+    bench.add_argument(
+        "--data",
+        required=True,
+        type=Path,
+        help="JSONL with 'question' and 'context', or 'bundled': the demo's corpus and questions, "
+        "answered from retrieved chunks",
+    )
     bench.add_argument("--limit", type=int, default=None, help="use the first N records")
     bench.add_argument("--json", default=None, help="write the summary here")
     bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
@@ -172,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --concurrency: questions arrive as a Poisson process at this rate per second "
         "(default: all at once)",
+    )
+    bench.add_argument(
+        "--fresh",
+        action="store_true",
+        help="first-time questions: each asked once on a fresh engine, lookahead against the plain "
+        "engine in alternating order, with per-answer ratios",
+    )
+    bench.add_argument(
+        "--cost-curve",
+        default=None,
+        help="with --fresh: plan against this curve instead of the measured one, as size:cost "
+        "pairs (e.g. 1:1,2:1.64,16:2.55 for a steep CPU)",
     )
     bench.add_argument(
         "--retrieval",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-from importlib import resources
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from rag_lookahead.cli.setup import (
+    bundled_index,
+    bundled_questions,
     make_embedder,
     make_engine,
     make_pipeline,
@@ -81,35 +82,46 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """The main job on bundled data: index a small real corpus, answer with and without lookahead."""
-    data = resources.files("rag_lookahead") / "data"
-    with resources.as_file(data / "corpus") as corpus, tempfile.TemporaryDirectory() as tmp:
-        print(f"Indexing the bundled corpus ({', '.join(sorted(p.name for p in Path(corpus).iterdir()))})...")
-        index, _ = DocumentIndex.build([corpus], make_embedder(None), progress=progress("embedding"))
-        index.save(Path(tmp) / "index")  # what `rag-lookahead index` does, read back as `ask` does
-        index = DocumentIndex.load(Path(tmp) / "index")
-    questions = (data / "demo_questions.txt").read_text(encoding="utf-8").split("\n")
+    """The main job on bundled data: index a small real corpus, then answer its questions with
+    and without lookahead, timed fairly (both warmed up, in alternating order)."""
+    index = bundled_index(announce=True)
+    questions = bundled_questions()
     print("Loading the model (the default is converted once to safetensors on first use)...")
     engine = make_engine(args)
+    # The two paths answer the same prompts: neither may start from the other's prefix cache.
+    engine = engine.with_config(replace(engine.config, prefix_cache_mb=0))
     pipelines = {
-        "plain": RagPipeline(engine.plain(), index, retrieval_config(args)),
         "lookahead": RagPipeline(engine, index, retrieval_config(args)),
+        "plain": RagPipeline(engine.plain(), index, retrieval_config(args)),
     }
-    for question in filter(None, (q.strip() for q in questions)):
+    for pipeline in pipelines.values():  # first-call costs (allocations, kernels) are not timed
+        pipeline.ask(_WARM_UP, max_new_tokens=8)
+    ratios, identical = [], 0
+    for i, question in enumerate(questions):
+        order = list(pipelines) if i % 2 == 0 else list(reversed(pipelines))
+        answers = {name: pipelines[name].ask(question, max_new_tokens=args.max_new_tokens) for name in order}
+        fast, plain = answers["lookahead"], answers["plain"]
         print(f"\n=== {question}")
-        answers = {name: p.ask(question, max_new_tokens=args.max_new_tokens) for name, p in pipelines.items()}
-        plain, fast = answers["plain"], answers["lookahead"]
         print(fast.text.strip())
         _print_sources(fast, sys.stdout)
-        for name, answer in answers.items():
-            s = answer.stats
+        for name in order:
+            s = answers[name].stats
             print(
-                f"  {name:>9}: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, "
+                f"  {name:>9}: {s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_s:.1f} tok/s, "
                 f"{s.tokens_per_step:.2f} tokens per forward"
             )
-        speedup = fast.stats.tokens_per_s / max(plain.stats.tokens_per_s, 1e-9)
-        print(f"  identical: {plain.text == fast.text}; lookahead speedup: {speedup:.2f}x")
+        ratios.append((plain.stats.seconds, fast.stats.seconds))
+        identical += plain.text == fast.text
+        print(f"  identical: {plain.text == fast.text}; lookahead: {ratios[-1][0] / ratios[-1][1]:.2f}x")
+    per_answer = ", ".join(f"{p / f:.2f}" for p, f in ratios)
+    total = sum(p for p, _ in ratios) / sum(f for _, f in ratios)
+    print(f"\nLookahead against plain decoding, per answer: {per_answer}")
+    print(f"All {len(ratios)} answers: {total:.2f}x; {identical}/{len(ratios)} identical.")
     return 0
+
+
+# Asked once by each path before the timed questions, and about none of them.
+_WARM_UP = "What is this text about?"
 
 
 def _answer(

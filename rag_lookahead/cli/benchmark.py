@@ -9,21 +9,36 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS, format_concurrency, run_concurrency
+from rag_lookahead.bench.fresh import format_fresh, parse_cost_curve, run_fresh
 from rag_lookahead.bench.run import BenchInput, format_table, gold_inputs, load_records, run_benchmark
-from rag_lookahead.cli.setup import make_embedder, make_engine, progress, retrieval_config
+from rag_lookahead.cli.setup import (
+    bundled_index,
+    bundled_questions,
+    make_embedder,
+    make_engine,
+    progress,
+    retrieval_config,
+)
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
 
-__all__ = ["run_bench"]
+__all__ = ["BUNDLED", "run_bench"]
+
+BUNDLED = "bundled"  # --data: the bundled corpus and its questions, with retrieval
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    records = load_records(args.data, args.limit)
+    bundled = str(args.data) == BUNDLED
+    records = [] if bundled else load_records(args.data, args.limit)
     engine = make_engine(args)
-    if args.retrieval == "faiss":
+    if bundled:
+        inputs = _bundled_inputs(args, engine)
+    elif args.retrieval == "faiss":
         inputs = _retrieved_inputs(args, engine, records)
     else:
         inputs = gold_inputs(engine, records)
+    if args.fresh:
+        return _run_fresh(args, engine, inputs)
     if args.concurrency:
         return _run_concurrency(args, engine, inputs)
     methods = _names(args.methods or "greedy,prompt_lookup,lookahead")
@@ -45,8 +60,17 @@ def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: 
     return _report(args, summary, format_concurrency, "plot_concurrency")
 
 
+def _run_fresh(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:
+    curve = parse_cost_curve(args.cost_curve) if args.cost_curve else None
+    summary = run_fresh(engine, inputs, args.max_new_tokens, curve, progress=progress("questions"))
+    return _report(args, summary, format_fresh, "plot_fresh")
+
+
 def _report(
-    args: argparse.Namespace, summary: dict[str, Any], table: Callable[[dict[str, Any]], str], plot: str
+    args: argparse.Namespace,
+    summary: dict[str, Any],
+    table: Callable[[dict[str, Any]], str],
+    plot: str,
 ) -> int:
     """Print the table; write the JSON and the chart when asked."""
     summary["data"] = Path(args.data).name
@@ -66,6 +90,18 @@ def _names(value: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def _bundled_inputs(args: argparse.Namespace, engine: LookaheadEngine) -> list[BenchInput]:
+    """The bundled corpus's questions, each answered from its retrieved chunks."""
+    pipeline = RagPipeline(engine, bundled_index(), retrieval_config(args))
+    questions = bundled_questions()[: args.limit]
+    return [_prepared(pipeline, question, args.max_new_tokens) for question in questions]
+
+
+def _prepared(pipeline: RagPipeline, question: str, max_new_tokens: int) -> BenchInput:
+    query = pipeline.prepare(question, max_new_tokens)
+    return BenchInput(query.prompt_ids, query.documents)
+
+
 def _retrieved_inputs(
     args: argparse.Namespace, engine: LookaheadEngine, records: list[dict[str, str]]
 ) -> list[BenchInput]:
@@ -76,5 +112,4 @@ def _retrieved_inputs(
     index = DocumentIndex(make_embedder(None))
     index.add(documents, progress("indexing contexts"))
     pipeline = RagPipeline(engine, index, retrieval_config(args))
-    queries = [pipeline.prepare(r["question"], args.max_new_tokens) for r in records]
-    return [BenchInput(q.prompt_ids, q.documents) for q in queries]
+    return [_prepared(pipeline, r["question"], args.max_new_tokens) for r in records]

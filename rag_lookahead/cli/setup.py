@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,15 @@ from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
 
-__all__ = ["make_embedder", "make_engine", "make_pipeline", "progress", "retrieval_config"]
+__all__ = [
+    "bundled_index",
+    "bundled_questions",
+    "make_embedder",
+    "make_engine",
+    "make_pipeline",
+    "progress",
+    "retrieval_config",
+]
 
 
 def make_engine(args: argparse.Namespace) -> LookaheadEngine:
@@ -61,3 +71,21 @@ def progress(description: str) -> Any:
         return iter(tqdm(items, desc=description, file=sys.stderr, leave=False))
 
     return wrap
+
+
+def bundled_index(announce: bool = False) -> DocumentIndex:
+    """The bundled corpus indexed, saved and read back (as `index` then `ask` would)."""
+    data = resources.files("rag_lookahead") / "data"
+    with resources.as_file(data / "corpus") as corpus, tempfile.TemporaryDirectory() as tmp:
+        if announce:
+            names = ", ".join(sorted(p.name for p in Path(corpus).iterdir()))
+            print(f"Indexing the bundled corpus ({names})...")
+        index, _ = DocumentIndex.build([corpus], make_embedder(None), progress=progress("embedding"))
+        index.save(Path(tmp) / "index")
+        return DocumentIndex.load(Path(tmp) / "index")
+
+
+def bundled_questions() -> list[str]:
+    """The questions asked about the bundled corpus, in order."""
+    text = (resources.files("rag_lookahead") / "data" / "demo_questions.txt").read_text(encoding="utf-8")
+    return [q.strip() for q in text.splitlines() if q.strip()]

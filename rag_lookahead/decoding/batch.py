@@ -65,38 +65,51 @@ class _Rows:
 
 
 class RowLayer(DynamicLayer):
-    """Keys and values of several rows in one buffer; each row appends after its own length."""
+    """Keys and values of several rows in one buffer; each row appends after its own length.
+
+    The buffers have room for more rows and columns than are in use (a joining call is
+    copied into a free row, a leaving one is closed up in place); ``rows()`` are the used ones.
+    """
 
     def __init__(self, rows: _Rows) -> None:
         super().__init__()
         self._rows = rows
-        self.key_buffer: torch.Tensor | None = None  # [B, H, capacity, D]
+        self.key_buffer: torch.Tensor | None = None  # [rows capacity, H, columns capacity, D]
         self.value_buffer: torch.Tensor | None = None
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The used rows' buffers, ``[B, H, capacity, D]`` views."""
+        assert self.key_buffer is not None and self.value_buffer is not None
+        count = len(self._rows.lengths)
+        return self.key_buffer[:count], self.value_buffer[:count]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.key_buffer is not None and self.value_buffer is not None
         new = key_states.shape[-2]
         used = max(self._rows.lengths) + new
-        self._reserve(used)
+        self.reserve(len(self._rows.lengths), used)
         starts = self._rows.starts
         assert starts is not None, "set the rows' starts before the forward"
         where = starts[:, None] + torch.arange(new, device=starts.device)  # [B, T]
-        _scatter_columns(self.key_buffer, where, key_states)
-        _scatter_columns(self.value_buffer, where, value_states)
-        self.keys, self.values = self.key_buffer[:, :, :used], self.value_buffer[:, :, :used]
+        keys, values = self.rows()
+        _scatter_columns(keys, where, key_states)
+        _scatter_columns(values, where, value_states)
+        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
         return max(self._rows.lengths, default=0)
 
-    def _reserve(self, columns: int) -> None:
+    def reserve(self, rows: int, columns: int) -> None:
+        """Room for ``rows`` rows of ``columns`` columns (grown with spare room if needed)."""
         assert self.key_buffer is not None and self.value_buffer is not None
-        if columns > self.key_buffer.shape[2]:
-            room = columns + max(64, columns // 2)
-            self.key_buffer = _widened(self.key_buffer, room)
-            self.value_buffer = _widened(self.value_buffer, room)
+        have_rows, _, have_columns, _ = self.key_buffer.shape
+        if rows > have_rows or columns > have_columns:
+            rows, columns = max(rows, have_rows), max(columns, have_columns)
+            room = columns if columns == have_columns else columns + max(64, columns // 2)
+            self.key_buffer = _enlarged(self.key_buffer, rows - have_rows, room)
+            self.value_buffer = _enlarged(self.value_buffer, rows - have_rows, room)
 
 
 class RowCache(DynamicCache):
@@ -135,34 +148,46 @@ class BatchCache:
         if not self.lengths:
             self.cache, self.lengths = row, [length]
             return 0
-        states = [_states(layer) for layer in _full_layers(row)]
-        longest = max(*self.lengths, length)
-        buffers = self._buffers(extra_rows=1, columns=longest + max(64, longest // 2))
-        for (keys, values), (new_keys, new_values) in zip(buffers, states, strict=True):
-            keys[-1, :, :length] = new_keys[0]
-            values[-1, :, :length] = new_values[0]
+        if not isinstance(self.cache, RowCache):
+            self.cache = self._row_cache()
+        assert isinstance(self.cache, RowCache)
+        count = self.rows + 1
+        for layer, (new_keys, new_values) in zip(
+            self.cache.row_layers(), [_states(layer) for layer in _full_layers(row)], strict=True
+        ):
+            # Rows grow by doubling, so that joining calls rarely copy the others.
+            layer.reserve(_doubled(count), length)
+            assert layer.key_buffer is not None and layer.value_buffer is not None
+            layer.key_buffer[count - 1, :, :length] = new_keys[0]
+            layer.value_buffer[count - 1, :, :length] = new_values[0]
         self.lengths.append(length)
-        self.cache = RowCache(_Rows(self.lengths), buffers)
-        return self.rows - 1
+        return count - 1
 
     @torch.inference_mode()
     def keep_rows(self, keep: Sequence[int]) -> None:
-        """Keep only the rows ``keep`` (in that order): the others' calls have left."""
+        """Keep only the rows ``keep`` (ascending): the others' calls have left."""
+        assert list(keep) == sorted(set(keep)), "rows are kept in order"
         lengths = [self.lengths[i] for i in keep]
+        if not isinstance(self.cache, RowCache):  # a call alone, leaving
+            self.cache, self.lengths[:] = GrowingCache(), lengths
+            return
+        layers = self.cache.row_layers()
         if len(keep) <= 1:  # back to a call alone, in a cache of its own
             single = GrowingCache()
-            if keep:
-                row, length = keep[0], lengths[0]
-                for layer_index, (keys, values) in enumerate(self._buffers()):
-                    single.update(
-                        keys[row : row + 1, :, :length], values[row : row + 1, :, :length], layer_index
-                    )
-            self.cache, self.lengths = single, lengths
+            for index, layer in enumerate(layers):
+                if keep:
+                    keys, values = layer.rows()
+                    row = slice(keep[0], keep[0] + 1)
+                    single.update(keys[row, :, : lengths[0]], values[row, :, : lengths[0]], index)
+            self.cache, self.lengths[:] = single, lengths
             return
-        index = torch.tensor(list(keep))
-        buffers = [(_rows_of(k, index), _rows_of(v, index)) for k, v in self._buffers()]
-        self.lengths = lengths
-        self.cache = RowCache(_Rows(lengths), buffers)
+        for target, source in enumerate(keep):  # close up in place: a row only moves up
+            if source != target:
+                for layer in layers:
+                    keys, values = layer.rows()
+                    keys[target, :, : lengths[target]] = keys[source, :, : lengths[target]]
+                    values[target, :, : lengths[target]] = values[source, :, : lengths[target]]
+        self.lengths[:] = lengths
 
     def prepare(self) -> None:
         """Before a batched forward: where each row's new columns go."""
@@ -187,26 +212,26 @@ class BatchCache:
             )
             target = torch.tensor([[length + k for k in range(kept)] for length in self.lengths])
             for layer in self.cache.row_layers():
-                for buffer in (layer.key_buffer, layer.value_buffer):
-                    assert buffer is not None
+                for buffer in layer.rows():
                     _scatter_columns(buffer, target.to(buffer.device), _gather_columns(buffer, source))
         self.lengths[:] = [length + len(n) for length, n in zip(self.lengths, nodes, strict=True)]
 
-    def _buffers(self, extra_rows: int = 0, columns: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's keys and values as ``[B + extra_rows, H, >= columns, D]`` buffers
-        holding the current rows first (fresh tensors when anything grows)."""
-        if isinstance(self.cache, RowCache):
-            pairs = [(layer.key_buffer, layer.value_buffer) for layer in self.cache.row_layers()]
-        else:
-            pairs = [_states(layer) for layer in _full_layers(self.cache)]
-        grown = []
-        for keys, values in pairs:
-            assert keys is not None and values is not None
-            room = max(columns, keys.shape[2])
-            if extra_rows or room > keys.shape[2]:
-                keys, values = _enlarged(keys, extra_rows, room), _enlarged(values, extra_rows, room)
-            grown.append((keys, values))
-        return grown
+    def _row_cache(self) -> RowCache:
+        """The one row's own cache as the first row of a `RowCache` (with room to grow)."""
+        length = self.lengths[0]
+        buffers = [
+            (
+                _enlarged(keys, 1, length + max(64, length // 2)),
+                _enlarged(values, 1, length + max(64, length // 2)),
+            )
+            for keys, values in (_states(layer) for layer in _full_layers(self.cache))
+        ]
+        return RowCache(_Rows(self.lengths), buffers)
+
+
+def _doubled(rows: int) -> int:
+    """The row capacity that holds ``rows``: a power of two."""
+    return 1 << (rows - 1).bit_length()
 
 
 def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
@@ -224,14 +249,6 @@ def _enlarged(states: torch.Tensor, extra_rows: int, columns: int) -> torch.Tens
     out = states.new_zeros((rows + extra_rows, heads, columns, dim))
     out[:rows, :, :used] = states
     return out
-
-
-def _widened(buffer: torch.Tensor, columns: int) -> torch.Tensor:
-    return _enlarged(buffer, 0, columns)
-
-
-def _rows_of(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return states.index_select(0, index.to(states.device))
 
 
 def _gather_columns(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["BatchCosts", "Calibration", "CostCurve", "cached_curve", "curve_key", "measure_curve"]
+from rag_lookahead.decoding.attention import attention_used
+
+__all__ = [
+    "BatchCosts",
+    "Calibration",
+    "CostCurve",
+    "cached_curve",
+    "curve_key",
+    "measure_curve",
+    "model_digest",
+]
 
 FORMAT = "rag-lookahead-costs"
 VERSION = 2  # 1: sparse sizes, forced non-decreasing
@@ -86,10 +96,10 @@ class BatchCosts:
 class Calibration:
     """How much batched forwards really cost over what `BatchCosts` says, learned step by step.
 
-    The batch costs were measured at a short context; real rows hold RAG prompts, and some
-    kernels copy the whole cache once a row has more than one token (grouped-query attention
-    with a mask). The ratio observed / predicted is kept per row count and per width class
-    (one token per row, or more), smoothed, and multiplies the prediction.
+    The batch costs were measured at a short context (or are missing, and a row's curve stands
+    in); real rows hold RAG prompts, and kernels take other paths once a row has more than one
+    token. The ratio observed / predicted is kept per row count and per width class (one token
+    per row, or more), smoothed, and multiplies the prediction.
     """
 
     def __init__(self, weight: float = 0.2) -> None:
@@ -109,9 +119,9 @@ def measure_curve(forward: Callable[[int], float], max_tokens: int, repeats: int
     """Time ``forward(k)`` (seconds of one forward over k new tokens) for every k up to ``max_tokens``.
 
     Every size is measured, and kept as measured even where it is cheaper than a smaller one: on
-    a CPU the matrix kernels favour some shapes (SmolLM2, 2 threads: 5 tokens cost 1.5x one
-    token, 3 tokens 2.1x), and the planner should use those. Rounds run over all sizes in turn,
-    so a passing load slows every size alike, and each size keeps its median.
+    a CPU the matrix kernels favour some shapes, and the planner should use those. Rounds run
+    over all sizes in turn, so a passing load slows every size alike, and each size keeps its
+    median.
     """
     sizes = range(1, max_tokens + 1)
     for k in sizes:
@@ -124,15 +134,21 @@ def measure_curve(forward: Callable[[int], float], max_tokens: int, repeats: int
     return CostCurve(tuple(sizes), seconds)
 
 
+def model_digest(model: Any) -> str:
+    """A short digest of the model's configuration: what tells one model from another."""
+    config = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
+    return hashlib.sha256(config.encode()).hexdigest()[:16]
+
+
 def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, Any]:
     """What the curve depends on; a cached curve with another key is stale."""
-    config = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
     import transformers
 
     return {
-        "model": hashlib.sha256(config.encode()).hexdigest()[:16],
+        "model": model_digest(model),
         "device": str(device),
         "dtype": str(model.dtype),
+        "attention": str(attention_used(model, device)),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -1,20 +1,26 @@
 """How much to draft: expected accepted tokens per second, against the measured cost curve.
 
 Each draft node carries the drafter's estimate that the model picks its token once it picked
-the parent's. Running acceptance statistics calibrate those estimates per draft source; a node's
-chance to be accepted is the product of calibrated estimates along its path. Taking nodes in
-decreasing order of that chance always yields a connected tree, and the step keeps the prefix
-of that order that maximises (1 + expected accepted tokens) / forward cost — possibly nothing.
+the parent's. Acceptance statistics (`rag_lookahead.decoding.acceptance`) calibrate those
+estimates per draft source; a node's chance to be accepted is the product of calibrated
+estimates along its path. Taking nodes in decreasing order of that chance always yields a
+connected tree, and the step keeps the prefix of that order that maximises (1 + expected
+accepted tokens) / forward cost — possibly nothing, except on a periodic exploring plan, which
+verifies at least the most likely node.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
-from collections import defaultdict
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance, save_acceptance
 from rag_lookahead.decoding.costs import BatchCosts, CostCurve
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
@@ -23,71 +29,25 @@ __all__ = ["AcceptanceModel", "RankedDraft", "StepPlanner", "plan_batch", "plan_
 # The Jacobi window rides along only where it adds at most this much to a forward's cost.
 _WINDOW_OVERHEAD = 1.05
 
-_BUCKETS = 10
-
-
-class AcceptanceModel:
-    """Calibrates drafter estimates from what the model actually accepted.
-
-    Statistics are kept per (source, first level or deeper, estimate decile), starting from a
-    prior (``prior_scale`` times the estimate, worth ``prior_weight`` observations) and halved
-    once a bucket has seen ``horizon`` nodes, so they follow a changing workload. A bucket
-    judged not worth drafting would never be tried again, so every ``explore_every``-th plan
-    trusts the raw estimates instead.
-    """
-
-    def __init__(
-        self,
-        prior_weight: float = 4.0,
-        prior_scale: float = 0.7,
-        horizon: float = 400.0,
-        explore_every: int = 32,
-    ) -> None:
-        self.prior_weight = prior_weight
-        self.prior_scale = prior_scale
-        self.horizon = horizon
-        self.explore_every = explore_every
-        self._plans = 0
-        self._seen: defaultdict[tuple[str, bool, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
-
-    @staticmethod
-    def _key(source: str, first_level: bool, estimate: float) -> tuple[str, bool, int]:
-        return source, first_level, min(int(estimate * _BUCKETS), _BUCKETS - 1)
-
-    def probability(self, source: str, first_level: bool, estimate: float) -> float:
-        """Calibrated chance that a node is accepted given that its parent was."""
-        accepted, tried = self._seen[self._key(source, first_level, estimate)]
-        prior = self.prior_scale * estimate
-        return (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
-
-    def explore(self) -> bool:
-        """Whether this plan should trust the drafter's raw estimates (a periodic exploration)."""
-        self._plans += 1
-        return self._plans % self.explore_every == 0
-
-    def update(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
-        """Record the outcome of verifying ``tree``: every node whose parent was accepted was tried."""
-        on_path = set(accepted_nodes)
-        for node in range(1, len(tree)):
-            if tree.parents[node] in on_path:
-                key = self._key(tree.sources[node], tree.parents[node] == 0, tree.estimates[node])
-                seen = self._seen[key]
-                seen[0] += node in on_path
-                seen[1] += 1
-                if seen[1] >= self.horizon:
-                    seen[0] /= 2
-                    seen[1] /= 2
-
 
 @dataclass(frozen=True)
 class RankedDraft:
     """A draft's nodes by decreasing chance of acceptance: any prefix of ``order`` (with the
-    root) is a connected tree, and ``fixed`` drafts are verified whole (modes other than auto)."""
+    root) is a connected tree; ``fixed`` drafts are verified whole (modes other than auto), an
+    ``explore`` draft at least up to its most likely node."""
 
     tree: DraftTree
     order: tuple[int, ...]  # node indices, most likely first
     chances: tuple[float, ...]  # the chance of each node of ``order``
     fixed: bool = False
+    explore: bool = False
+
+    @property
+    def least(self) -> int:
+        """The fewest tokens (root included) this draft's plan verifies."""
+        if self.fixed:
+            return len(self.tree)
+        return min(len(self.tree), 2 if self.explore else 1)
 
     def gain(self, size: int) -> float:
         """Expected tokens from verifying the best ``size`` nodes (the root's own one included)."""
@@ -100,19 +60,16 @@ class RankedDraft:
 
 def rank_draft(tree: DraftTree, acceptance: AcceptanceModel, fixed: bool = False) -> RankedDraft:
     """Rank ``tree``'s nodes by their calibrated chance: the product of calibrated estimates
-    along the path (the drafter's raw estimates on an exploring plan)."""
+    along the path."""
     if len(tree) == 1 or fixed:
         return RankedDraft(tree, tuple(range(1, len(tree))), (1.0,) * (len(tree) - 1), fixed)
-    explore = acceptance.explore()
     chance = [1.0] * len(tree)
     for node in range(1, len(tree)):  # parents come first
         parent = tree.parents[node]
-        p = tree.estimates[node]
-        if not explore:
-            p = acceptance.probability(tree.sources[node], parent == 0, p)
+        p = acceptance.probability(tree.sources[node], parent == 0, tree.estimates[node])
         chance[node] = chance[parent] * p
     order = sorted(range(1, len(tree)), key=lambda n: (-chance[n], n))
-    return RankedDraft(tree, tuple(order), tuple(chance[n] for n in order))
+    return RankedDraft(tree, tuple(order), tuple(chance[n] for n in order), explore=acceptance.explore())
 
 
 def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) -> DraftTree:
@@ -129,12 +86,13 @@ def plan_batch(
 
     The forward over these rows costs ``cost(width)``: the plan picks the width with the best
     rate of expected tokens (all rows together) per second, each auto row verifying its best
-    nodes up to that width; a fixed row is verified whole (and sets the least width). No row is
-    wider than ``max_tokens / rows`` (at least its root).
+    nodes up to that width; a fixed row is verified whole, an exploring one at least to its
+    most likely node (each sets a least width). No row is wider than ``max_tokens / rows`` (at
+    least its root).
     """
     rows = len(drafts)
     cap = max(max_tokens // rows, 1) if max_tokens is not None else None
-    least = max((len(d.tree) for d in drafts if d.fixed), default=1)
+    least = max(d.least for d in drafts)
     widest = max(len(d.tree) for d in drafts)
     if cap is not None:
         least, widest = min(least, cap), min(widest, cap)
@@ -145,15 +103,23 @@ def plan_batch(
             rate = expected / cost(width)
             if rate > best_rate:
                 best_width, best_rate = width, rate
-    # Every width tried is at least each fixed row's size (under the cap): fixed rows stay whole.
+    # Every width tried is at least each row's least size (under the cap): fixed rows stay whole.
     return [d.take(min(len(d.tree), best_width)) for d in drafts]
+
+
+@dataclass
+class _Store:
+    path: Path
+    key: dict[str, Any]
+    saved: int  # observations when last written
 
 
 class StepPlanner:
     """What each step verifies: all of the draft, or in ``mode="auto"`` the part that pays.
 
     ``mode="auto"`` needs the forward cost curve (`cost_curve`), set once it is measured.
-    Thread-safe: calls of one engine plan and learn concurrently.
+    Thread-safe: calls of one engine plan and learn concurrently. Its variants (`with_config`)
+    learn into the same statistics, which persist on disk once `load_acceptance` was called.
     """
 
     def __init__(
@@ -167,6 +133,32 @@ class StepPlanner:
         self.cost_curve = cost_curve
         self.batch_costs = batch_costs
         self._lock = threading.Lock()
+        self._store: _Store | None = None  # where the statistics persist, once loaded from there
+
+    def with_config(self, config: LookaheadConfig) -> StepPlanner:
+        """A planner for ``config`` that learns into the same statistics (and costs)."""
+        other = copy.copy(self)
+        other.config = config
+        return other
+
+    def load_acceptance(self, path: Path, key: dict[str, Any]) -> None:
+        """Start from the statistics stored at ``path`` for ``key`` (earlier processes' calls),
+        and keep them there from now on (`save_acceptance`)."""
+        with self._lock:
+            try:
+                load_acceptance(path, key, self.acceptance)
+            except ValueError as err:  # a cache: a bad one costs a head start, never an output
+                warnings.warn(f"rag-lookahead: {err}; learning afresh", stacklevel=3)
+            self._store = _Store(path, key, self.acceptance.observations)
+
+    def save_acceptance(self, every: int = 1) -> None:
+        """Write the statistics back if ``every`` nodes were learned since the last write."""
+        with self._lock:
+            store = self._store
+            if store is None or self.acceptance.observations - store.saved < every:
+                return
+            save_acceptance(store.path, store.key, self.acceptance)
+            store.saved = self.acceptance.observations
 
     def rank(self, draft: StepDraft) -> RankedDraft:
         """``draft``'s nodes by calibrated chance, for a batch plan (`plan_batch`)."""

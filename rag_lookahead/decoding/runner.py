@@ -11,12 +11,14 @@ import inspect
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rag_lookahead.decoding.attention import grouped_attention
 from rag_lookahead.decoding.costs import BatchCosts, CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.probe import tree_support_problem
@@ -43,6 +45,12 @@ class ModelRunner:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @contextmanager
+    def _running(self) -> Iterator[None]:
+        """One forward: alone on the model, without autograd, with the grouped attention on CPU."""
+        with self.lock, torch.inference_mode(), grouped_attention(self.model, self.device):
+            yield
+
     def tree_problem(self) -> str | None:
         """Why this model cannot verify draft trees, or ``None``; probed once, warned once."""
         with self.lock:
@@ -67,7 +75,7 @@ class ModelRunner:
         kwargs[self.cache_arg] = cache
         if last_only and self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        with self.lock, torch.inference_mode():
+        with self._running():
             out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **kwargs)
         if cache is None:
             cache = getattr(out, "cache", None)
@@ -77,7 +85,7 @@ class ModelRunner:
     def forward_batch(self, inputs: TreeInputs, cache: Any) -> torch.Tensor:
         """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.decoding.batch`)."""
         kwargs = {self.cache_arg: cache}
-        with self.lock, torch.inference_mode():
+        with self._running():
             out = self.model(
                 input_ids=inputs.input_ids,
                 position_ids=inputs.position_ids,

@@ -29,6 +29,8 @@ class DecodeStats:
         prefill_seconds: Time to the first new token.
         seconds: Wall time of the whole call.
         finish_reason: Why generation stopped; ``None`` while the call is still running.
+        cached_prompt_tokens: Leading prompt tokens whose KV entries were reused from an
+            earlier prompt instead of prefilled (see ``LookaheadConfig.prefix_cache_mb``).
     """
 
     prompt_tokens: int
@@ -40,6 +42,7 @@ class DecodeStats:
     prefill_seconds: float
     seconds: float
     finish_reason: FinishReason | None
+    cached_prompt_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,6 +71,7 @@ class DecodeStats:
             "prefill_seconds": self.prefill_seconds,
             "seconds": self.seconds,
             "finish_reason": self.finish_reason,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_rate": self.acceptance_rate,
@@ -90,6 +94,7 @@ class StepRecorder:
     new_tokens: int = 0
     finish_reason: FinishReason | None = None
     ended: float | None = None
+    cached_prompt_tokens: int = 0
 
     def step(self, drafted: int, accepted: int, source: str) -> None:
         self.drafted.append(drafted)
@@ -114,4 +119,5 @@ class StepRecorder:
             prefill_seconds=self.prefill_seconds,
             seconds=end - self.started,
             finish_reason=self.finish_reason,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )

@@ -1,0 +1,67 @@
+"""The grouped attention of the engine's CPU forwards: transformers' SDPA results, no head copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_lookahead.decoding.attention import ATTENTION_NAME, attention_used, grouped_sdpa_attention
+from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.testing import FAMILIES, tiny_model
+
+
+class _Module(torch.nn.Module):
+    num_key_value_groups = 3
+
+
+@pytest.mark.parametrize("width", [1, 2, 5])
+def test_masked_grouped_attention_equals_repeated_heads(width: int) -> None:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    query = torch.randn(2, 6, width, 8)  # [B, H, T, D]
+    key, value = torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)  # [B, KV, L, D]
+    mask = torch.zeros(2, 1, width, 11)
+    mask[0, :, :, 7:] = torch.finfo(torch.float32).min  # row 0 is shorter
+    grouped, _ = grouped_sdpa_attention(_Module(), query, key, value, mask, scaling=0.3)
+    plain, _ = sdpa_attention_forward(_Module(), query, key, value, mask, scaling=0.3)
+    assert grouped.shape == plain.shape == (2, width, 6, 8)
+    torch.testing.assert_close(grouped, plain, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt2"])
+def test_the_engine_attends_grouped_only_within_its_forwards(family: str) -> None:
+    """A batch of two rows with trees through the runner (grouped) and through the model
+    called directly (transformers' SDPA): the same logits; outside, the model is as it was."""
+    model = tiny_model(family)
+    assert model.config._attn_implementation == "sdpa"
+    assert attention_used(model, torch.device("cpu")) == ATTENTION_NAME
+    assert attention_used(model, torch.device("cuda")) == "sdpa"
+    runner = ModelRunner(model)
+    drafts = [StepDraft(DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))), StepDraft(DraftTree((1, 2), (-1, 0)))]
+    logits = []
+    for through_runner in (True, False):
+        batch = BatchCache()
+        for prompt in ([3, 14, 15, 9], [2, 7, 1]):
+            cache = new_tree_cache()
+            runner.forward(torch.tensor([prompt]), cache, last_only=True)
+            batch.add_row(cache)
+        batch.prepare()
+        inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
+        if through_runner:
+            logits.append(runner.forward_batch(inputs, batch.cache))
+        else:
+            with torch.inference_mode():
+                out = model(
+                    input_ids=inputs.input_ids,
+                    position_ids=inputs.position_ids,
+                    attention_mask=inputs.attention_mask,
+                    cache=batch.cache,
+                    use_cache=True,
+                )
+            logits.append(out.logits)
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)

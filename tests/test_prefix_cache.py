@@ -1,0 +1,78 @@
+"""Prompt prefixes reused across calls: the same outputs, fewer tokens prefilled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.decoding.prefix import PrefixCache
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.testing import FAMILIES, CharTokenizer, greedy_reference, tiny_model
+
+
+def prefilled(runner: ModelRunner, prompt: list[int]):
+    cache = new_tree_cache()
+    runner.forward(torch.tensor([prompt]), cache, last_only=True)
+    return cache
+
+
+def test_a_prompt_starts_from_the_longest_kept_prefix() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    prefixes = PrefixCache(1 << 30)
+    prefixes.store([1, 2, 3, 4, 5], prefilled(runner, [1, 2, 3, 4, 5]))
+    prefixes.store([1, 2, 9, 9], prefilled(runner, [1, 2, 9, 9]))
+    cache, reused = prefixes.lookup([1, 2, 3, 4, 8, 8])
+    assert reused == 4 and cache.get_seq_length() == 4
+    reference = prefilled(runner, [1, 2, 3, 4])
+    for layer, expected in zip(cache.layers, reference.layers, strict=True):
+        torch.testing.assert_close(layer.keys, expected.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer.values, expected.values, rtol=1e-5, atol=1e-5)
+    # A repeated prompt keeps its last token to prefill: its forward gives the first logits.
+    assert prefixes.lookup([1, 2, 3, 4, 5])[1] == 4
+    assert prefixes.lookup([7, 1, 2])[1] == 0
+
+
+def test_kept_prefixes_stay_within_the_cap() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    one = prefilled(runner, [1, 2, 3, 4])
+    size = sum(2 * layer.keys.nbytes for layer in one.layers)
+    prefixes = PrefixCache(2 * size)
+    prefixes.store([1, 2, 3, 4], one)
+    prefixes.store([5, 6, 7, 8], prefilled(runner, [5, 6, 7, 8]))
+    prefixes.lookup([1, 2, 3, 9])  # the first one is now the more recently used
+    prefixes.store([9, 9, 9, 9], prefilled(runner, [9, 9, 9, 9]))
+    assert len(prefixes) == 2 and prefixes.bytes <= 2 * size
+    assert prefixes.lookup([5, 6, 7, 0])[1] == 0  # the least recently used went out
+    assert prefixes.lookup([1, 2, 3, 0])[1] == 3
+    # A prompt covering a kept one replaces it (and needs the other's room here); one that a
+    # kept one covers adds nothing.
+    prefixes.store([1, 2, 3, 4, 5, 6], prefilled(runner, [1, 2, 3, 4, 5, 6]))
+    assert len(prefixes) == 1 and prefixes.lookup([1, 2, 3, 4, 5, 6, 7])[1] == 6
+    prefixes.store([1, 2], prefilled(runner, [1, 2]))
+    assert len(prefixes) == 1 and prefixes.bytes == 6 * size // 4
+    # Too large for the cap: not kept at all.
+    tiny = PrefixCache(size // 2)
+    tiny.store([1, 2, 3, 4], one)
+    assert len(tiny) == 0 and tiny.bytes == 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reused_prefixes_give_the_same_outputs(family: str) -> None:
+    model = tiny_model(family)
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    system = [(5 * i) % 90 + 3 for i in range(20)]
+    prompts = [[*system, 1, 2, 3], [*system, 1, 2, 3], [*system, 7, 7], system[:9]]
+    cached = []
+    for prompt in prompts:
+        completion = engine.complete(prompt, max_new_tokens=12)
+        assert completion.token_ids == greedy_reference(model, prompt, 12)
+        cached.append(completion.stats.cached_prompt_tokens)
+    assert cached == [0, 22, 20, 8]
+
+
+def test_prefix_reuse_can_be_turned_off() -> None:
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig(prefix_cache_mb=0))
+    for _ in range(2):
+        assert engine.complete([4, 5, 6, 7, 8], max_new_tokens=3).stats.cached_prompt_tokens == 0
