@@ -1,4 +1,5 @@
-"""`index`, `ask`, `chat`, `demo` and `bench --retrieval faiss` end to end, with the real default model."""
+"""`index`, `ask`, `chat`, `demo`, `bench --retrieval faiss` and `bench --fresh` end to end, with the
+real default model."""
 
 import json
 import shutil
@@ -81,6 +82,21 @@ def test_bench_with_retrieved_contexts_matches_greedy(tmp_path) -> None:
     summary = json.loads(out.read_text())
     assert summary["retrieval"] == "faiss" and summary["top_k"] == 4
     assert all(m["identical_to_greedy"] == 2 for m in summary["methods"].values())
+
+
+def test_bench_fresh_times_each_answer_both_ways(tmp_path, capsys) -> None:
+    out = tmp_path / "fresh.json"
+    args = ["bench", "--fresh", "--data", "bundled", "--limit", "2", "--json", str(out), "--plot"]
+    assert main([*args, str(tmp_path / "fresh.png"), "--cost-curve", "1:1,2:1.64,16:2.55", *FAST]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["records"] == 2 and summary["identical"] == 2 and summary["cost_curve"] == "injected"
+    assert summary["relative_costs"]["2"] == 1.64 and (tmp_path / "fresh.png").is_file()
+    assert [set(a) >= {"ratio", "plain_s", "lookahead_s", "identical"} for a in summary["answers"]] == [
+        True
+    ] * 2
+    assert "aggregate" in capsys.readouterr().out
+    assert main(["bench", "--fresh", "--data", "bundled", "--cost-curve", "2:1,1", *FAST]) == 2
+    assert "--cost-curve takes size:cost pairs" in capsys.readouterr().err
 
 
 def test_bad_index_directories_are_clear_errors(tmp_path, capsys) -> None:

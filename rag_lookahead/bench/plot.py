@@ -67,8 +67,10 @@ def plot_fresh(summary: dict[str, Any], path: str | Path) -> None:
     ax.set_xlabel("question")
     ax.set_ylabel("plain time / lookahead time")
     ax.set_title(
-        f"{summary.get('data', '')}: {summary['records']} fresh questions, {summary['max_new_tokens']} "
-        f"tokens; all answers {summary['aggregate_ratio']:.2f}x (dashed), cost curve {summary['cost_curve']}"
+        f"{summary.get('data', '')}: {summary['records']} fresh questions, "
+        f"{summary['max_new_tokens']} tokens\n"
+        f"all answers {summary['aggregate_ratio']:.2f}x (dashed); cost curve {summary['cost_curve']}",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -28,6 +28,9 @@ BUNDLED = "bundled"  # --data: the bundled corpus and its questions, with retrie
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.cost_curve and not args.fresh:
+        raise ValueError("--cost-curve is for --fresh")
+    curve = parse_cost_curve(args.cost_curve) if args.cost_curve else None  # before the model loads
     bundled = str(args.data) == BUNDLED
     records = [] if bundled else load_records(args.data, args.limit)
     engine = make_engine(args)
@@ -38,7 +41,8 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         inputs = gold_inputs(engine, records)
     if args.fresh:
-        return _run_fresh(args, engine, inputs)
+        summary = run_fresh(engine, inputs, args.max_new_tokens, curve, progress=progress("questions"))
+        return _report(args, summary, format_fresh, "plot_fresh")
     if args.concurrency:
         return _run_concurrency(args, engine, inputs)
     methods = _names(args.methods or "greedy,prompt_lookup,lookahead")
@@ -58,12 +62,6 @@ def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: 
     methods = _names(args.methods) if args.methods else list(CONCURRENCY_METHODS)
     summary = run_concurrency(engine, inputs, args.max_new_tokens, levels, methods, args.arrival_rate)
     return _report(args, summary, format_concurrency, "plot_concurrency")
-
-
-def _run_fresh(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:
-    curve = parse_cost_curve(args.cost_curve) if args.cost_curve else None
-    summary = run_fresh(engine, inputs, args.max_new_tokens, curve, progress=progress("questions"))
-    return _report(args, summary, format_fresh, "plot_fresh")
 
 
 def _report(
