@@ -1,8 +1,9 @@
 """Continuous batching: every running call's step in one forward, driven by its readers.
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
-prompt is prefilled in its own cache, in chunks while others are decoding (a whole prompt at
-once when nobody waits on it); its cache then becomes one row of the batch (`BatchCache`).
+prompt is prefilled in its own cache, from the longest beginning it shares with a kept prompt
+(`PrefixCache`), in chunks while others are decoding (a whole prompt at once when nobody waits
+on it); its cache then becomes one row of the batch (`BatchCache`).
 Each step drafts for every row, plans how much of each draft the batch verifies
 (`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
 accepts, keeps the accepted path in the cache and releases the tokens through the call's

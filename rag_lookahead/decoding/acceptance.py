@@ -92,7 +92,7 @@ class AcceptanceModel:
     # ------------------------------------------------------------------ state
 
     def state(self) -> dict[str, Any]:
-        """The learned counts as plain JSON values (see `from_state`)."""
+        """The learned counts as plain JSON values (see `load_state`)."""
         return {
             "buckets": [[s, f, d, a, t] for (s, f, d), (a, t) in sorted(self._seen.items())],
             "scales": [[s, f, a, e, t] for (s, f), (a, e, t) in sorted(self._scales.items())],
