@@ -243,7 +243,8 @@ class Scheduler:
         self._release(call, tokens)  # an ended call has left `_alone`
 
     def _batch_step(self, calls: list[Call]) -> None:
-        drafts = self._plan(calls, [self._propose(call) for call in calls])
+        costs = _batch_costs(calls) if len(calls) > 1 else None
+        drafts = self._plan(calls, [self._propose(call) for call in calls], costs)
         batch = self._batch
         if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
             logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
@@ -253,7 +254,10 @@ class Scheduler:
             inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
             started = time.perf_counter()
             logits = self.runner.forward_batch(inputs, batch.cache)  # [B, T, V]
-            self._calibrate(calls, inputs.input_ids.shape[1], time.perf_counter() - started)
+            if costs is not None:
+                width = inputs.input_ids.shape[1]
+                seconds = time.perf_counter() - started
+                self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
         outcomes, nodes = [], []
         for i, (call, draft) in enumerate(zip(calls, drafts, strict=True)):
             tree = draft.tree
@@ -269,11 +273,6 @@ class Scheduler:
         if done:
             self._drop_rows(done)
 
-    def _calibrate(self, calls: list[Call], width: int, seconds: float) -> None:
-        costs = _batch_costs(calls)
-        if costs is not None:
-            self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
-
     def _propose(self, call: Call) -> StepDraft:
         # Room for the drafted tokens plus the model's own one.
         budget = min(call.config.decoding_length, call.stopping.room() - 1)
@@ -281,23 +280,18 @@ class Scheduler:
             return StepDraft(DraftTree.root_only(call.ids[-1]))
         return call.drafter.propose(call.ids, budget)
 
-    def _plan(self, calls: list[Call], proposals: list[StepDraft]) -> list[StepDraft]:
+    def _plan(
+        self, calls: list[Call], proposals: list[StepDraft], costs: Callable[[int, int], float] | None
+    ) -> list[StepDraft]:
         if len(calls) == 1:
             call = calls[0]
             return [call.planner.plan(proposals[0], call.context_window - len(call.ids))]
-        # Several rows: side rows stay out (each would widen every row), the plan is joint.
+        # Several rows: side rows stay out (each would widen every row), the plan is joint, by
+        # width, against the batch costs as calibrated so far.
         ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
-        return [
-            StepDraft(tree) for tree in plan_batch(ranked, self._costs(calls), self.max_tokens_per_forward)
-        ]
-
-    def _costs(self, calls: list[Call]) -> Callable[[int], float] | None:
-        """A batched forward's seconds over these rows by width, as calibrated so far."""
-        costs = _batch_costs(calls)
-        if costs is None:
-            return None
         rows = len(calls)
-        return lambda width: costs(rows, width) * self._calibration.factor(rows, width)
+        by_width = None if costs is None else lambda w: costs(rows, w) * self._calibration.factor(rows, w)
+        return [StepDraft(tree) for tree in plan_batch(ranked, by_width, self.max_tokens_per_forward)]
 
     # ------------------------------------------------------------------ outcomes
 

@@ -54,14 +54,23 @@ def test_a_planner_saves_what_it_learned_and_the_next_one_starts_from_it(tmp_pat
     assert first.acceptance.observations == 62
 
 
-def test_an_engine_keeps_its_statistics_under_its_cache_dir(tmp_path, monkeypatch) -> None:
+def test_an_engine_probes_at_setup_and_keeps_its_statistics_under_its_cache_dir(
+    tmp_path, monkeypatch
+) -> None:
     monkeypatch.setattr("rag_lookahead.engine._SAVE_EVERY", 1)  # write at every call's start
+    import rag_lookahead.decoding.runner as runner_module
+
+    probes = []
+    probe = runner_module.tree_support_problem
+    monkeypatch.setattr(runner_module, "tree_support_problem", lambda *a: probes.append(1) or probe(*a))
     model = tiny_model("llama")
     engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(max_batch_size=2), cache_dir=tmp_path)
     engine.measure_costs()
+    assert probes == [1]  # setup probes the model, so that no answer pays for it
     prompt = [3, 14, 15, 9, 26] * 4
     for _ in range(3):
         engine.complete(prompt, max_new_tokens=24)
+    assert probes == [1]
     (stored,) = (tmp_path / "acceptance").glob("acceptance-*.json")
     fresh = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(max_batch_size=2), cache_dir=tmp_path)
     assert fresh.planner.acceptance.observations == 0

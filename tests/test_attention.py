@@ -65,3 +65,18 @@ def test_the_engine_attends_grouped_only_within_its_forwards(family: str) -> Non
             logits.append(out.logits)
     assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_runners_forwards_select_the_grouped_attention() -> None:
+    model = tiny_model("llama")
+    seen: list[str] = []
+    attention = model.model.layers[0].self_attn
+    hook = attention.register_forward_pre_hook(
+        lambda module, args: seen.append(module.config._attn_implementation)
+    )
+    try:
+        ModelRunner(model).forward(torch.tensor([[3, 14, 15]]), new_tree_cache())
+        model(input_ids=torch.tensor([[3, 14, 15]]))
+    finally:
+        hook.remove()
+    assert seen == [ATTENTION_NAME, "sdpa"]  # the runner's forward, then the model called directly

@@ -256,3 +256,20 @@ def test_a_call_waiting_for_a_place_is_cancelled_at_once() -> None:
         waiting.close()  # returns at once: the call never started
         assert waiting.stats.finish_reason == "abandoned" and waiting.complete().token_ids == []
     assert running.complete().token_ids == greedy_reference(model, [3, 14, 15], 10)
+
+
+def test_a_batch_is_planned_with_a_rows_curve_when_batch_costs_were_not_measured() -> None:
+    """An engine given only a (steep) cost curve: its batched steps verify no drafts either."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model = tiny_model("llama")
+    steep = CostCurve((1, 2), (1.0, 50.0))
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1), cost_curve=steep)
+    assert engine.planner.batch_costs is None
+    engine.planner.acceptance.explore_every = 10**9  # no exploring plan verifies a node either
+    prompt = [5, 6, 7, 8] * 6  # the trie has plenty to draft
+    jobs = [(prompt, GenerationParams(max_new_tokens=16)), (prompt[1:], GenerationParams(max_new_tokens=16))]
+    completions = run_together(engine, jobs, stagger=0)
+    for (job_prompt, _), completion in zip(jobs, completions, strict=True):
+        assert completion.token_ids == greedy_reference(model, job_prompt, 16)
+        assert sum(completion.stats.drafted_per_step) == 0

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.bench.run import PROMPT_LOOKUP_TOKENS, BenchInput, prefill_timer
+from rag_lookahead.bench.run import PROMPT_LOOKUP_TOKENS, BenchInput, hf_generate, prefill_timer, run_header
 from rag_lookahead.engine import LookaheadEngine
 
 __all__ = ["CONCURRENCY_METHODS", "format_concurrency", "run_concurrency"]
@@ -64,7 +64,7 @@ def run_concurrency(
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(CONCURRENCY_METHODS)}")
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")
-    reference = [_greedy(engine, item.prompt_ids, max_new_tokens) for item in inputs]
+    reference = [hf_generate(engine, item.prompt_ids, max_new_tokens) for item in inputs]
     prefill = prefill_timer(engine)
     prefill_seconds = sum(prefill(item.prompt_ids) for item in inputs)
     levels: dict[str, Any] = {}
@@ -86,12 +86,7 @@ def run_concurrency(
         arrival = "all at once" if arrival_rate is None else f"poisson {arrival_rate}/s"
         levels[str(clients)] = {"arrival": arrival, "methods": results}
     return {
-        "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
-        "device": str(engine.device),
-        "dtype": str(engine.model.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "records": len(inputs),
-        "max_new_tokens": max_new_tokens,
+        **run_header(engine, len(inputs), max_new_tokens),
         "prefill_seconds": round(prefill_seconds, 3),
         "lookahead_config": dict(vars(engine.config)),
         "concurrency": levels,
@@ -123,7 +118,9 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
 
         def lookup(item: BenchInput, served: Served) -> None:
             with lock:
-                served.tokens = _greedy(engine, item.prompt_ids, max_new_tokens, PROMPT_LOOKUP_TOKENS)
+                served.tokens = hf_generate(
+                    engine, item.prompt_ids, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS
+                )
                 served.first_token = served.done = time.perf_counter()
 
         return _clients(lookup)
@@ -234,23 +231,6 @@ def _continuous(
         last = stamps[-1] - out.created_time if stamps else done - start
         served.append(Served(0.0, first, last, _unpadded(list(out.generated_tokens), engine.eos_token_ids)))
     return served
-
-
-def _greedy(
-    engine: LookaheadEngine, prompt: Sequence[int], max_new_tokens: int, lookup: int = 0
-) -> list[int]:
-    input_ids = torch.tensor([list(prompt)], device=engine.device)
-    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
-    with torch.inference_mode():
-        out = engine.model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
-            **extra,
-        )
-    return list(out[0, len(prompt) :].tolist())
 
 
 def _unpadded(tokens: list[int], eos: Sequence[int]) -> list[int]:

@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-import torch
-
-from rag_lookahead.bench.run import BenchInput
+from rag_lookahead.bench.run import BenchInput, relative_costs, run_header
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.engine import LookaheadEngine
 
@@ -98,14 +96,9 @@ def _summary(
     ratios = [a["ratio"] for a in answers]
     curve = injected if injected is not None else engine.cost_curve
     return {
-        "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
-        "device": str(engine.device),
-        "dtype": str(engine.model.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "records": len(answers),
-        "max_new_tokens": max_new_tokens,
+        **run_header(engine, len(answers), max_new_tokens),
         "cost_curve": "injected" if injected is not None else "measured",
-        "relative_costs": _relative(curve),
+        "relative_costs": relative_costs(curve) if curve is not None else None,
         "aggregate_ratio": round(
             sum(a["plain_s"] for a in answers) / sum(a["lookahead_s"] for a in answers), 4
         ),
@@ -114,12 +107,6 @@ def _summary(
         "identical": sum(a["identical"] for a in answers),
         "answers": answers,
     }
-
-
-def _relative(curve: CostCurve | None) -> dict[str, float] | None:
-    if curve is None:
-        return None
-    return {str(n): round(curve(n) / curve(1), 3) for n in (1, 2, 4, 8, 16)}
 
 
 def parse_cost_curve(text: str) -> CostCurve:

@@ -16,10 +16,21 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.prompts import encode_prompt, rag_messages
 
-__all__ = ["METHODS", "BenchInput", "MethodResult", "gold_inputs", "load_records", "run_benchmark"]
+__all__ = [
+    "METHODS",
+    "BenchInput",
+    "MethodResult",
+    "gold_inputs",
+    "hf_generate",
+    "load_records",
+    "relative_costs",
+    "run_benchmark",
+    "run_header",
+]
 
 METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "jacobi", "auto")
 PROMPT_LOOKUP_TOKENS = 10
@@ -77,24 +88,42 @@ def gold_inputs(engine: LookaheadEngine, records: Sequence[dict[str, str]]) -> l
 Runner = Callable[[BenchInput], tuple[list[int], int]]
 
 
+def hf_generate(
+    engine: LookaheadEngine, prompt: Sequence[int], max_new_tokens: int, **extra: Any
+) -> list[int]:
+    """Plain transformers ``generate`` of one prompt, greedy (``extra``: e.g. prompt lookup)."""
+    input_ids = torch.tensor([list(prompt)], device=engine.device)
+    with torch.inference_mode():
+        out = engine.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
+            **extra,
+        )
+    return list(out[0, len(prompt) :].tolist())
+
+
+def run_header(engine: LookaheadEngine, records: int, max_new_tokens: int) -> dict[str, Any]:
+    """What every benchmark summary starts with: the model, the machine's settings, the run."""
+    return {
+        "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
+        "device": str(engine.device),
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "records": records,
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+def relative_costs(curve: CostCurve) -> dict[str, float]:
+    """A cost curve's forward seconds by size, relative to one token's."""
+    return {str(k): round(v / curve(1), 3) for k, v in zip(curve.sizes, curve.seconds, strict=True)}
+
+
 def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Runner:
-    model = engine.model
-
-    def run(item: BenchInput) -> tuple[list[int], int]:
-        ids = item.prompt_ids
-        input_ids = torch.tensor([ids], device=engine.device)
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
-                **extra,
-            )
-        return out[0, len(ids) :].tolist(), 0
-
-    return run
+    return lambda item: (hf_generate(engine, item.prompt_ids, max_new_tokens, **extra), 0)
 
 
 def prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
@@ -193,12 +222,7 @@ def _summary(
             "decode_speedup_vs_greedy": round(greedy_decode / (r.seconds - prefill_seconds), 3),
         }
     return {
-        "model": str(getattr(engine.model.config, "_name_or_path", "") or type(engine.model).__name__),
-        "device": str(engine.device),
-        "dtype": str(engine.model.dtype).removeprefix("torch."),
-        "records": records,
-        "max_new_tokens": max_new_tokens,
-        "threads": torch.get_num_threads(),
+        **run_header(engine, records, max_new_tokens),
         "prefill_seconds": round(prefill_seconds, 4),
         "lookahead_config": dict(vars(engine.config)),
         # The forward costs `auto` plans against (README: "2 tokens cost ~1.7x one").
@@ -210,8 +234,7 @@ def _summary(
 def _cost_curve(engine: LookaheadEngine) -> dict[str, float] | None:
     if engine.config.mode != "auto" or not engine.tree_verification:
         return None
-    curve = engine.cost_curve or engine.measure_costs()
-    return {str(k): round(v / curve(1), 3) for k, v in zip(curve.sizes, curve.seconds, strict=True)}
+    return relative_costs(engine.cost_curve or engine.measure_costs())
 
 
 def format_table(summary: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted
+from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted, with_room
 from rag_lookahead.decoding.tree import StepDraft, TreeInputs
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
@@ -107,7 +107,7 @@ class RowLayer(DynamicLayer):
         have_rows, _, have_columns, _ = self.key_buffer.shape
         if rows > have_rows or columns > have_columns:
             rows, columns = max(rows, have_rows), max(columns, have_columns)
-            room = columns if columns == have_columns else columns + max(64, columns // 2)
+            room = columns if columns == have_columns else with_room(columns)
             self.key_buffer = _enlarged(self.key_buffer, rows - have_rows, room)
             self.value_buffer = _enlarged(self.value_buffer, rows - have_rows, room)
 
@@ -218,12 +218,9 @@ class BatchCache:
 
     def _row_cache(self) -> RowCache:
         """The one row's own cache as the first row of a `RowCache` (with room to grow)."""
-        length = self.lengths[0]
+        columns = with_room(self.lengths[0])
         buffers = [
-            (
-                _enlarged(keys, 1, length + max(64, length // 2)),
-                _enlarged(values, 1, length + max(64, length // 2)),
-            )
+            (_enlarged(keys, 1, columns), _enlarged(values, 1, columns))
             for keys, values in (_states(layer) for layer in _full_layers(self.cache))
         ]
         return RowCache(_Rows(self.lengths), buffers)

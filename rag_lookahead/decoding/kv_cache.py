@@ -15,7 +15,15 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["GrowingCache", "GrowingLayer", "cache_kwarg", "keep_accepted", "new_tree_cache", "supports_tree"]
+__all__ = [
+    "GrowingCache",
+    "GrowingLayer",
+    "cache_kwarg",
+    "keep_accepted",
+    "new_tree_cache",
+    "supports_tree",
+    "with_room",
+]
 
 
 class GrowingLayer(DynamicLayer):
@@ -62,13 +70,17 @@ def _append(
         and current.stride() == room.stride()
     )
     if not fits:
-        spare = max(64, needed // 2)
-        room = new.new_empty((*new.shape[:2], needed + spare, new.shape[-1]))
+        room = new.new_empty((*new.shape[:2], with_room(needed), new.shape[-1]))
         if used:
             room[:, :, :used] = current
     assert room is not None
     room[:, :, used:needed] = new
     return room[:, :, :needed], room
+
+
+def with_room(columns: int) -> int:
+    """Columns to allocate for ``columns`` used ones: spare room, so that growing rarely copies."""
+    return columns + max(64, columns // 2)
 
 
 def new_tree_cache() -> DynamicCache:

@@ -1,0 +1,89 @@
+"""Forward and host costs behind the batching and first-time-question notes.
+
+Prints, for the default model: a batched step's milliseconds by rows (1, 2, 4, 8; ~700 to 1,000
+tokens of context each) and tokens per row (1, 2, 4); the one-off tree probe; and the time to
+build a call's drafter (its prompt into the trie) for the first dolly prompts.
+
+    python benchmarks/step_costs.py --data dolly_context_qa.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.bench.run import gold_inputs, load_records
+from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.decoding.probe import tree_support_problem
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+
+
+def median_ms(run: Callable[[], object], repeats: int = 7) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return round(1000 * statistics.median(times), 1)
+
+
+def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
+    """Median milliseconds of one step of ``width`` chained tokens per row (nothing kept)."""
+    runner, rows = engine.runner, batch.rows
+    draft = StepDraft(DraftTree(tuple(range(5, 5 + width)), tuple(range(-1, width - 1))))
+
+    def step() -> None:
+        if rows == 1:
+            runner.forward_step(draft, batch.cache, batch.lengths[0])
+            batch.cache.crop(-width)
+            return
+        batch.prepare()
+        inputs = batch_inputs([draft] * rows, batch.lengths, runner.device, torch.float32)
+        runner.forward_batch(inputs, batch.cache)
+
+    return median_ms(step)
+
+
+def batch_grid(engine: LookaheadEngine) -> None:
+    rng = random.Random(0)
+    for rows in (1, 2, 4, 8):
+        batch = BatchCache()
+        for row in range(rows):
+            length = rng.randint(700, 1000) if rows > 1 else 850
+            prompt = torch.tensor([[(7 * j + row) % 1000 for j in range(length)]])
+            cache = new_tree_cache()
+            engine.runner.forward(prompt, cache, last_only=True)
+            batch.add_row(cache)
+        cells = [step_ms(engine, batch, width) for width in (1, 2, 4)]
+        print(f"{rows} rows: 1, 2, 4 tokens per row: {cells} ms", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
+    batch_grid(engine)
+    probe = median_ms(lambda: tree_support_problem(engine.model, engine.runner.cache_arg), repeats=5)
+    print(f"tree probe: {probe} ms")
+    inputs = gold_inputs(engine, load_records(args.data, 12))
+    drafters = [
+        median_ms(lambda item=item: engine._drafter(item.prompt_ids, [], None).close(), 3) for item in inputs
+    ]
+    tokens = statistics.median(len(item.prompt_ids) for item in inputs)
+    print(f"drafter creation: {statistics.median(drafters)} ms (median prompt {tokens} tokens)")
+
+
+if __name__ == "__main__":
+    main()
