@@ -48,7 +48,7 @@ def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
             return
         batch.prepare()
         inputs = batch_inputs([draft] * rows, batch.lengths, runner.device, torch.float32)
-        runner.forward_batch(inputs, batch.cache)
+        runner.forward_batch(inputs, batch.cache, batch.lengths)
 
     return median_ms(step)
 
@@ -75,7 +75,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
     batch_grid(engine)
-    probe = median_ms(lambda: tree_support_problem(engine.model, engine.runner.cache_arg), repeats=5)
+    runner = engine.runner
+    probe = median_ms(
+        lambda: tree_support_problem(engine.model, runner.cache_arg, runner.layer_masks), repeats=5
+    )
     print(f"tree probe: {probe} ms")
     inputs = gold_inputs(engine, load_records(args.data, 12))
     drafters = [

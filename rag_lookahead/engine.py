@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import warnings
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -22,8 +21,8 @@ import torch
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.decoding.costs import CostCurve, model_digest
 from rag_lookahead.decoding.planner import StepPlanner
-from rag_lookahead.decoding.probe import sliding_window
 from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
@@ -166,7 +165,11 @@ class LookaheadEngine:
         2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
         Takes seconds on a CPU, once per model, device, dtype and thread count. Also probes
         whether the model verifies trees, and takes the acceptance statistics stored by earlier
-        processes: everything a first answer would otherwise pay for."""
+        processes: everything a first answer would otherwise pay for. The forwards run in a
+        thread of their own (see `in_passing_thread`), not the caller's."""
+        return in_passing_thread(self._measure_costs)
+
+    def _measure_costs(self) -> CostCurve:
         cfg = self.config
         self.runner.tree_problem()  # the one-off probe, here rather than in a first answer
         size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
@@ -210,7 +213,7 @@ class LookaheadEngine:
         if scope is not None and scope.trie is not self.trie:
             # Its branches live in another trie: this call could neither see nor release them.
             raise ValueError("the document scope passed to this call belongs to another engine")
-        batchable = self._batchable(prompt_ids, params)
+        batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
@@ -289,24 +292,10 @@ class LookaheadEngine:
         if bad is not None:
             raise ValueError(f"the prompt holds token id {bad}, outside the model's {vocab}-token vocabulary")
 
-    def _batchable(self, prompt_ids: list[int], params: GenerationParams) -> bool:
-        """Whether this call may share the batch (and draft): the model verifies trees, and the
-        call cannot outgrow a sliding attention window. Else it decodes plainly, alone."""
-        if self.runner.tree_problem() is not None:
-            return False
-        attention_window = sliding_window(self.model.config)
-        cfg = self.config
-        longest = len(prompt_ids) + params.max_new_tokens + cfg.decoding_length
-        if attention_window is not None and longest + cfg.window_size + cfg.ngram_size > attention_window:
-            if cfg.mode != "off":
-                # One mask serves every layer, so a window's cut-off cannot be expressed in it.
-                warnings.warn(
-                    f"rag-lookahead: this call may exceed the model's sliding attention window "
-                    f"({attention_window} tokens); decoding it plainly, without lookahead.",
-                    stacklevel=3,
-                )
-            return False
-        return True
+    def _batchable(self) -> bool:
+        """Whether calls may share the batch (and draft): the model verifies trees. Else each
+        decodes plainly, alone."""
+        return self.runner.tree_problem() is None
 
     def _drafter(
         self, prompt_ids: list[int], documents: list[str], scope: DocumentScope | None

@@ -7,27 +7,30 @@ on it); its cache then becomes one row of the batch (`BatchCache`).
 Each step drafts for every row, plans how much of each draft the batch verifies
 (`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
 accepts, keeps the accepted path in the cache and releases the tokens through the call's
-`Stopping`. Calls that cannot share the batch (a model that cannot verify trees, a call that
-may outgrow a sliding attention window) decode plainly in their own cache, between steps.
+`Stopping`. Calls that cannot share the batch (on a model that cannot verify trees) decode
+plainly in their own cache, between steps.
 
 Every row is computed as if it were alone (its own positions, its own columns of the cache),
 so batching changes no output; only the rounding of batched kernels differs.
 
 No thread of its own runs the loop: a reader waiting for its call's next chunk runs one
 iteration for everybody, unless another reader already is (then it waits for its chunk). A
-lone caller thus decodes in its own thread, as a plain `generate` call would; this matters on
-small CPUs, where torch's OpenMP threads answer a second thread's parallel regions slowly. A
-call nobody reads advances while others are read, and is ended when its stream is closed or
-dropped.
+lone caller thus decodes in its own thread, as a plain `generate` call would, beside whatever
+other torch work that thread does (embedding the question). The loop also stays with the
+thread that last ran it while that thread keeps reading, since every thread that runs torch
+work on a CPU slows all of them down (`rag_lookahead.decoding.threads`); another reader takes
+it over when that thread has stopped reading for a moment or has ended. A call
+nobody reads advances while others are read, and is ended when its stream is closed or dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +56,9 @@ _END = None  # the outbox's last item
 
 # How long a reader waits for its chunk before it checks whether it should drive the loop.
 _POLL_SECONDS = 0.02
+# How long the thread that last drove the loop may be away (between two chunks, or between
+# one call and its next) before another reader takes the loop over.
+_HANDOVER_SECONDS = 0.05
 
 
 @dataclass(eq=False)
@@ -98,6 +104,9 @@ class Scheduler:
         self._waiting: deque[Call] = deque()
         self._driving = threading.Lock()  # held by the thread running an iteration
         self._driver: threading.Thread | None = None
+        self._owner: threading.Thread | None = None  # the thread that last drove
+        self._reading: dict[threading.Thread, int] = {}  # readers now waiting, by thread
+        self._owner_left = 0.0  # when the owner last stopped reading
         # Only the thread holding `_driving` touches these.
         self._joining: list[Call] = []
         self._rows: list[Call] = []  # the batch, in row order
@@ -137,35 +146,66 @@ class Scheduler:
                 call.ended.set()
         if not wait or threading.current_thread() is self._driver:
             return  # (a finaliser inside an iteration: the next one retires it)
-        while not call.ended.is_set():
-            if not self._drive():
-                call.ended.wait(_POLL_SECONDS)
+        with self._reader():
+            while not call.ended.is_set():
+                if not self._drive():
+                    call.ended.wait(_POLL_SECONDS)
 
     # ------------------------------------------------------------------ the loop
 
     def _next_item(self, call: Call) -> StreamChunk | BaseException | None:
-        while True:
-            try:
-                return call.outbox.get_nowait()
-            except queue.Empty:
-                pass
-            if not self._drive():  # another reader is driving: wait for this call's chunk
+        try:
+            return call.outbox.get_nowait()
+        except queue.Empty:
+            pass
+        with self._reader():
+            while True:
+                if not self._drive():  # another reader drives: wait for this call's chunk
+                    try:
+                        return call.outbox.get(timeout=_POLL_SECONDS)
+                    except queue.Empty:
+                        continue
                 try:
-                    return call.outbox.get(timeout=_POLL_SECONDS)
+                    return call.outbox.get_nowait()
                 except queue.Empty:
-                    continue
+                    pass
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[None]:
+        """Mark the current thread as waiting for a chunk while the block runs."""
+        me = threading.current_thread()
+        with self._lock:
+            self._reading[me] = self._reading.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reading[me] -= 1
+                if not self._reading[me]:
+                    del self._reading[me]
+                    if me is self._owner:
+                        self._owner_left = time.monotonic()
 
     def _drive(self) -> bool:
-        """Run one iteration of the loop unless another thread is; whether this one did."""
-        if not self._driving.acquire(blocking=False):
+        """Run one iteration of the loop unless another thread is, or the loop stays with its
+        owner; whether this one did."""
+        if not self._may_drive() or not self._driving.acquire(blocking=False):
             return False
-        self._driver = threading.current_thread()
+        self._driver = self._owner = threading.current_thread()
         try:
             self._iterate()
         finally:
             self._driver = None
             self._driving.release()
         return True
+
+    def _may_drive(self) -> bool:
+        me, owner = threading.current_thread(), self._owner
+        if owner is None or owner is me or not owner.is_alive():
+            return True
+        with self._lock:
+            away = owner not in self._reading and time.monotonic() - self._owner_left > _HANDOVER_SECONDS
+        return away
 
     def _iterate(self) -> None:
         with self._lock:
@@ -253,7 +293,7 @@ class Scheduler:
             batch.prepare()
             inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
             started = time.perf_counter()
-            logits = self.runner.forward_batch(inputs, batch.cache)  # [B, T, V]
+            logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths)  # [B, T, V]
             if costs is not None:
                 width = inputs.input_ids.shape[1]
                 seconds = time.perf_counter() - started

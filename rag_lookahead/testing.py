@@ -6,6 +6,7 @@ need: the same tokens with lookahead on and off. Nothing here downloads anything
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -21,16 +22,22 @@ from transformers import (
     Qwen2Config,
 )
 
-from rag_lookahead.config import LookaheadConfig, Mode
+from rag_lookahead.config import GenerationParams, LookaheadConfig, Mode
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.streaming.stream import Completion, TextStream
 
 __all__ = [
     "ASCII_VOCAB",
     "FAMILIES",
+    "SLIDING_FAMILIES",
+    "SLIDING_WINDOW",
     "VOCAB",
     "AsciiTokenizer",
     "CharTokenizer",
     "greedy_reference",
+    "run_together",
+    "sliding_config",
+    "sliding_model",
     "tiny_config",
     "tiny_engine",
     "tiny_model",
@@ -77,11 +84,59 @@ def tiny_config(family: str, vocab: int = VOCAB, **extra: Any) -> Any:
     return configs[family](**common)
 
 
+# Families whose layers attend over a sliding window (all of them, or mixed with full layers).
+SLIDING_FAMILIES = ("gemma3", "gemma2", "mistral", "cohere2", "gpt_oss", "qwen2")
+SLIDING_WINDOW = 8
+
+
+def sliding_config(family: str, vocab: int = VOCAB, window: int = SLIDING_WINDOW) -> Any:
+    """A four-layer config of ``family`` with sliding-window layers of ``window`` tokens."""
+    import transformers
+
+    common: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": 0,
+        "sliding_window": window,
+    }
+    mixed = ["sliding_attention", "full_attention"] * 2
+    configs: dict[str, Any] = {
+        "gemma3": lambda: transformers.Gemma3TextConfig(
+            head_dim=8, layer_types=[*["sliding_attention"] * 3, "full_attention"], **common
+        ),
+        "gemma2": lambda: transformers.Gemma2Config(head_dim=8, **common),
+        "mistral": lambda: transformers.MistralConfig(**common),  # every layer slides
+        "cohere2": lambda: transformers.Cohere2Config(layer_types=mixed, **common),
+        "gpt_oss": lambda: transformers.GptOssConfig(
+            head_dim=8, num_local_experts=2, num_experts_per_tok=1, layer_types=mixed, **common
+        ),
+        "qwen2": lambda: transformers.Qwen2Config(use_sliding_window=True, max_window_layers=2, **common),
+    }
+    return configs[family]()
+
+
+@cache
+def sliding_model(family: str, seed: int = 0, vocab: int = VOCAB) -> Any:
+    """A random-weight model of ``family`` with sliding-window layers (read-only, cached)."""
+    torch.manual_seed(seed)
+    return _sharpened(AutoModelForCausalLM.from_config(sliding_config(family, vocab)).eval())
+
+
 @cache
 def tiny_model(family: str = "llama", seed: int = 0, vocab: int = VOCAB) -> Any:
     """A random-weight model of ``family`` (cached: treat it as read-only)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab)).eval()
+    return _sharpened(AutoModelForCausalLM.from_config(tiny_config(family, vocab)).eval())
+
+
+def _sharpened(model: Any) -> Any:
     # Random init gives near-uniform logits; sharpen them so greedy paths repeat like real text.
     with torch.no_grad():
         for p in model.parameters():
@@ -149,3 +204,26 @@ def greedy_reference(model: Any, prompt: Sequence[int], max_new_tokens: int, **k
             **kwargs,
         )
     return list(out[0, len(prompt) :].tolist())
+
+
+def run_together(
+    engine: LookaheadEngine, jobs: list[tuple[list[int], GenerationParams]], stagger: int
+) -> list[Completion]:
+    """Start the calls one after another, each once the previous has released ``stagger``
+    chunks, then read them all (in threads): they join and leave the batch at many steps."""
+    streams: list[TextStream] = []
+    results: list[Any] = [None] * len(jobs)
+    for prompt, params in jobs:
+        streams.append(engine.stream(prompt, params))
+        for _ in range(stagger):
+            next(streams[-1].chunks(), None)
+
+    def finish(i: int) -> None:
+        results[i] = streams[i].complete()
+
+    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

@@ -52,7 +52,7 @@ def test_the_engine_attends_grouped_only_within_its_forwards(family: str) -> Non
         batch.prepare()
         inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
         if through_runner:
-            logits.append(runner.forward_batch(inputs, batch.cache))
+            logits.append(runner.forward_batch(inputs, batch.cache, batch.lengths))
         else:
             with torch.inference_mode():
                 out = model(

@@ -16,7 +16,15 @@ from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.testing import (
+    FAMILIES,
+    VOCAB,
+    CharTokenizer,
+    greedy_reference,
+    run_together,
+    tiny_engine,
+    tiny_model,
+)
 
 TREE = DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))  # 7 -> 8 -> 9 ; 7 -> 10
 
@@ -65,7 +73,7 @@ def test_a_batched_step_matches_each_row_alone(family: str) -> None:
         batch.add_row(prefilled(runner, prompt[:-1]))
     batch.prepare()
     inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
-    logits = runner.forward_batch(inputs, batch.cache)  # [3, 4, V]
+    logits = runner.forward_batch(inputs, batch.cache, batch.lengths)  # [3, 4, V]
     for i, draft in enumerate(drafts):
         torch.testing.assert_close(logits[i, : len(draft)], alone[i], rtol=1e-4, atol=1e-4)
 
@@ -77,7 +85,9 @@ def test_each_row_keeps_only_its_accepted_path() -> None:
         batch.add_row(prefilled(runner, prompt))
     drafts = [StepDraft(TREE), StepDraft(DraftTree((1, 2), (-1, 0)))]
     batch.prepare()
-    runner.forward_batch(batch_inputs(drafts, batch.lengths, runner.device, torch.float32), batch.cache)
+    runner.forward_batch(
+        batch_inputs(drafts, batch.lengths, runner.device, torch.float32), batch.cache, batch.lengths
+    )
     batch.keep_accepted(4, [[0, 3], [0]])  # row 0 took the second branch, row 1 nothing
     assert batch.lengths == [6, 4]
     rows = [prefilled(runner, [3, 14, 15, 9, 7, 10]), prefilled(runner, [2, 7, 1, 1])]
@@ -87,28 +97,6 @@ def test_each_row_keeps_only_its_accepted_path() -> None:
     batch.keep_rows([1])  # row 0's call left: row 1 decodes alone, in a cache of its own
     assert batch.lengths == [4] and batch.cache.get_seq_length() == 4
     torch.testing.assert_close(batch.cache.layers[0].keys[0], rows[1].layers[0].keys[0], rtol=1e-4, atol=1e-4)
-
-
-def run_together(
-    engine: LookaheadEngine, jobs: list[tuple[list[int], GenerationParams]], stagger: int
-) -> list:
-    """Start the calls one after another, each once the previous has released ``stagger``
-    chunks, then read them all (in threads): they join and leave the batch at many steps."""
-    streams, results = [], [None] * len(jobs)
-    for prompt, params in jobs:
-        streams.append(engine.stream(prompt, params))
-        for _ in range(stagger):
-            next(streams[-1].chunks(), None)
-
-    def finish(i: int) -> None:
-        results[i] = streams[i].complete()
-
-    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(jobs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
 
 
 @settings(max_examples=12, deadline=None)
@@ -273,3 +261,25 @@ def test_a_batch_is_planned_with_a_rows_curve_when_batch_costs_were_not_measured
     for (job_prompt, _), completion in zip(jobs, completions, strict=True):
         assert completion.token_ids == greedy_reference(model, job_prompt, 16)
         assert sum(completion.stats.drafted_per_step) == 0
+
+
+def test_the_loop_stays_with_the_thread_that_drove_it_while_that_thread_reads() -> None:
+    """Every thread that runs torch work on a CPU slows all of them down: a second reader
+    leaves the loop to its owner while the owner reads, and takes over once it has gone."""
+    scheduler = tiny_engine().scheduler
+    reading, leave = threading.Event(), threading.Event()
+
+    def owner() -> None:
+        assert scheduler._drive()  # an idle iteration: it now owns the loop
+        with scheduler._reader():
+            reading.set()
+            leave.wait()
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    reading.wait()
+    assert not scheduler._drive()  # the owner is reading
+    leave.set()
+    thread.join()
+    assert scheduler._drive()  # the owner has ended
+    assert scheduler._owner is threading.current_thread()

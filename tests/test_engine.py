@@ -198,18 +198,6 @@ def test_a_model_that_cannot_verify_trees_decodes_plainly_with_one_warning() -> 
     assert failures == [None]  # it ended once, without a failure along the way
 
 
-def test_a_sliding_window_too_short_for_the_call_decodes_plainly() -> None:
-    torch.manual_seed(0)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_config(tiny_config("mistral", sliding_window=16)).eval()
-    reference = greedy_reference(model, PROMPT, N)
-    engine = LookaheadEngine(model, CharTokenizer())
-    with pytest.warns(UserWarning, match="sliding attention window"):
-        completion = engine.complete(PROMPT, max_new_tokens=N)
-    assert completion.token_ids == reference
-
-
 def test_mode_off_is_plain_decoding() -> None:
     model = tiny_model("qwen2")
     engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="off"))

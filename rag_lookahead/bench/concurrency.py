@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from rag_lookahead.bench.run import PROMPT_LOOKUP_TOKENS, BenchInput, hf_generate, prefill_timer, run_header
+from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.engine import LookaheadEngine
 
 __all__ = ["CONCURRENCY_METHODS", "format_concurrency", "run_concurrency"]
@@ -64,9 +65,13 @@ def run_concurrency(
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(CONCURRENCY_METHODS)}")
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")
-    reference = [hf_generate(engine, item.prompt_ids, max_new_tokens) for item in inputs]
+    # Every method's torch work runs in threads that end with it (`in_passing_thread`), so no
+    # method leaves this thread an OpenMP team that would slow the next one down.
+    reference = in_passing_thread(
+        lambda: [hf_generate(engine, item.prompt_ids, max_new_tokens) for item in inputs]
+    )
     prefill = prefill_timer(engine)
-    prefill_seconds = sum(prefill(item.prompt_ids) for item in inputs)
+    prefill_seconds = in_passing_thread(lambda: sum(prefill(item.prompt_ids) for item in inputs))
     levels: dict[str, Any] = {}
     for clients in concurrency:
         arrivals = _arrivals(len(inputs), arrival_rate, seed)
@@ -75,11 +80,12 @@ def run_concurrency(
             warm = _method(engine, name, clients, max_new_tokens)
             if warm is None:
                 continue
-            warm(inputs[:1], [0.0], clients)  # warm-up (allocations, kernels), then a fresh start
+            # A warm-up (allocations, kernels), then a fresh start.
+            in_passing_thread(lambda: warm(inputs[:1], [0.0], clients))  # noqa: B023
             method = _method(engine, name, clients, max_new_tokens)
             assert method is not None
             started = time.perf_counter()
-            served = method(inputs, arrivals, clients)
+            served = in_passing_thread(lambda: method(inputs, arrivals, clients))  # noqa: B023
             wall = time.perf_counter() - started
             results[name] = _measures(served, reference, wall, prefill_seconds)
         _ratios(results)
@@ -114,16 +120,15 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
             variant.measure_costs()  # the batch costs too (read back from the disk cache)
         return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served))
     if name == "prompt_lookup":
-        lock = threading.Lock()  # one request at a time
 
         def lookup(item: BenchInput, served: Served) -> None:
-            with lock:
-                served.tokens = hf_generate(
-                    engine, item.prompt_ids, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS
-                )
-                served.first_token = served.done = time.perf_counter()
+            served.tokens = hf_generate(
+                engine, item.prompt_ids, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS
+            )
+            served.first_token = served.done = time.perf_counter()
 
-        return _clients(lookup)
+        # One client thread: one request at a time, and one thread doing torch work.
+        return lambda inputs, arrivals, _: _clients(lookup)(inputs, arrivals, 1)
     if name == "hf_static_batch":
         return lambda inputs, arrivals, size: _static_batches(engine, inputs, arrivals, size, max_new_tokens)
     if not hasattr(engine.model, "generate_batch"):

@@ -1,7 +1,8 @@
 """Can this model verify a draft tree? Checked once, by running one, never assumed.
 
-A model that ignores a custom 4-D mask, rejects explicit position ids, or builds a cache that
-cannot be rolled back would give wrong tokens silently; the probe compares a small tree forward
+A model that ignores a custom 4-D mask (or, with sliding-window layers, one mask per layer
+type), rejects explicit position ids, or builds a cache that cannot be rolled back would give
+wrong tokens silently; the probe compares a small tree forward
 with plain causal forwards of the same paths and reports the first problem it finds.
 """
 
@@ -13,22 +14,18 @@ import torch
 
 from rag_lookahead.decoding.kv_cache import new_tree_cache, supports_tree
 from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.decoding.windows import LayerMasks
 
-__all__ = ["sliding_window", "tree_support_problem"]
-
-
-def sliding_window(config: Any) -> int | None:
-    """The attention window of a sliding-window model, else ``None``."""
-    window = getattr(config, "sliding_window", None)
-    if not window or getattr(config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
+__all__ = ["tree_support_problem"]
 
 
-def tree_support_problem(model: Any, cache_arg: str) -> str | None:
-    """``None`` when the model verifies trees exactly, else what is wrong."""
+def tree_support_problem(model: Any, cache_arg: str, masks: LayerMasks) -> str | None:
+    """``None`` when the model verifies trees exactly, else what is wrong. With sliding layers
+    the prompt outgrows their window, so that the window's cut is checked too."""
+    if masks.unsupported:
+        return f"it has layers whose attention a tree mask cannot express ({', '.join(masks.unsupported)})"
     vocab = int(model.config.vocab_size)
-    prompt = [(7 * i + 3) % vocab for i in range(6)]
+    prompt = [(7 * i + 3) % vocab for i in range(6 + (masks.window or 0))]
     a, b, c = (prompt[-1] + 1) % vocab, (prompt[-1] + 2) % vocab, (prompt[-1] + 3) % vocab
     # Root, then a sibling the others must not see, then a two-token branch.
     tree = DraftTree((prompt[-1], a, b, c), (-1, 0, 0, 2))
@@ -44,7 +41,7 @@ def tree_support_problem(model: Any, cache_arg: str) -> str | None:
                 model(
                     input_ids=inputs.input_ids,
                     position_ids=inputs.position_ids,
-                    attention_mask=inputs.attention_mask,
+                    attention_mask=masks(inputs, [len(prompt) - 1]),
                     use_cache=True,
                     **{cache_arg: cache},
                 )

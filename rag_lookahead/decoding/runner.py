@@ -11,7 +11,7 @@ import inspect
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,9 @@ from rag_lookahead.decoding.attention import grouped_attention
 from rag_lookahead.decoding.costs import BatchCosts, CostCurve, cached_curve, curve_key, measure_curve
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.probe import tree_support_problem
+from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
+from rag_lookahead.decoding.windows import LayerMasks
 
 __all__ = ["ModelRunner"]
 
@@ -37,6 +39,7 @@ class ModelRunner:
         self.model = model
         self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
+        self.layer_masks = LayerMasks.of(model.config)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._probed = False
         self._tree_problem: str | None = None
@@ -56,7 +59,9 @@ class ModelRunner:
         with self.lock:
             if not self._probed:
                 self._probed = True
-                self._tree_problem = tree_support_problem(self.model, self.cache_arg)
+                self._tree_problem = in_passing_thread(  # leaves the caller no OpenMP team
+                    lambda: tree_support_problem(self.model, self.cache_arg, self.layer_masks)
+                )
                 if self._tree_problem is not None:
                     warnings.warn(
                         f"rag-lookahead: this model cannot verify draft trees ({self._tree_problem}); "
@@ -82,14 +87,15 @@ class ModelRunner:
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
         return out.logits[0], cache
 
-    def forward_batch(self, inputs: TreeInputs, cache: Any) -> torch.Tensor:
-        """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.decoding.batch`)."""
+    def forward_batch(self, inputs: TreeInputs, cache: Any, lengths: Sequence[int]) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.decoding.batch`)
+        over rows of ``lengths`` cached tokens."""
         kwargs = {self.cache_arg: cache}
         with self._running():
             out = self.model(
                 input_ids=inputs.input_ids,
                 position_ids=inputs.position_ids,
-                attention_mask=inputs.attention_mask,
+                attention_mask=self.layer_masks(inputs, lengths),
                 use_cache=True,
                 **kwargs,
             )
@@ -104,7 +110,7 @@ class ModelRunner:
             inputs.input_ids,
             cache,
             position_ids=inputs.position_ids,
-            attention_mask=inputs.attention_mask,
+            attention_mask=self.layer_masks(inputs, [past]),
         )
 
     def measure_costs(self, max_tokens: int, cache_dir: Path | None = None) -> CostCurve:
@@ -153,7 +159,7 @@ class ModelRunner:
             batch.prepare()
             inputs = batch_inputs([StepDraft(chain)] * rows, batch.lengths, self.device, self.model.dtype)
             start = time.perf_counter()
-            self.forward_batch(inputs, batch.cache)
+            self.forward_batch(inputs, batch.cache, batch.lengths)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             return time.perf_counter() - start  # nothing kept: the rows' lengths stay as they were

@@ -1,0 +1,74 @@
+"""Why the engine keeps torch work in as few live threads as it can (CPU).
+
+Times one decoding forward of the default model (one token after ~1,000 cached ones): in the
+only thread that has done torch work, then in a second thread while the first one, idle but
+alive, still holds its OpenMP team (as a thread that embedded a question would), then again
+after that first thread's work has moved to a short-lived thread (`in_passing_thread`).
+
+    python benchmarks/thread_teams.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+import torch
+
+from rag_lookahead.decoding.threads import in_passing_thread
+from rag_lookahead.models import load_model
+
+
+def step_ms(model: Any, cache: Any, repeats: int = 15) -> float:
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(torch.tensor([[5]]), cache=cache, use_cache=True)
+            cache.crop(-1)
+            times.append(time.perf_counter() - start)
+    return round(1000 * statistics.median(times), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, _ = load_model(None)
+    prompt = torch.randint(100, 20_000, (1, 1000))
+
+    def prefill() -> Any:
+        with torch.inference_mode():
+            return model(prompt, use_cache=True).past_key_values
+
+    cache = in_passing_thread(prefill)
+    figures = {"one_thread_ms": in_passing_thread(lambda: step_ms(model, cache))}
+    holder_ready, release = threading.Event(), threading.Event()
+
+    def holder() -> None:  # torch work, then idle but alive: its team stays
+        step_ms(model, cache, repeats=2)
+        holder_ready.set()
+        release.wait()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    holder_ready.wait()
+    figures["beside_an_idle_thread_with_a_team_ms"] = in_passing_thread(lambda: step_ms(model, cache))
+    release.set()
+    thread.join()
+    figures["after_it_ended_ms"] = in_passing_thread(lambda: step_ms(model, cache))
+    figures["threads"] = args.threads
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
