@@ -92,11 +92,11 @@ def test_a_plain_openai_server_refuses_fields_it_may_ignore(stub: StubServer, ov
 
 
 def test_streamed_text_is_reassembled_with_stats(stub: StubServer) -> None:
-    pieces = ("Le ", "phare", " d’Alexandrie", " 🗼", "")
+    pieces = ("Le ", "phare", " d\u2019Alexandrie", " 🗼", "")
     stub.reply(Answer(pieces, usage=(21, 9)))
     with engine(stub).stream(CHAT) as stream:
-        assert list(stream) == ["Le ", "phare", " d’Alexandrie", " 🗼"]
-    assert stream.text == "Le phare d’Alexandrie 🗼"
+        assert list(stream) == ["Le ", "phare", " d\u2019Alexandrie", " 🗼"]
+    assert stream.text == "Le phare d\u2019Alexandrie 🗼"
     assert stream.token_ids == []  # the API sends text only
     stats = stream.stats
     assert (stats.prompt_tokens, stats.new_tokens, stats.finish_reason) == (21, 9, "eos")
@@ -410,7 +410,13 @@ def test_server_config_normalises_and_hides_the_key() -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "error"),
-    [("", ValueError), ([], ValueError), ([1, -2], ValueError), (3.5, TypeError), ([{"role": "user"}], TypeError)],
+    [
+        ("", ValueError),
+        ([], ValueError),
+        ([1, -2], ValueError),
+        (3.5, TypeError),
+        ([{"role": "user"}], TypeError),
+    ],
 )
 def test_bad_prompts_are_refused_before_any_request(stub: StubServer, prompt: Any, error: type) -> None:
     with pytest.raises(error):

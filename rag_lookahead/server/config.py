@@ -50,7 +50,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.base_url, str) or not _is_http_url(self.base_url):
-            raise ValueError(f"base_url must be an http:// or https:// URL with a host, got {self.base_url!r}")
+            raise ValueError(f"base_url must be an http(s):// URL with a host, got {self.base_url!r}")
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model must be the served model's name, got {self.model!r}")

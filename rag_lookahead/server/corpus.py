@@ -32,7 +32,8 @@ class CorpusClient:
     def add(self, documents: Sequence[str]) -> str:
         """Load ``documents`` as a new corpus; returns its id."""
         corpus_id = f"rag-lookahead-{uuid.uuid4().hex}"
-        answer = self._call("post", "add_external_corpus", {"corpus_id": corpus_id, "documents": list(documents)})
+        body = {"corpus_id": corpus_id, "documents": list(documents)}
+        answer = self._call("post", "add_external_corpus", body)
         return str(answer.get("corpus_id") or corpus_id)
 
     def remove(self, corpus_id: str) -> None:

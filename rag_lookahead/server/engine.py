@@ -201,7 +201,7 @@ class ServerEngine:
         """vLLM's server-wide speculative-decoding counters; subtract two readings to measure a
         run (only that run's when nothing else ran on the server meanwhile)."""
         if self.config.kind != "vllm":
-            raise ValueError(f"these are vLLM's Prometheus counters; this server is kind={self.config.kind!r}")
+            raise ValueError(f"these are vLLM's counters; this server is kind={self.config.kind!r}")
         text = self._client.get(f"{self.config.root_url}/metrics", cast_to=str)
         return parse_speculation_counters(text)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard, cast
 
 import torch
 
@@ -19,7 +19,7 @@ from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.server.config import ServerConfig
 
-__all__ = ["Request", "build_request", "prompt_text", "with_documents"]
+__all__ = ["Request", "build_request", "is_chat", "normalise_prompt", "prompt_text", "with_documents"]
 
 Endpoint = Literal["chat", "completions"]
 
@@ -52,12 +52,13 @@ def normalise_prompt(prompt: Prompt) -> ServerPrompt:
         raise TypeError(
             f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
         )
-    if all(isinstance(m, Mapping) for m in prompt):
-        return [_message(m) for m in prompt]  # type: ignore[arg-type]
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(t < 0 for t in prompt):  # type: ignore[operator]
+    items: list[Any] = list(prompt)
+    if all(isinstance(m, Mapping) for m in items):
+        return [_message(m) for m in items]
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        if any(t < 0 for t in items):
             raise ValueError("token ids must be non-negative")
-        return list(prompt)  # type: ignore[arg-type]
+        return cast(list[int], items)
     raise TypeError("a prompt is a str, token ids, or a list of chat messages")
 
 
@@ -68,12 +69,16 @@ def _message(message: Mapping[str, Any]) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
+def is_chat(prompt: ServerPrompt) -> TypeGuard[list[dict[str, str]]]:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+
+
 def prompt_text(prompt: ServerPrompt, tokenizer: Any) -> str:
     """The prompt's text, to look for documents in (token ids need the tokenizer)."""
     if isinstance(prompt, str):
         return prompt
-    if prompt and isinstance(prompt[0], dict):
-        return "\n".join(m["content"] for m in prompt)  # type: ignore[index]
+    if is_chat(prompt):
+        return "\n".join(m["content"] for m in prompt)
     if tokenizer is None:
         raise ValueError(
             "documents= with a token-id prompt needs the model's tokenizer to check that the "
@@ -88,19 +93,19 @@ def with_documents(prompt: ServerPrompt, documents: Sequence[str], tokenizer: An
     block = "\n\n" + "\n\n".join(documents)
     if isinstance(prompt, str):
         return prompt + block
-    if prompt and isinstance(prompt[0], dict):
-        messages = [dict(m) for m in prompt]  # type: ignore[arg-type]
+    if is_chat(prompt):
+        messages = [dict(m) for m in prompt]
         users = [i for i, m in enumerate(messages) if m["role"] == "user"]
         if not users:
             raise ValueError("documents can only be appended to a chat prompt with a user message")
         messages[users[-1]]["content"] += block
-        return messages  # type: ignore[return-value]
+        return messages
     if tokenizer is None:
         raise ValueError(
             "appending documents to a token-id prompt needs the model's tokenizer: pass "
             "ServerEngine(tokenizer=...), or pass the prompt as text"
         )
-    return [*prompt, *tokenizer(block, add_special_tokens=False).input_ids]  # type: ignore[misc]
+    return [*cast(list[int], prompt), *tokenizer(block, add_special_tokens=False).input_ids]
 
 
 def build_request(config: ServerConfig, prompt: ServerPrompt, params: GenerationParams) -> Request:
@@ -136,6 +141,6 @@ def build_request(config: ServerConfig, prompt: ServerPrompt, params: Generation
                 "may ignore them and answer otherwise; use kind='vllm' or 'sglang' if it takes them"
             )
         kwargs["extra_body"] = extra
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+    if is_chat(prompt):
         return Request("chat", {**kwargs, "messages": prompt})
     return Request("completions", {**kwargs, "prompt": prompt})

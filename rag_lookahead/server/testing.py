@@ -181,14 +181,18 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
 
 
 def _chunks(reply: Answer, model: str, chat: bool) -> Iterator[dict[str, Any]]:
-    head = {"id": "stub", "created": 0, "model": model}
+    head: dict[str, Any] = {"id": "stub", "created": 0, "model": model}
     head["object"] = "chat.completion.chunk" if chat else "text_completion"
     for piece in reply.pieces:
-        choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+        content: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
+        choice = {"index": 0, **content}
         yield {**head, "choices": [{**choice, "finish_reason": None}]}
     if reply.finish is not None:
         last: dict[str, Any] = {"index": 0, "finish_reason": reply.finish}
-        last.update({"delta": {}} if chat else {"text": ""})
+        if chat:
+            last["delta"] = {}
+        else:
+            last["text"] = ""
         if reply.stop_reason is not None:
             last["stop_reason"] = reply.stop_reason
         if reply.matched_stop is not None:
@@ -196,7 +200,8 @@ def _chunks(reply: Answer, model: str, chat: bool) -> Iterator[dict[str, Any]]:
         yield {**head, "choices": [last]}
     if reply.usage is not None:
         prompt, completion = reply.usage
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+        usage["total_tokens"] = prompt + completion
         yield {**head, "choices": [], "usage": usage}
 
 
