@@ -422,3 +422,26 @@ def test_bad_prompts_are_refused_before_any_request(stub: StubServer, prompt: An
     with pytest.raises(error):
         engine(stub).stream(prompt)
     assert not stub.requests
+
+
+def test_serve_prints_or_launches(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rag_lookahead import cli
+    from rag_lookahead.cli import serve
+
+    assert cli.main(["serve", "--backend", "vllm", "--model", "/models/m", "--port", "8123"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("python -m vllm.entrypoints.openai.api_server --model /models/m")
+    assert "--port 8123" in printed[0] and "ngram" in printed[0]
+    assert "ServerEngine(base_url='http://127.0.0.1:8123/v1'" in printed[1]
+
+    launched: list[list[str]] = []
+
+    class Done:
+        returncode = 3
+
+    monkeypatch.setattr(serve.subprocess, "run", lambda command, check: launched.append(command) or Done())
+    argv = ["serve", "--backend", "sglang", "--model", "/m", "--launch", "--python", "/venv/bin/python"]
+    assert cli.main(argv) == 3
+    assert launched == [server_command("sglang", "/m", python="/venv/bin/python")]
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--backend", "tgi", "--model", "/m"])
