@@ -54,3 +54,9 @@ def test_query_engine_loads_the_retrieved_nodes_into_sglang(stub: StubServer, in
     assert len(adds) == 1 and len(adds[0]["documents"]) == 3
     removes = [r.body["corpus_id"] for r in stub.requests if r.path == "/remove_external_corpus"]
     assert removes == [adds[0]["corpus_id"]] and stub.corpora == {}
+
+
+def test_query_engine_on_vllm_sends_the_prompt_alone(stub: StubServer, index: Any) -> None:
+    engine = LookaheadQueryEngine.from_index(index, llm=server_llm(stub, "vllm"), similarity_top_k=3)
+    assert str(engine.query("What is the capital of France?")) == "Hello, world"
+    assert not [r for r in stub.requests if "corpus" in r.path]

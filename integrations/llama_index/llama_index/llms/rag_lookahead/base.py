@@ -233,7 +233,11 @@ class LookaheadLLM(CustomLLM):
     def _open(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
         """Start generating: nothing runs until the stream is iterated."""
         kwargs = dict(kwargs)
-        scope = kwargs.pop("scope", None) or active_scope(scope_key(self._engine))
+        scope = kwargs.pop("scope", None)
+        if scope is None and self._engine.drafts_from_documents:
+            # A query's nodes reach the drafts only where the engine drafts from documents; a
+            # vLLM server sees its prompt alone (and a refine prompt may show only some nodes).
+            scope = active_scope(scope_key(self._engine))
         documents = kwargs.pop("documents", ())
         engine = self._engine if self.lookahead else _plain_engine(self._engine)
         return engine.stream(prompt, self._params(kwargs), documents=documents, scope=scope)
