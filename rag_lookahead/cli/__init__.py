@@ -1,4 +1,4 @@
-"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo` and `bench`."""
+"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo`, `bench` and `serve`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import METHODS
 from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
 from rag_lookahead.cli.benchmark import run_bench
+from rag_lookahead.cli.serve import run_serve
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
+from rag_lookahead.server.launch import BACKENDS
 
 __all__ = ["build_parser", "main"]
 
@@ -201,6 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
     _retrieval_flags(bench)
     _model_flags(bench)
     bench.set_defaults(run=run_bench)
+
+    serve = sub.add_parser(
+        "serve", help="print (or run) the vLLM or SGLang server command with speculative settings for RAG"
+    )
+    serve.add_argument("--backend", required=True, choices=BACKENDS, help="the serving engine")
+    serve.add_argument("--model", required=True, help="the model directory (or hub id) to serve")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    serve.add_argument(
+        "--python",
+        default="python",
+        help="interpreter of the environment the backend is installed in (default: python)",
+    )
+    serve.add_argument(
+        "--no-speculation", action="store_true", help="the same server without drafting, to compare"
+    )
+    serve.add_argument("--launch", action="store_true", help="run the command instead of printing it")
+    serve.set_defaults(run=run_serve)
     return parser
 
 

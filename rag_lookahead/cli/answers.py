@@ -17,7 +17,7 @@ from rag_lookahead.cli.setup import (
     progress,
     retrieval_config,
 )
-from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.interface import Engine
 from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, RagPipeline
 from rag_lookahead.rag.pipeline import Answer, source_name
 from rag_lookahead.rag.store import META_FILE
@@ -124,9 +124,7 @@ def run_demo(args: argparse.Namespace) -> int:
 _WARM_UP = "What is this text about?"
 
 
-def _answer(
-    stream: AnswerStream, out: TextIO, debug: bool = False, engine: LookaheadEngine | None = None
-) -> None:
+def _answer(stream: AnswerStream, out: TextIO, debug: bool = False, engine: Engine | None = None) -> None:
     """Stream an answer to ``out``, then its sources and stats."""
     for note in stream.notes:
         out.write(f"note: {note}\n")
@@ -147,7 +145,7 @@ def _answer(
     )
 
 
-def _debug_steps(stream: AnswerStream, engine: LookaheadEngine, out: TextIO) -> None:
+def _debug_steps(stream: AnswerStream, engine: Engine, out: TextIO) -> None:
     """Each step's drafted tokens as ``[source|text]``, then the model's own token."""
     decode = engine.tokenizer.decode
     for n, chunk in enumerate(stream.chunks()):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
-from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.interface import Engine
 from rag_lookahead.prompts import RAG_SYSTEM, encode_prompt, rag_messages
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
@@ -125,7 +125,8 @@ class AnswerStream(Iterator[str]):
 
 
 class RagPipeline:
-    """Questions answered from a `DocumentIndex` by a `LookaheadEngine`.
+    """Questions answered from a `DocumentIndex` by a `LookaheadEngine`, or by a server through
+    `rag_lookahead.server.ServerEngine` (given the served model's tokenizer).
 
     Thread-safe for concurrent questions: the engine serialises model forwards and trie updates,
     and the index is only read.
@@ -133,12 +134,18 @@ class RagPipeline:
 
     def __init__(
         self,
-        engine: LookaheadEngine,
+        engine: Engine,
         index: DocumentIndex,
         config: RetrievalConfig | None = None,
         *,
         system_prompt: str | None = RAG_SYSTEM,
     ) -> None:
+        if engine.tokenizer is None:
+            # The prompt is formatted and fitted to the context window here, in tokens.
+            raise ValueError(
+                "RagPipeline needs the model's tokenizer to fit sources to the context window: "
+                "pass ServerEngine(..., tokenizer=MODEL_DIR)"
+            )
         self.engine = engine
         self.index = index
         self.config = config or RetrievalConfig()
@@ -173,7 +180,9 @@ class RagPipeline:
         """Answer ``question``, streaming the text; sources and notes are on the returned stream."""
         params = (params or GenerationParams()).with_overrides(**overrides)
         query = self.prepare(question, params.max_new_tokens)
-        return AnswerStream(query, self.engine.stream(query.prompt_ids, params, documents=query.documents))
+        # An engine that drafts only from the prompt (vLLM) is not given what the prompt left out.
+        documents = query.documents if self.engine.drafts_from_documents else ()
+        return AnswerStream(query, self.engine.stream(query.prompt_ids, params, documents=documents))
 
     def ask(self, question: str, params: GenerationParams | None = None, **overrides: Any) -> Answer:
         """Blocking `stream`."""

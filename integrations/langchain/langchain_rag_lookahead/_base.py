@@ -1,6 +1,7 @@
 """Settings, engine and call handling shared by `ChatLookahead` and `LookaheadLLM`.
 
-Both models are thin adapters over `LookaheadEngine.stream`: a call turns its LangChain
+Both models are thin adapters over an engine's ``stream`` (a local `LookaheadEngine`, or a
+`ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server): a call turns its LangChain
 arguments into a prompt, `GenerationParams` and documents, and `_open` returns the engine's text
 pieces followed by the call's `DecodeStats`. Everything else (blocking calls, async, callbacks)
 is built on that one iterator by the subclasses.
@@ -17,12 +18,14 @@ from typing import Any, ClassVar, Literal
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.language_models import LangSmithParams
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.interface import Engine
 from rag_lookahead.prompts import Prompt
+from rag_lookahead.server import ServerEngine, ServerKind
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 
@@ -38,6 +41,8 @@ DocumentLike = str | Document
 _FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "context_window": "length"}
 
 _LOAD_FIELDS = frozenset({"model", "device", "dtype", "trust_remote_code"})
+_LOCAL_FIELDS = frozenset({"device", "dtype", "trust_remote_code", "lookahead_config"})
+_SERVER_FIELDS = frozenset({"api_key", "timeout", "max_retries", "server_kind"})
 
 
 class LookaheadSettings(BaseModel):
@@ -52,11 +57,29 @@ class LookaheadSettings(BaseModel):
         description="A local model directory, or a Hugging Face id already in the local cache; "
         "None loads the embedded SmolLM2-135M-Instruct. Nothing is ever downloaded.",
     )
-    engine: LookaheadEngine | None = Field(
+    engine: Engine | None = Field(
         default=None,
         exclude=True,
-        description="An existing `rag_lookahead.LookaheadEngine` to use (its model, tokenizer "
-        "and trie); replaces `model`, `device`, `dtype` and `trust_remote_code`.",
+        description="An existing engine to use: a `rag_lookahead.LookaheadEngine` (its model, "
+        "tokenizer and trie) or a `rag_lookahead.server.ServerEngine`; replaces `model`, "
+        "`device`, `dtype`, `trust_remote_code` and `base_url`.",
+    )
+    base_url: str | None = Field(
+        default=None,
+        description="Drive an OpenAI-compatible server (vLLM, SGLang...) at this API root, e.g. "
+        "'http://localhost:8000/v1', instead of a local model; `model` is then the served "
+        "model's name.",
+    )
+    server_kind: ServerKind = Field(
+        default="openai",
+        description="With `base_url`: 'vllm', 'sglang' or 'openai' (see `ServerEngine`).",
+    )
+    api_key: SecretStr | None = Field(default=None, description="With `base_url`: the server's API key.")
+    timeout: float | None = Field(
+        default=None, gt=0, description="With `base_url`: seconds to wait for the server (default 600)."
+    )
+    max_retries: int | None = Field(
+        default=None, ge=0, description="With `base_url`: retries on 429, 5xx and timeouts (default 2)."
     )
     lookahead: bool = Field(
         default=True,
@@ -99,18 +122,37 @@ class LookaheadSettings(BaseModel):
         "Every chunk reaches `on_llm_new_token` either way.",
     )
 
-    _resolved: LookaheadEngine | None = PrivateAttr(default=None)
+    _resolved: Engine | None = PrivateAttr(default=None)
     _resolve_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @model_validator(mode="after")
     def _check_source(self) -> Self:
-        if self.engine is not None and _LOAD_FIELDS & self.model_fields_set:
-            raise ValueError("pass either `engine` or `model`/`device`/`dtype`/`trust_remote_code`, not both")
+        given = self.model_fields_set
+        if self.engine is not None and (_LOAD_FIELDS | {"base_url"}) & given:
+            raise ValueError(
+                "pass either `engine` or `model`/`base_url`/`device`/`dtype`/`trust_remote_code`, not both"
+            )
+        if self.base_url is not None:
+            return self._check_server()
+        if _SERVER_FIELDS & given:
+            raise ValueError(f"{sorted(_SERVER_FIELDS & given)} apply to a server: pass `base_url` too")
         if self.model is not None:
             path = Path(self.model).expanduser()
             looks_local = self.model.startswith((".", "/", "~")) or path.exists()
             if looks_local and not path.is_dir():
                 raise ValueError(f"model {self.model!r} is not a model directory")
+        return self
+
+    def _check_server(self) -> Self:
+        if not self.model:
+            raise ValueError("with `base_url`, `model` is the served model's name")
+        local = sorted(_LOCAL_FIELDS & self.model_fields_set)
+        if local:
+            raise ValueError(f"{local} apply to a local model, not to a server at `base_url`")
+        if not self.lookahead:
+            raise ValueError(
+                "a server decides its own speculative decoding; `lookahead=False` needs a local model"
+            )
         return self
 
     # ------------------------------------------------------------------ engine
@@ -119,26 +161,44 @@ class LookaheadSettings(BaseModel):
     def model_name(self) -> str:
         """The model's name, for traces and `response_metadata`."""
         if self.engine is not None:
-            name = str(getattr(self.engine.model, "name_or_path", "") or "")
-            return _display_name(name) if name else type(self.engine.model).__name__
+            return _display_name(self.engine.model_name)
         return self.model or DEFAULT_MODEL
 
-    def resolved_config(self) -> LookaheadConfig:
-        """The drafting settings calls run with (mode ``"off"`` when ``lookahead=False``)."""
+    def resolved_config(self) -> LookaheadConfig | None:
+        """The drafting settings calls run with (mode ``"off"`` when ``lookahead=False``).
+
+        ``None`` on a server, which drafts by its own settings.
+        """
         config = self.lookahead_config
         if config is None:
-            config = self.engine.config if self.engine is not None else LookaheadConfig()
+            if self.base_url is not None or _foreign(self.engine):
+                return None
+            config = self.engine.config if isinstance(self.engine, LookaheadEngine) else LookaheadConfig()
         return config if self.lookahead else dataclasses.replace(config, mode="off")
 
-    def get_engine(self) -> LookaheadEngine:
+    def get_engine(self) -> Engine:
         """The engine calls run on, loading the model on first use (thread-safe)."""
         with self._resolve_lock:
             if self._resolved is None:
                 self._resolved = self._build_engine()
             return self._resolved
 
-    def _build_engine(self) -> LookaheadEngine:
+    def _build_engine(self) -> Engine:
+        if self.base_url is not None:
+            return ServerEngine(
+                self.base_url,
+                str(self.model),
+                self.server_kind,
+                api_key=self.api_key.get_secret_value() if self.api_key is not None else None,
+                timeout=self.timeout if self.timeout is not None else 600.0,
+                max_retries=self.max_retries if self.max_retries is not None else 2,
+            )
         config = self.resolved_config()
+        if self.engine is not None and not isinstance(self.engine, LookaheadEngine):
+            if config is not None:
+                raise ValueError("`lookahead_config` applies to a local LookaheadEngine, not to this engine")
+            return self.engine if self.lookahead else self.engine.plain()
+        assert config is not None
         if self.engine is None:
             return LookaheadEngine.from_pretrained(
                 self.model,
@@ -155,10 +215,12 @@ class LookaheadSettings(BaseModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         """Model and lookahead settings: what makes two instances answer alike."""
+        config = self.resolved_config()
         return {
             "model_name": self.model_name,
             "lookahead": self.lookahead,
-            **dataclasses.asdict(self.resolved_config()),
+            **({"base_url": self.base_url} if self.base_url is not None else {}),
+            **(dataclasses.asdict(config) if config is not None else {}),
             **{name: getattr(self, name) for name in CALL_OPTIONS},
             "stop": self.stop,
         }
@@ -258,6 +320,11 @@ def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[st
         else:
             raise TypeError(f"documents are strings or LangChain Documents, got {type(doc).__name__}")
     return texts
+
+
+def _foreign(engine: Engine | None) -> bool:
+    """Whether ``engine`` is given and is not a local `LookaheadEngine` (a server's)."""
+    return engine is not None and not isinstance(engine, LookaheadEngine)
 
 
 def _display_name(name_or_path: str) -> str:

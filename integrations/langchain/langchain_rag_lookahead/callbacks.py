@@ -29,7 +29,7 @@ from langchain_core.documents import Document
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 
-from rag_lookahead import DocumentScope, LookaheadEngine
+from rag_lookahead.interface import Engine, Scope
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]
 
@@ -39,8 +39,8 @@ Output = TypeVar("Output")
 
 @dataclass
 class _EngineScope:
-    engine: LookaheadEngine
-    scope: DocumentScope
+    engine: Engine
+    scope: Scope
     added: int = 0  # how many of the run's documents are already in the scope
 
 
@@ -66,7 +66,7 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
 
     # ------------------------------------------------------------------ what models ask
 
-    def scope_for(self, parent_run_id: UUID, engine: LookaheadEngine) -> DocumentScope | None:
+    def scope_for(self, parent_run_id: UUID, engine: Engine) -> Scope | None:
         """The scope holding the documents retrieved so far in ``parent_run_id``'s run, if any."""
         with self._lock:
             top = self._top.get(parent_run_id)
@@ -197,10 +197,10 @@ class RunLink:
     handlers: tuple[BaseCallbackHandler, ...] = ()
     parent_run_id: UUID | None = None
 
-    def scope(self, engine: LookaheadEngine) -> DocumentScope | None:
+    def scope(self, engine: Engine) -> Scope | None:
         """The scope of documents retrieved earlier in this run, inserted for ``engine``."""
-        if self.parent_run_id is None or engine.config.mode == "off":
-            return None  # plain decoding never drafts, so inserting would be wasted work
+        if self.parent_run_id is None or not engine.drafts_from_documents:
+            return None  # plain decoding (or vLLM) never drafts from them: inserting would be wasted work
         for handler in self.handlers:
             if isinstance(handler, LookaheadCallbackHandler):
                 scope = handler.scope_for(self.parent_run_id, engine)

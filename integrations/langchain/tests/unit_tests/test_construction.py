@@ -23,7 +23,9 @@ def test_no_arguments_means_the_embedded_model_loaded_on_first_use(cls: type) ->
 @pytest.mark.parametrize("cls", MODELS)
 def test_unknown_fields_are_rejected(cls: type) -> None:
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
-        cls(api_key="x")
+        cls(organization="x")
+    with pytest.raises(ValidationError, match="apply to a server"):
+        cls(api_key="x")  # known, but only with `base_url`
     with pytest.raises(ValidationError):
         cls(max_tokens=0)
     with pytest.raises(ValidationError):

@@ -15,5 +15,5 @@ class TestChatLookaheadUnit(LocalChatModelCapabilities, ChatModelUnitTests):
 
     @property
     def standard_chat_model_params(self) -> dict[str, Any]:
-        # A local model has no API key, request timeout or retries; unknown fields are rejected.
+        # A local model has no API key, request timeout or retries: they need `base_url` (see test_server).
         return {"temperature": 0, "max_tokens": 100, "stop": []}

@@ -1,4 +1,5 @@
-"""`LookaheadLLM`: a LlamaIndex `CustomLLM` over a rag-lookahead `LookaheadEngine`.
+"""`LookaheadLLM`: a LlamaIndex `CustomLLM` over a rag-lookahead engine (a local
+`LookaheadEngine`, or a `ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server).
 
 Every call goes through ``engine.stream``: blocking calls drain the stream, async calls step it
 in a worker thread. Completion prompts and chat messages both become chat messages that the
@@ -39,7 +40,7 @@ from llama_index.llms.rag_lookahead.responses import (
     responses,
     usage,
 )
-from llama_index.llms.rag_lookahead.scoping import active_scope
+from llama_index.llms.rag_lookahead.scoping import active_scope, scope_key
 from rag_lookahead import (
     DEFAULT_MODEL,
     GenerationParams,
@@ -47,6 +48,7 @@ from rag_lookahead import (
     LookaheadEngine,
     TextStream,
 )
+from rag_lookahead.interface import Engine
 
 __all__ = ["LookaheadLLM"]
 
@@ -57,7 +59,7 @@ _ROLE_ALIASES = {
     MessageRole.MODEL: "assistant",
     MessageRole.DEVELOPER: "system",
 }
-_PLAIN_ENGINES: weakref.WeakKeyDictionary[LookaheadEngine, LookaheadEngine] = weakref.WeakKeyDictionary()
+_PLAIN_ENGINES: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 
 class LookaheadLLM(CustomLLM):
@@ -66,7 +68,8 @@ class LookaheadLLM(CustomLLM):
 
     ``LookaheadLLM()`` loads the embedded SmolLM2-135M-Instruct offline; pass ``engine=`` to
     share a loaded `LookaheadEngine` (several LLMs over one engine share its model, trie and
-    lock, and calls from several threads are safe). Per call, ``stop=`` (a string or a list),
+    lock, and calls from several threads are safe), or a `rag_lookahead.server.ServerEngine`
+    to answer on a vLLM or SGLang server. Per call, ``stop=`` (a string or a list),
     ``max_new_tokens=`` (or ``max_tokens=``), any other `GenerationParams` field, ``documents=``
     (texts to draft from) and ``scope=`` (a `DocumentScope`) are accepted as keyword arguments.
     Inside a `LookaheadQueryEngine` query the query's scope is used without being passed.
@@ -106,11 +109,11 @@ class LookaheadLLM(CustomLLM):
         "has a chat template. Either way prompts go through that template when there is one.",
     )
 
-    _engine: LookaheadEngine = PrivateAttr()
+    _engine: Engine = PrivateAttr()
 
     def __init__(
         self,
-        engine: LookaheadEngine | None = None,
+        engine: Engine | None = None,
         *,
         config: LookaheadConfig | None = None,
         device: str = "cpu",
@@ -145,7 +148,7 @@ class LookaheadLLM(CustomLLM):
         return "LookaheadLLM"
 
     @property
-    def engine(self) -> LookaheadEngine:
+    def engine(self) -> Engine:
         """The engine every call of this LLM decodes with."""
         return self._engine
 
@@ -230,7 +233,11 @@ class LookaheadLLM(CustomLLM):
     def _open(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
         """Start generating: nothing runs until the stream is iterated."""
         kwargs = dict(kwargs)
-        scope = kwargs.pop("scope", None) or active_scope(self._engine.trie)
+        scope = kwargs.pop("scope", None)
+        if scope is None and self._engine.drafts_from_documents:
+            # A query's nodes reach the drafts only where the engine drafts from documents; a
+            # vLLM server sees its prompt alone (and a refine prompt may show only some nodes).
+            scope = active_scope(scope_key(self._engine))
         documents = kwargs.pop("documents", ())
         engine = self._engine if self.lookahead else _plain_engine(self._engine)
         return engine.stream(prompt, self._params(kwargs), documents=documents, scope=scope)
@@ -256,7 +263,7 @@ class LookaheadLLM(CustomLLM):
         return GenerationParams(**fields)
 
 
-def _plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
+def _plain_engine(engine: Engine) -> Engine:
     """An engine that never drafts, over ``engine``'s model, for ``lookahead=False``."""
     plain = _PLAIN_ENGINES.get(engine)
     if plain is None:
@@ -264,12 +271,12 @@ def _plain_engine(engine: LookaheadEngine) -> LookaheadEngine:
     return plain
 
 
-def _has_chat_template(engine: LookaheadEngine) -> bool:
-    return bool(getattr(engine.tokenizer, "chat_template", None))
+def _has_chat_template(engine: Engine) -> bool:
+    return engine.chat
 
 
-def _engine_name(engine: LookaheadEngine) -> str:
-    name = getattr(engine.model.config, "name_or_path", None) or ""
+def _engine_name(engine: Engine) -> str:
+    name = engine.model_name
     # The embedded default loads from a converted cache directory named after it.
     return DEFAULT_MODEL if DEFAULT_MODEL in name else (name or DEFAULT_MODEL)
 

@@ -34,8 +34,8 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from llama_index.llms.rag_lookahead.base import LookaheadLLM
-from llama_index.llms.rag_lookahead.scoping import use_scope
-from rag_lookahead import DocumentScope
+from llama_index.llms.rag_lookahead.scoping import scope_key, use_scope
+from rag_lookahead.interface import Scope
 
 __all__ = ["LookaheadQueryEngine"]
 
@@ -111,12 +111,12 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
     ) -> RESPONSE_TYPE:
         scope = self._open_scope(nodes, additional_source_nodes)
         try:
-            with use_scope(self._llm.engine.trie, scope):
+            with use_scope(scope_key(self._llm.engine), scope):
                 response = super().synthesize(query_bundle, nodes, additional_source_nodes)
         except BaseException:
             scope.close()
             raise
-        return _close_after(response, self._llm.engine.trie, scope)
+        return _close_after(response, scope_key(self._llm.engine), scope)
 
     async def asynthesize(
         self,
@@ -127,12 +127,12 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
         scope = await asyncio.to_thread(self._open_scope, nodes, additional_source_nodes)
         try:
             # Tasks the synthesizer spawns copy this context, so they see the scope too.
-            with use_scope(self._llm.engine.trie, scope):
+            with use_scope(scope_key(self._llm.engine), scope):
                 response = await super().asynthesize(query_bundle, nodes, additional_source_nodes)
         except BaseException:
             scope.close()
             raise
-        return _close_after(response, self._llm.engine.trie, scope)
+        return _close_after(response, scope_key(self._llm.engine), scope)
 
     # The base class's `_query` calls the synthesizer directly; these go through `synthesize`.
 
@@ -160,14 +160,14 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
         self,
         nodes: Sequence[NodeWithScore],
         additional_source_nodes: Sequence[NodeWithScore] | None,
-    ) -> DocumentScope:
+    ) -> Scope:
         everything = [*nodes, *(additional_source_nodes or ())]
         # The text as the synthesizer shows it to the LLM, metadata lines included.
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in everything]
         return self._llm.engine.scope(texts)
 
 
-def _close_after(response: RESPONSE_TYPE, trie: Any, scope: DocumentScope) -> RESPONSE_TYPE:
+def _close_after(response: RESPONSE_TYPE, trie: Any, scope: Scope) -> RESPONSE_TYPE:
     """Close ``scope`` now, or when a streaming response's generator is done with."""
     if isinstance(response, StreamingResponse) and response.response_gen is not None:
         response.response_gen = _scoped(response.response_gen, trie, scope)
@@ -184,7 +184,7 @@ def _close_after(response: RESPONSE_TYPE, trie: Any, scope: DocumentScope) -> RE
 # long after `synthesize` returned: each advance runs with the scope published again.
 
 
-def _scoped(tokens: Iterator[str], trie: Any, scope: DocumentScope) -> Generator[str, None, None]:
+def _scoped(tokens: Iterator[str], trie: Any, scope: Scope) -> Generator[str, None, None]:
     try:
         while True:
             with use_scope(trie, scope):
@@ -199,7 +199,7 @@ def _scoped(tokens: Iterator[str], trie: Any, scope: DocumentScope) -> Generator
         scope.close()
 
 
-async def _ascoped(tokens: AsyncIterator[str], trie: Any, scope: DocumentScope) -> AsyncGenerator[str, None]:
+async def _ascoped(tokens: AsyncIterator[str], trie: Any, scope: Scope) -> AsyncGenerator[str, None]:
     try:
         while True:
             with use_scope(trie, scope):

@@ -19,22 +19,28 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from rag_lookahead import DocumentScope
+from rag_lookahead.interface import Engine, Scope
 
-__all__ = ["ActiveScope", "active_scope", "use_scope"]
+__all__ = ["ActiveScope", "active_scope", "scope_key", "use_scope"]
 
 
 class ActiveScope(NamedTuple):
     """A published scope and the trie it lives in (an LLM only uses a scope of its own trie)."""
 
     trie: Any
-    scope: DocumentScope
+    scope: Scope
 
 
 _ACTIVE: ContextVar[ActiveScope | None] = ContextVar("rag_lookahead_scope", default=None)
 
 
-def active_scope(trie: Any | None = None) -> DocumentScope | None:
+def scope_key(engine: Engine) -> Any:
+    """What a scope is tied to: a local engine's trie (shared with its variants, such as its
+    plain twin), or the engine itself for one without a trie (a server)."""
+    return getattr(engine, "trie", engine)
+
+
+def active_scope(trie: Any | None = None) -> Scope | None:
     """The open scope published in this context, if any (and if given, only one of ``trie``)."""
     active = _ACTIVE.get()
     if active is None or active.scope.closed:
@@ -45,7 +51,7 @@ def active_scope(trie: Any | None = None) -> DocumentScope | None:
 
 
 @contextmanager
-def use_scope(trie: Any, scope: DocumentScope) -> Iterator[DocumentScope]:
+def use_scope(trie: Any, scope: Scope) -> Iterator[Scope]:
     """Publish ``scope`` to LLM calls made inside the block (it is not closed on exit)."""
     token = _ACTIVE.set(ActiveScope(trie, scope))
     try:

@@ -1,0 +1,83 @@
+"""What an engine is to the code that drives it: the pipeline and the integrations.
+
+`LookaheadEngine` (one process) and `rag_lookahead.server.ServerEngine` (a vLLM, SGLang or other
+OpenAI-compatible server) both have this surface, so `RagPipeline` and the LangChain and
+LlamaIndex adapters take either through ``engine=`` without knowing which it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from rag_lookahead.config import GenerationParams
+from rag_lookahead.prompts import Prompt
+from rag_lookahead.streaming.stream import Completion, TextStream
+
+__all__ = ["Engine", "Scope"]
+
+
+@runtime_checkable
+class Scope(Protocol):
+    """Documents several calls may draft from, until the scope is closed."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def add(self, documents: Iterable[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Streaming generation with documents to draft from, and scopes of them."""
+
+    @property
+    def model_name(self) -> str:
+        """The model's name, for traces and response metadata."""
+        ...
+
+    @property
+    def context_window(self) -> int | None: ...
+
+    @property
+    def chat(self) -> bool:
+        """Whether chat messages are formatted by the model's chat template."""
+        ...
+
+    @property
+    def drafts_from_documents(self) -> bool:
+        """Whether ``documents=`` and scopes reach the drafts (else they would only cost)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, or ``None`` where none is at hand (a server without one)."""
+        ...
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: Any = None,
+        **overrides: Any,
+    ) -> TextStream: ...
+
+    def complete(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: Any = None,
+        **overrides: Any,
+    ) -> Completion: ...
+
+    def scope(self, documents: Iterable[str] = ()) -> Any: ...
+
+    def plain(self) -> Engine:
+        """The same model decoding without drafts (the reference), where the engine can."""
+        ...

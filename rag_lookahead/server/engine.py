@@ -1,0 +1,255 @@
+"""`ServerEngine`: the local engine's calls over a vLLM, SGLang or other OpenAI-compatible server.
+
+The server decodes (and drafts, with its own speculative decoding); this engine turns the calls
+into streamed OpenAI API requests through the ``openai`` client, which also does timeouts and
+retries, and turns the answers back into `TextStream`s with `DecodeStats`.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from rag_lookahead.config import GenerationParams
+from rag_lookahead.prompts import Prompt
+from rag_lookahead.scope import document_texts
+from rag_lookahead.server.call import ServerCall
+from rag_lookahead.server.config import ServerConfig, ServerKind
+from rag_lookahead.server.corpus import CorpusClient
+from rag_lookahead.server.metrics import SpeculationCounters, parse_speculation_counters
+from rag_lookahead.server.requests import (
+    ServerPrompt,
+    build_request,
+    normalise_prompt,
+    prompt_text,
+    with_documents,
+)
+from rag_lookahead.server.scope import ServerScope
+from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stream import Completion, TextStream
+
+__all__ = ["ServerEngine"]
+
+_INSTALL_HINT = "pip install 'rag-lookahead[server]'"
+# Servers started without --api-key accept any bearer token; the client insists on one.
+_NO_KEY = "EMPTY"
+
+
+class ServerEngine:
+    """`stream`, `complete` and `scope` of `LookaheadEngine`, answered by a serving engine.
+
+    ``kind`` says what the server does with documents: SGLang (``--speculative-algorithm
+    NGRAM``) drafts from external corpora, so a call's ``documents=`` and a scope's documents
+    are loaded into the server for their life and removed after it; vLLM's ``ngram`` and
+    ``suffix`` drafters, and any other server, see only the prompt, so documents must already
+    be in it (an error otherwise, unless ``append_documents_to_prompt``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        kind: ServerKind = "openai",
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 2,
+        append_documents_to_prompt: bool = False,
+        context_window: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        """Connect lazily to the server at ``base_url`` (see `ServerConfig` for each setting).
+
+        ``tokenizer``, the served model's (an object, or a local directory to load offline),
+        is needed only for token-id prompts with documents and for `RagPipeline`, which fits
+        its sources to the context window in tokens.
+        """
+        self.config = ServerConfig(
+            base_url=base_url,
+            model=model,
+            kind=kind,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            append_documents_to_prompt=append_documents_to_prompt,
+            context_window=context_window,
+        )
+        self._tokenizer = _load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self._client = _openai_client(self.config)
+        self._corpus = CorpusClient(self._client, self.config.root_url) if kind == "sglang" else None
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, *, tokenizer: Any = None) -> ServerEngine:
+        return cls(
+            config.base_url,
+            config.model,
+            config.kind,
+            api_key=config.api_key,
+            timeout=config.timeout,
+            max_retries=config.max_retries,
+            append_documents_to_prompt=config.append_documents_to_prompt,
+            context_window=config.context_window,
+            tokenizer=tokenizer,
+        )
+
+    def __repr__(self) -> str:
+        return f"ServerEngine({self.config.base_url!r}, {self.config.model!r}, kind={self.config.kind!r})"
+
+    # ------------------------------------------------------------------ what adapters read
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def context_window(self) -> int | None:
+        return self.config.context_window
+
+    @property
+    def chat(self) -> bool:
+        """Always: the server formats chat messages with the served model's template."""
+        return True
+
+    @property
+    def drafts_from_documents(self) -> bool:
+        """Only SGLang drafts from documents that are not in the prompt."""
+        return self.config.kind == "sglang"
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def client(self) -> Any:
+        """The ``openai.OpenAI`` client every request goes through."""
+        return self._client
+
+    def plain(self) -> ServerEngine:
+        raise ValueError(
+            "a server decides its own speculative decoding: to compare with plain decoding, "
+            "start a second server without it and connect another ServerEngine"
+        )
+
+    # ------------------------------------------------------------------ public calls
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: ServerScope | None = None,
+        **overrides: Any,
+    ) -> TextStream:
+        """Generate for ``prompt`` on the server, yielding new text as it arrives.
+
+        The request is sent now: an HTTP error (after the client's retries) is raised here,
+        an error in the middle of the stream while it is read. Closing the stream (or
+        dropping it) closes the HTTP response, which the server takes as a cancellation.
+        Chunks carry no token ids (the API sends text).
+        """
+        params = (params or GenerationParams()).with_overrides(**overrides)
+        texts = [t for t in document_texts(documents) if t]
+        server_prompt = normalise_prompt(prompt)
+        self._check_scope(scope)
+        if self.config.kind != "sglang":
+            shown = [*(scope.documents if scope is not None else ()), *texts]
+            server_prompt = self._documents_in_prompt(server_prompt, shown)
+            texts = []
+        request = build_request(self.config, server_prompt, params)
+        corpus_id = self._corpus.add(texts) if texts and self._corpus is not None else None
+        call = ServerCall(StepRecorder(prompt_tokens=0), functools.partial(self._release, corpus_id))
+        try:
+            create = self._client.chat.completions if request.endpoint == "chat" else self._client.completions
+            call.response = create.create(**request.kwargs)
+        except BaseException:
+            call.end()
+            raise
+        steps = call.steps()
+        # A stream dropped, read or not, ends its request there and then.
+        weakref.finalize(steps, call.end).atexit = False
+        return TextStream(steps, call.recorder, cancel=call.end)
+
+    def complete(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: ServerScope | None = None,
+        **overrides: Any,
+    ) -> Completion:
+        """Blocking `stream`: the whole new text and the stats (no token ids)."""
+        return self.stream(prompt, params, documents=documents, scope=scope, **overrides).complete()
+
+    def scope(self, documents: Iterable[str] = ()) -> ServerScope:
+        """Documents for several calls: on SGLang loaded into the server now and removed when
+        the scope closes (use it in a ``with`` block); elsewhere checked against each prompt."""
+        scope = ServerScope(self, self._corpus)
+        scope.add(documents)
+        return scope
+
+    def list_corpora(self) -> dict[str, int]:
+        """SGLang's loaded external corpora and their token counts (all clients' corpora)."""
+        if self._corpus is None:
+            raise ValueError(f"external corpora are SGLang's; this server is kind={self.config.kind!r}")
+        return self._corpus.list()
+
+    def speculation_counters(self) -> SpeculationCounters:
+        """vLLM's server-wide speculative-decoding counters; subtract two readings to measure a
+        run (only that run's when nothing else ran on the server meanwhile)."""
+        if self.config.kind != "vllm":
+            raise ValueError(f"these are vLLM's counters; this server is kind={self.config.kind!r}")
+        text = self._client.get(f"{self.config.root_url}/metrics", cast_to=str)
+        return parse_speculation_counters(text)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_scope(self, scope: ServerScope | None) -> None:
+        if scope is None:
+            return
+        if not isinstance(scope, ServerScope) or scope.owner is not self:
+            raise ValueError("the document scope passed to this call belongs to another engine")
+        if scope.closed:
+            raise ValueError("the document scope passed to this call is closed")
+
+    def _documents_in_prompt(self, prompt: ServerPrompt, documents: list[str]) -> ServerPrompt:
+        """``prompt``, checked to show ``documents``, or with the missing ones appended."""
+        if not documents:
+            return prompt
+        text = prompt_text(prompt, self._tokenizer)
+        missing = list(dict.fromkeys(d for d in documents if d not in text))
+        if not missing:
+            return prompt
+        if not self.config.append_documents_to_prompt:
+            raise ValueError(
+                f"{len(missing)} document(s) are not in the prompt, and a {self.config.kind} server "
+                "drafts only from the prompt: put them in the prompt, or set "
+                "append_documents_to_prompt=True (which changes the prompt, and so the answer)"
+            )
+        return with_documents(prompt, missing, self._tokenizer)
+
+    def _release(self, corpus_id: str | None) -> None:
+        if corpus_id is not None and self._corpus is not None:
+            self._corpus.remove(corpus_id)
+
+
+def _openai_client(config: ServerConfig) -> Any:
+    try:
+        import openai
+    except ImportError:
+        raise ImportError(f"ServerEngine needs the openai package: {_INSTALL_HINT}") from None
+    return openai.OpenAI(
+        base_url=config.base_url,
+        api_key=config.api_key or _NO_KEY,
+        timeout=config.timeout,
+        max_retries=config.max_retries,
+    )
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -1,0 +1,146 @@
+"""A call as an OpenAI API request: which endpoint, and its body.
+
+Chat messages go to ``/chat/completions``, where the server formats them with the model's chat
+template; text and token ids go to ``/completions`` as they are. Sampling fields beyond the
+OpenAI API's own (``top_k``, ``repetition_penalty``, stop token ids) go in the body's extra
+fields on vLLM and SGLang, which take them, and are refused for other servers rather than
+dropped, since dropping them would change the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeGuard, cast
+
+import torch
+
+from rag_lookahead.config import GenerationParams
+from rag_lookahead.prompts import Prompt
+from rag_lookahead.server.config import ServerConfig
+
+__all__ = ["Request", "build_request", "is_chat", "normalise_prompt", "prompt_text", "with_documents"]
+
+Endpoint = Literal["chat", "completions"]
+
+ServerPrompt = str | list[int] | list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One streamed request: the endpoint and the keyword arguments of its ``create`` call."""
+
+    endpoint: Endpoint
+    kwargs: dict[str, Any]
+
+
+def normalise_prompt(prompt: Prompt) -> ServerPrompt:
+    """Text, token ids or chat messages, in the shapes the API takes (as `encode_prompt` reads them)."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if prompt.dim() != 1:
+            raise ValueError(f"a prompt tensor must be [L] or [1, L], got {tuple(prompt.shape)}")
+        prompt = prompt.tolist()
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+    if not isinstance(prompt, Sequence) or not prompt:
+        if isinstance(prompt, Sequence):
+            raise ValueError("the prompt is empty")
+        raise TypeError(
+            f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
+        )
+    items: list[Any] = list(prompt)
+    if all(isinstance(m, Mapping) for m in items):
+        return [_message(m) for m in items]
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        if any(t < 0 for t in items):
+            raise ValueError("token ids must be non-negative")
+        return cast(list[int], items)
+    raise TypeError("a prompt is a str, token ids, or a list of chat messages")
+
+
+def _message(message: Mapping[str, Any]) -> dict[str, str]:
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise TypeError(f"a chat message has a string 'role' and 'content', got {dict(message)!r}")
+    return {"role": role, "content": content}
+
+
+def is_chat(prompt: ServerPrompt) -> TypeGuard[list[dict[str, str]]]:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+
+
+def prompt_text(prompt: ServerPrompt, tokenizer: Any) -> str:
+    """The prompt's text, to look for documents in (token ids need the tokenizer)."""
+    if isinstance(prompt, str):
+        return prompt
+    if is_chat(prompt):
+        return "\n".join(m["content"] for m in prompt)
+    if tokenizer is None:
+        raise ValueError(
+            "documents= with a token-id prompt needs the model's tokenizer to check that the "
+            "prompt shows them: pass ServerEngine(tokenizer=...), or pass the prompt as text"
+        )
+    return str(tokenizer.decode(prompt))
+
+
+def with_documents(prompt: ServerPrompt, documents: Sequence[str], tokenizer: Any) -> ServerPrompt:
+    """``prompt`` with ``documents`` appended: to the text, to the last user message, or as
+    token ids after the prompt's."""
+    block = "\n\n" + "\n\n".join(documents)
+    if isinstance(prompt, str):
+        return prompt + block
+    if is_chat(prompt):
+        messages = [dict(m) for m in prompt]
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if not users:
+            raise ValueError("documents can only be appended to a chat prompt with a user message")
+        messages[users[-1]]["content"] += block
+        return messages
+    if tokenizer is None:
+        raise ValueError(
+            "appending documents to a token-id prompt needs the model's tokenizer: pass "
+            "ServerEngine(tokenizer=...), or pass the prompt as text"
+        )
+    return [*cast(list[int], prompt), *tokenizer(block, add_special_tokens=False).input_ids]
+
+
+def build_request(config: ServerConfig, prompt: ServerPrompt, params: GenerationParams) -> Request:
+    """The streamed request for ``prompt`` with ``params`` on this server."""
+    kwargs: dict[str, Any] = {
+        "model": config.model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": params.max_new_tokens,
+    }
+    extra: dict[str, Any] = {}
+    if params.do_sample:
+        kwargs["temperature"] = params.temperature
+        if params.top_p != 1.0:
+            kwargs["top_p"] = params.top_p
+        if params.top_k is not None:
+            extra["top_k"] = params.top_k
+    else:
+        kwargs["temperature"] = 0.0  # greedy on vLLM, SGLang and OpenAI alike
+    if params.repetition_penalty != 1.0:
+        extra["repetition_penalty"] = params.repetition_penalty
+    if params.seed is not None:
+        kwargs["seed"] = params.seed
+    if params.stop_strings:
+        kwargs["stop"] = list(params.stop_strings)
+    if params.eos_token_id is not None:
+        # The call's EOS replaces the model's, as in the local engine.
+        extra.update(ignore_eos=True, stop_token_ids=list(params.eos_token_id))
+    if extra:
+        if config.kind == "openai":
+            raise ValueError(
+                f"{', '.join(sorted(extra))} are not OpenAI API fields, and a kind='openai' server "
+                "may ignore them and answer otherwise; use kind='vllm' or 'sglang' if it takes them"
+            )
+        kwargs["extra_body"] = extra
+    if is_chat(prompt):
+        return Request("chat", {**kwargs, "messages": prompt})
+    return Request("completions", {**kwargs, "prompt": prompt})

@@ -1,0 +1,77 @@
+"""Documents of one query on a server, for the calls given the scope, until it is closed."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable
+
+from rag_lookahead.scope import document_texts
+from rag_lookahead.server.corpus import CorpusClient
+
+__all__ = ["ServerScope"]
+
+
+class ServerScope:
+    """On SGLang, each `add` loads the documents as an external corpus of the server, and
+    `close` removes every corpus the scope loaded. Elsewhere the scope only holds the texts,
+    which the calls given it must already show in their prompts (or append, if so configured).
+    """
+
+    def __init__(self, owner: object, corpus: CorpusClient | None) -> None:
+        self.owner = owner  # the engine that opened it: calls of other engines refuse it
+        self._corpus = corpus
+        self._documents: list[str] = []
+        self._corpus_ids: list[str] = []
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def documents(self) -> tuple[str, ...]:
+        return tuple(self._documents)
+
+    @property
+    def corpus_ids(self) -> tuple[str, ...]:
+        """The server corpora this scope loaded and has not removed yet."""
+        return tuple(self._corpus_ids)
+
+    def add(self, documents: Iterable[str]) -> None:
+        texts = [text for text in document_texts(documents) if text]
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this document scope is closed; open a new one")
+            if texts and self._corpus is not None:
+                self._corpus_ids.append(self._corpus.add(texts))
+            self._documents.extend(texts)
+
+    def close(self) -> None:
+        """Remove every corpus this scope loaded (idempotent). Each removal is tried even when
+        an earlier one fails; the first failure is raised afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ids, self._corpus_ids = self._corpus_ids, []
+        failure: BaseException | None = None
+        for corpus_id in ids:
+            try:
+                assert self._corpus is not None
+                self._corpus.remove(corpus_id)
+            except Exception as err:
+                failure = failure or err
+        if failure is not None:
+            raise failure
+
+    def __enter__(self) -> ServerScope:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
+            self.close()
