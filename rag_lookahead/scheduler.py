@@ -269,7 +269,9 @@ class Scheduler:
         if self._release(call, tokens):
             return
         if call.batchable:
-            self._batch.add_row(call.cache)
+            self._batch.add_row(
+                call.cache, min(self.max_batch_size, len(self._rows) + 1 + len(self._joining))
+            )
             call.cache = None
             self._rows.append(call)
         else:

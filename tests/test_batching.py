@@ -283,3 +283,25 @@ def test_the_loop_stays_with_the_thread_that_drove_it_while_that_thread_reads() 
     thread.join()
     assert scheduler._drive()  # the owner has ended
     assert scheduler._owner is threading.current_thread()
+
+
+def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    prompts = [[3, 14, 15, 9], [2, 7, 1], [5, 5, 6], [8, 1, 8, 1, 2]]
+    batch = BatchCache()
+    batch.add_row(prefilled(runner, prompts[0]))
+    batch.add_row(prefilled(runner, prompts[1]), expected_rows=3)
+    buffer = batch.cache.layers[0].key_buffer
+    assert buffer.shape[0] == 4  # three expected (doubled): room for the third without a copy
+    batch.add_row(prefilled(runner, prompts[2]))
+    assert batch.cache.layers[0].key_buffer is buffer
+    batch.keep_rows([2])  # the others left: the last row decodes alone, in its own cache
+    batch.add_row(prefilled(runner, prompts[3]))  # a batch again, in the same buffers
+    assert batch.cache.layers[0].key_buffer is buffer
+    drafts = [StepDraft(TREE), StepDraft(DraftTree((1, 2), (-1, 0)))]
+    batch.prepare()
+    inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
+    logits = runner.forward_batch(inputs, batch.cache, batch.lengths)
+    for i, prompt in enumerate([prompts[2], prompts[3]]):
+        alone, _ = runner.forward_step(drafts[i], prefilled(runner, prompt), len(prompt))
+        torch.testing.assert_close(logits[i, : len(drafts[i])], alone, rtol=1e-4, atol=1e-4)

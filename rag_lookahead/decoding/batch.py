@@ -106,7 +106,9 @@ class RowLayer(DynamicLayer):
         assert self.key_buffer is not None and self.value_buffer is not None
         have_rows, _, have_columns, _ = self.key_buffer.shape
         if rows > have_rows or columns > have_columns:
-            rows, columns = max(rows, have_rows), max(columns, have_columns)
+            # Rows grow by doubling, so that joining calls rarely copy the others.
+            rows = _doubled(rows) if rows > have_rows else have_rows
+            columns = max(columns, have_columns)
             room = columns if columns == have_columns else with_room(columns)
             self.key_buffer = _enlarged(self.key_buffer, rows - have_rows, room)
             self.value_buffer = _enlarged(self.value_buffer, rows - have_rows, room)
@@ -136,27 +138,32 @@ class BatchCache:
     def __init__(self) -> None:
         self.lengths: list[int] = []
         self.cache: DynamicCache = GrowingCache()  # the one row's own cache, or a RowCache
+        # The buffers of the last RowCache, kept while one row decodes alone: the next batch
+        # writes into them rather than allocating (and faulting in) fresh memory.
+        self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
     def rows(self) -> int:
         return len(self.lengths)
 
     @torch.inference_mode()
-    def add_row(self, row: DynamicCache) -> int:
-        """Append a call's own (prefilled, batch-of-one) cache as a new row; returns its index."""
+    def add_row(self, row: DynamicCache, expected_rows: int = 0) -> int:
+        """Append a call's own (prefilled, batch-of-one) cache as a new row; returns its index.
+        ``expected_rows``: how many rows the batch will soon hold (others are joining), so that
+        its buffers are allocated once rather than grown row by row."""
         length = row.get_seq_length()
         if not self.lengths:
             self.cache, self.lengths = row, [length]
             return 0
-        if not isinstance(self.cache, RowCache):
-            self.cache = self._row_cache()
-        assert isinstance(self.cache, RowCache)
         count = self.rows + 1
+        capacity = max(count, expected_rows)
+        if not isinstance(self.cache, RowCache):
+            self.cache = self._row_cache(capacity, max(self.lengths[0], length))
+        assert isinstance(self.cache, RowCache)
         for layer, (new_keys, new_values) in zip(
             self.cache.row_layers(), [_states(layer) for layer in _full_layers(row)], strict=True
         ):
-            # Rows grow by doubling, so that joining calls rarely copy the others.
-            layer.reserve(_doubled(count), length)
+            layer.reserve(capacity, length)
             assert layer.key_buffer is not None and layer.value_buffer is not None
             layer.key_buffer[count - 1, :, :length] = new_keys[0]
             layer.value_buffer[count - 1, :, :length] = new_values[0]
@@ -173,6 +180,7 @@ class BatchCache:
             return
         layers = self.cache.row_layers()
         if len(keep) <= 1:  # back to a call alone, in a cache of its own
+            self._spare = [(layer.key_buffer, layer.value_buffer) for layer in layers]  # type: ignore[misc]
             single = GrowingCache()
             for index, layer in enumerate(layers):
                 if keep:
@@ -216,19 +224,38 @@ class BatchCache:
                     _scatter_columns(buffer, target.to(buffer.device), _gather_columns(buffer, source))
         self.lengths[:] = [length + len(n) for length, n in zip(self.lengths, nodes, strict=True)]
 
-    def _row_cache(self) -> RowCache:
-        """The one row's own cache as the first row of a `RowCache` (with room to grow)."""
-        columns = with_room(self.lengths[0])
-        buffers = [
-            (_enlarged(keys, 1, columns), _enlarged(values, 1, columns))
-            for keys, values in (_states(layer) for layer in _full_layers(self.cache))
-        ]
+    def _row_cache(self, capacity: int, columns: int) -> RowCache:
+        """The one row's own cache as the first row of a `RowCache` with room for ``capacity``
+        rows of ``columns`` columns (and more columns to grow into)."""
+        rows = [_states(layer) for layer in _full_layers(self.cache)]
+        spare, self._spare = self._spare, []
+        pairs = zip(rows, spare, strict=False)
+        if len(spare) == len(rows) and all(
+            _fits(buffer, capacity, columns, keys) for (keys, _), (buffer, _) in pairs
+        ):
+            for (keys, values), (key_buffer, value_buffer) in zip(rows, spare, strict=True):
+                key_buffer[:1, :, : keys.shape[2]] = keys
+                value_buffer[:1, :, : values.shape[2]] = values
+            return RowCache(_Rows(self.lengths), spare)
+        extra, room = _doubled(capacity) - 1, with_room(columns)
+        buffers = [(_enlarged(keys, extra, room), _enlarged(values, extra, room)) for keys, values in rows]
         return RowCache(_Rows(self.lengths), buffers)
 
 
 def _doubled(rows: int) -> int:
     """The row capacity that holds ``rows``: a power of two."""
     return 1 << (rows - 1).bit_length()
+
+
+def _fits(buffer: torch.Tensor, rows: int, columns: int, states: torch.Tensor) -> bool:
+    """Whether ``buffer`` has room for ``rows`` rows of ``columns`` columns of ``states``."""
+    have_rows, heads, have_columns, dim = buffer.shape
+    return (
+        have_rows >= rows
+        and have_columns >= columns
+        and (heads, dim) == (states.shape[1], states.shape[3])
+        and (buffer.dtype, buffer.device) == (states.dtype, states.device)
+    )
 
 
 def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
