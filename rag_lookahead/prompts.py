@@ -61,8 +61,11 @@ def encode_prompt(
 
 # What `encode_prompt` itself decides: a prompt of token ids that ends where the answer begins.
 _TEMPLATE_OWN = dict.fromkeys(
-    ("conversation", "add_generation_prompt", "continue_final_message", "tokenize", "return_dict")
-    + ("return_tensors", "return_assistant_tokens_mask", "padding", "truncation", "max_length"),
+    (
+        *("conversation", "add_generation_prompt", "continue_final_message", "tokenize"),
+        *("return_dict", "return_tensors", "return_assistant_tokens_mask", "padding"),
+        *("truncation", "max_length"),
+    ),
     "rag-lookahead sets it for every prompt",
 )
 

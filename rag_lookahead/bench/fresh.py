@@ -41,7 +41,11 @@ def run_fresh(
 
     def fresh() -> LookaheadEngine:
         made = LookaheadEngine(
-            engine.model, engine.tokenizer, config, cost_curve=curve, chat_template_kwargs=engine.chat_template_kwargs
+            engine.model,
+            engine.tokenizer,
+            config,
+            cost_curve=curve,
+            chat_template_kwargs=engine.chat_template_kwargs,
         )
         made.runner.tree_problem()  # its one-off probe is setup (`measure_costs` runs it), not an answer
         return made

@@ -79,10 +79,7 @@ def load_records(path: Path, limit: int | None = None) -> list[dict[str, str]]:
 
 def gold_inputs(engine: LookaheadEngine, records: Sequence[dict[str, str]]) -> list[BenchInput]:
     """Each record's question asked about its own (gold) context."""
-    return [
-        BenchInput(engine.encode(rag_messages(r["question"], r["context"])))
-        for r in records
-    ]
+    return [BenchInput(engine.encode(rag_messages(r["question"], r["context"]))) for r in records]
 
 
 Runner = Callable[[BenchInput], tuple[list[int], int]]

@@ -63,7 +63,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         type=_json_object,
         default=None,
         metavar="JSON",
-        help='variables for the chat template, as a JSON object, e.g. \'{"enable_thinking": false}\' '
+        help="variables for the chat template, as a JSON object, e.g. '{\"enable_thinking\": false}' "
         "for Qwen3",
     )
     look = parser.add_argument_group("lookahead")

@@ -39,7 +39,15 @@ DocumentLike = str | Document
 _FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "context_window": "length"}
 
 _LOAD_FIELDS = frozenset(
-    {"model", "device", "dtype", "trust_remote_code", "model_kwargs", "tokenizer_kwargs", "chat_template_kwargs"}
+    {
+        "model",
+        "device",
+        "dtype",
+        "trust_remote_code",
+        "model_kwargs",
+        "tokenizer_kwargs",
+        "chat_template_kwargs",
+    }
 )
 
 
@@ -203,8 +211,10 @@ class LookaheadSettings(BaseModel):
         return params
 
     def get_token_ids(self, text: str) -> list[int]:
-        """The ids of the tokens in ``text`` by the model's own tokenizer (no special tokens),
-        offline; a ``custom_get_token_ids`` given to the model is used instead."""
+        """The ids of the tokens in ``text``, by the model's own tokenizer, offline.
+
+        Special tokens are not added; a ``custom_get_token_ids`` given to the model wins.
+        """
         custom = getattr(self, "custom_get_token_ids", None)
         if custom is not None:
             return list(custom(text))

@@ -102,8 +102,10 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
     ) -> int:
-        """The prompt's tokens as the model sees them: the messages through its chat template
-        (the ``input_tokens`` a call reports), offline."""
+        """The prompt's tokens as the model sees them, offline.
+
+        The messages go through the chat template: the ``input_tokens`` a call reports.
+        """
         if tools:
             # What the base class does too: this model takes no tool schemas.
             warnings.warn("ChatLookahead takes no tools; counting the messages only", stacklevel=2)

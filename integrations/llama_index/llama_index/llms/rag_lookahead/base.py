@@ -40,7 +40,6 @@ from llama_index.llms.rag_lookahead.responses import (
     usage,
 )
 from llama_index.llms.rag_lookahead.scoping import active_scope
-from rag_lookahead.models import builtin_name
 from rag_lookahead import (
     DEFAULT_MODEL,
     GenerationParams,
@@ -48,6 +47,7 @@ from rag_lookahead import (
     LookaheadEngine,
     TextStream,
 )
+from rag_lookahead.models import builtin_name
 
 __all__ = ["LookaheadLLM"]
 
@@ -270,7 +270,9 @@ class LookaheadLLM(CustomLLM):
     def _params(self, kwargs: dict[str, Any]) -> GenerationParams:
         unknown = sorted(set(kwargs) - _CALL_OPTIONS)
         if unknown:
-            raise TypeError(f"unexpected keyword argument(s) {unknown}; accepted: {', '.join(sorted(_CALL_OPTIONS))}")
+            raise TypeError(
+                f"unexpected keyword argument(s) {unknown}; accepted: {', '.join(sorted(_CALL_OPTIONS))}"
+            )
         fields = {**self.generate_kwargs, **{k: v for k, v in kwargs.items() if k in _GENERATION_FIELDS}}
         # A call's stops replace the LLM's, as any other setting given per call does.
         call_stop = [*_as_list(kwargs.get("stop")), *_as_list(kwargs.get("stop_strings"))]
