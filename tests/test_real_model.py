@@ -9,6 +9,7 @@ import torch
 from transformers import TextStreamer
 
 from rag_lookahead import LookaheadEngine, rag_messages
+from rag_lookahead.prompts import Prompt
 from rag_lookahead.bench.run import load_records
 from rag_lookahead.cli import main
 from rag_lookahead.models import DEFAULT_MODEL, builtin_model_dir, default_model_dir, load_model
@@ -60,10 +61,19 @@ def test_rag_answers_equal_greedy_and_draft_from_the_context(engine, records) ->
     assert accepted > 0
 
 
+def copying_prompt(engine: LookaheadEngine, document: str) -> Prompt:
+    """A prompt the model answers by copying ``document``: an instruction for an instruct
+    model; for Gemma 3 270M, a pretrained model that does not follow instructions, a text that
+    has repeated it before."""
+    if engine.model.config.model_type == "gemma3_text":
+        return f"{document}\n{document}\n{document}\nThe"
+    return [{"role": "user", "content": "Repeat exactly: " + document}]
+
+
 def test_documents_passed_per_call_are_used_and_released(engine) -> None:
     document = "The quick brown fox jumps over the lazy dog near the riverbank at dawn."
-    messages = [{"role": "user", "content": "Repeat exactly: " + document}]
-    completion = engine.complete(messages, max_new_tokens=24, documents=[document])
+    prompt = copying_prompt(engine, document)
+    completion = engine.complete(prompt, max_new_tokens=24, documents=[document])
     assert "quick brown fox" in completion.text
     per_forward = completion.stats.tokens_per_step  # tokens, not time: drafts were accepted
     assert per_forward > 1.5
@@ -125,9 +135,11 @@ def test_gemma3_is_a_hybrid_sliding_window_model_with_a_chat_format(engine) -> N
     config = model.config
     assert config.model_type == "gemma3_text" and config.sliding_window == 512
     assert {"sliding_attention", "full_attention"} == set(config.layer_types)
-    assert tokenizer.decode(
-        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])["input_ids"]
-    ) == ("<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    assert (
+        tokenizer.decode(ids["input_ids"])
+        == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    )
     # An answer ends at the end of its turn as well as at the end-of-sequence token.
     assert tokenizer.convert_tokens_to_ids("<end_of_turn>") in model.generation_config.eos_token_id
 
