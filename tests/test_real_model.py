@@ -9,10 +9,10 @@ import torch
 from transformers import TextStreamer
 
 from rag_lookahead import LookaheadEngine, rag_messages
-from rag_lookahead.prompts import Prompt
 from rag_lookahead.bench.run import load_records
 from rag_lookahead.cli import main
 from rag_lookahead.models import DEFAULT_MODEL, builtin_model_dir, default_model_dir, load_model
+from rag_lookahead.prompts import Prompt
 
 pytestmark = pytest.mark.slow
 SAMPLE = resources.files("rag_lookahead") / "data" / "sample.jsonl"
