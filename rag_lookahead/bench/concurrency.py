@@ -115,7 +115,13 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
         tokens = max(engine.config.max_tokens_per_forward, size)
         config = replace(engine.config, max_batch_size=size, max_tokens_per_forward=tokens)
         # A trie of its own for each run: no method drafts from another's answers.
-        variant = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=engine.cost_curve)
+        variant = LookaheadEngine(
+            engine.model,
+            engine.tokenizer,
+            config,
+            cost_curve=engine.cost_curve,
+            chat_template_kwargs=engine.chat_template_kwargs,
+        )
         if config.mode == "auto":
             variant.measure_costs()  # the batch costs too (read back from the disk cache)
         return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served))

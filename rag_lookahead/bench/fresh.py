@@ -40,7 +40,13 @@ def run_fresh(
     config = replace(engine.config, prefix_cache_mb=0)
 
     def fresh() -> LookaheadEngine:
-        made = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=curve)
+        made = LookaheadEngine(
+            engine.model,
+            engine.tokenizer,
+            config,
+            cost_curve=curve,
+            chat_template_kwargs=engine.chat_template_kwargs,
+        )
         made.runner.tree_problem()  # its one-off probe is setup (`measure_costs` runs it), not an answer
         return made
 

@@ -18,7 +18,7 @@ import torch
 
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.prompts import encode_prompt, rag_messages
+from rag_lookahead.prompts import rag_messages
 
 __all__ = [
     "METHODS",
@@ -79,10 +79,7 @@ def load_records(path: Path, limit: int | None = None) -> list[dict[str, str]]:
 
 def gold_inputs(engine: LookaheadEngine, records: Sequence[dict[str, str]]) -> list[BenchInput]:
     """Each record's question asked about its own (gold) context."""
-    return [
-        BenchInput(encode_prompt(engine.tokenizer, rag_messages(r["question"], r["context"])))
-        for r in records
-    ]
+    return [BenchInput(engine.encode(rag_messages(r["question"], r["context"]))) for r in records]
 
 
 Runner = Callable[[BenchInput], tuple[list[int], int]]
@@ -171,7 +168,13 @@ def run_benchmark(
     }
     for mode in ("trie", "jacobi", "auto"):  # the engine forced into one mode, with its own trie
         config = replace(engine.config, mode=mode)
-        forced = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=engine.cost_curve)
+        forced = LookaheadEngine(
+            engine.model,
+            engine.tokenizer,
+            config,
+            cost_curve=engine.cost_curve,
+            chat_template_kwargs=engine.chat_template_kwargs,
+        )
         runners[mode] = _engine_runner(forced, max_new_tokens)
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import METHODS
@@ -13,6 +15,7 @@ from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
 from rag_lookahead.cli.benchmark import run_bench
 from rag_lookahead.cli.serve import run_serve
 from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
 from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
 from rag_lookahead.server.launch import BACKENDS
 
@@ -24,10 +27,14 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model",
         default=None,
-        help="local model directory or a hub id already in the local cache "
-        "(default: the embedded SmolLM2-135M-Instruct; nothing is downloaded)",
+        help=f"a built-in model ({', '.join(BUILTIN_MODELS)}), a local model directory or a hub id "
+        f"already in the local cache (default: {DEFAULT_MODEL}; nothing is downloaded)",
     )
-    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
+    group.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:1 ... (default: cpu, unless --model-kwargs has a device_map)",
+    )
     group.add_argument(
         "--dtype",
         default=None,
@@ -37,6 +44,29 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     group.add_argument(
         "--trust-remote-code", action="store_true", help="run model code shipped with the checkpoint"
+    )
+    group.add_argument(
+        "--model-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="more arguments for the model's from_pretrained, as a JSON object, e.g. "
+        '\'{"device_map": "auto", "attn_implementation": "sdpa", "revision": "main"}\'',
+    )
+    group.add_argument(
+        "--tokenizer-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="more arguments for the tokenizer's from_pretrained, as a JSON object",
+    )
+    group.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="variables for the chat template, as a JSON object, e.g. '{\"enable_thinking\": false}' "
+        "for Qwen3",
     )
     look = parser.add_argument_group("lookahead")
     defaults = LookaheadConfig()
@@ -62,6 +92,20 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)"
     )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object of keyword arguments (argparse reports the error)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object of keyword arguments is needed, got {text!r}")
+    bad = [k for k in value if not k.isidentifier()]
+    if bad:
+        raise argparse.ArgumentTypeError(f"keys must be argument names, got {bad!r}")
+    return value
 
 
 def _retrieval_flags(parser: argparse.ArgumentParser) -> None:

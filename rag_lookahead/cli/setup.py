@@ -42,6 +42,9 @@ def make_engine(args: argparse.Namespace) -> LookaheadEngine:
         device=args.device,
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
+        model_kwargs=args.model_kwargs,
+        tokenizer_kwargs=args.tokenizer_kwargs,
+        chat_template_kwargs=args.chat_template_kwargs,
     )
     if engine.config.mode == "auto" and engine.tree_verification:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.

@@ -9,14 +9,17 @@ in the trie and help later questions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.config import GenerationParams
+import torch
+
+from rag_lookahead.config import GenerationParams, LookaheadConfig
+from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.interface import Engine
-from rag_lookahead.prompts import RAG_SYSTEM, encode_prompt, rag_messages
+from rag_lookahead.prompts import RAG_SYSTEM, rag_messages
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
 from rag_lookahead.streaming.stats import DecodeStats
@@ -151,6 +154,40 @@ class RagPipeline:
         self.config = config or RetrievalConfig()
         self.system_prompt = system_prompt
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        index: DocumentIndex,
+        name_or_path: str | None = None,
+        config: RetrievalConfig | None = None,
+        *,
+        system_prompt: str | None = RAG_SYSTEM,
+        lookahead_config: LookaheadConfig | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        trust_remote_code: bool = False,
+        model_kwargs: Mapping[str, Any] | None = None,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> RagPipeline:
+        """A pipeline over ``index`` with a model loaded offline, your way.
+
+        The model and its options are `LookaheadEngine.from_pretrained`'s (its ``config`` is
+        ``lookahead_config`` here), e.g. ``chat_template_kwargs={"enable_thinking": False}``
+        so that a Qwen3 model answers without a thinking block.
+        """
+        engine = LookaheadEngine.from_pretrained(
+            name_or_path,
+            config=lookahead_config,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            model_kwargs=model_kwargs,
+            tokenizer_kwargs=tokenizer_kwargs,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        return cls(engine, index, config, system_prompt=system_prompt)
+
     def retrieve(self, question: str) -> list[Hit]:
         """The relevant chunks for ``question``, best first (possibly none)."""
         if not len(self.index):
@@ -190,7 +227,7 @@ class RagPipeline:
             return stream.answer()
 
     def _encode(self, question: str, context: str) -> list[int]:
-        return encode_prompt(self.engine.tokenizer, rag_messages(question, context, self.system_prompt))
+        return self.engine.encode(rag_messages(question, context, self.system_prompt))
 
     def _budget(self, max_new_tokens: int) -> int | None:
         window = self.engine.context_window

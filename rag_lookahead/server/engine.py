@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
-from rag_lookahead.prompts import Prompt
+from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.scope import document_texts
 from rag_lookahead.server.call import ServerCall
 from rag_lookahead.server.config import ServerConfig, ServerKind
@@ -120,6 +120,12 @@ class ServerEngine:
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """``prompt``'s token ids by the served model's tokenizer (given at construction)."""
+        if self._tokenizer is None:
+            raise ValueError("this server engine has no tokenizer: pass ServerEngine(tokenizer=MODEL_DIR)")
+        return encode_prompt(self._tokenizer, prompt)
 
     @property
     def client(self) -> Any:

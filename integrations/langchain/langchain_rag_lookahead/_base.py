@@ -24,7 +24,8 @@ from typing_extensions import Self
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.interface import Engine
-from rag_lookahead.prompts import Prompt
+from rag_lookahead.models import builtin_name, check_loading_options, default_cache_dir
+from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
 from rag_lookahead.server import ServerEngine, ServerKind
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
@@ -40,8 +41,28 @@ DocumentLike = str | Document
 # LangChain's finish reasons; the engine's own reason stays in the lookahead stats.
 _FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "context_window": "length"}
 
-_LOAD_FIELDS = frozenset({"model", "device", "dtype", "trust_remote_code"})
-_LOCAL_FIELDS = frozenset({"device", "dtype", "trust_remote_code", "lookahead_config"})
+_LOAD_FIELDS = frozenset(
+    {
+        "model",
+        "device",
+        "dtype",
+        "trust_remote_code",
+        "model_kwargs",
+        "tokenizer_kwargs",
+        "chat_template_kwargs",
+    }
+)
+_LOCAL_FIELDS = frozenset(
+    {
+        "device",
+        "dtype",
+        "trust_remote_code",
+        "lookahead_config",
+        "model_kwargs",
+        "tokenizer_kwargs",
+        "chat_template_kwargs",
+    }
+)
 _SERVER_FIELDS = frozenset({"api_key", "timeout", "max_retries", "server_kind"})
 
 
@@ -61,8 +82,8 @@ class LookaheadSettings(BaseModel):
         default=None,
         exclude=True,
         description="An existing engine to use: a `rag_lookahead.LookaheadEngine` (its model, "
-        "tokenizer and trie) or a `rag_lookahead.server.ServerEngine`; replaces `model`, "
-        "`device`, `dtype`, `trust_remote_code` and `base_url`.",
+        "tokenizer, chat template variables and trie) or a `rag_lookahead.server.ServerEngine`; "
+        "replaces `model`, the loading options and `base_url`.",
     )
     base_url: str | None = Field(
         default=None,
@@ -91,7 +112,11 @@ class LookaheadSettings(BaseModel):
         description="Drafting settings (`rag_lookahead.LookaheadConfig`); None: the engine's "
         "own, or the library defaults.",
     )
-    device: str = Field(default="cpu", description="Where the model runs: 'cpu', 'cuda', 'cuda:1'...")
+    device: str | None = Field(
+        default=None,
+        description="Where the model runs: 'cpu', 'cuda', 'cuda:1'...; None: the CPU, unless "
+        "`model_kwargs` places the model (a device_map, a quantization).",
+    )
     dtype: str | None = Field(
         default=None,
         description="Torch dtype name such as 'bfloat16'; None keeps fp32 on CPU and the "
@@ -99,6 +124,18 @@ class LookaheadSettings(BaseModel):
     )
     trust_remote_code: bool = Field(
         default=False, description="Run model code shipped with the checkpoint (only if trusted)."
+    )
+    model_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="More arguments for the model's `from_pretrained`: device_map, "
+        "quantization_config, attn_implementation, revision, dtype...",
+    )
+    tokenizer_kwargs: dict[str, Any] | None = Field(
+        default=None, description="More arguments for the tokenizer's `from_pretrained`."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Variables for the chat template, e.g. {'enable_thinking': False} for Qwen3.",
     )
     max_tokens: int = Field(default=256, gt=0, description="Most new tokens per call.")
     temperature: float = Field(
@@ -129,9 +166,8 @@ class LookaheadSettings(BaseModel):
     def _check_source(self) -> Self:
         given = self.model_fields_set
         if self.engine is not None and (_LOAD_FIELDS | {"base_url"}) & given:
-            raise ValueError(
-                "pass either `engine` or `model`/`base_url`/`device`/`dtype`/`trust_remote_code`, not both"
-            )
+            names = ", ".join(sorted((_LOAD_FIELDS | {"base_url"}) & given))
+            raise ValueError(f"pass either `engine` or options to load a model ({names}), not both")
         if self.base_url is not None:
             return self._check_server()
         if _SERVER_FIELDS & given:
@@ -141,6 +177,9 @@ class LookaheadSettings(BaseModel):
             looks_local = self.model.startswith((".", "/", "~")) or path.exists()
             if looks_local and not path.is_dir():
                 raise ValueError(f"model {self.model!r} is not a model directory")
+        # Checked now rather than when the first call loads the model.
+        check_loading_options(self.model_kwargs, self.tokenizer_kwargs)
+        check_chat_template_kwargs(self.chat_template_kwargs)
         return self
 
     def _check_server(self) -> Self:
@@ -206,6 +245,9 @@ class LookaheadSettings(BaseModel):
                 device=self.device,
                 dtype=self.dtype,
                 trust_remote_code=self.trust_remote_code,
+                model_kwargs=self.model_kwargs,
+                tokenizer_kwargs=self.tokenizer_kwargs,
+                chat_template_kwargs=self.chat_template_kwargs,
             )
         if self.engine.config == config:
             return self.engine
@@ -237,6 +279,16 @@ class LookaheadSettings(BaseModel):
         if stop or self.stop:
             params["ls_stop"] = stop or self.stop
         return params
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The ids of the tokens in ``text``, by the model's own tokenizer, offline.
+
+        Special tokens are not added; a ``custom_get_token_ids`` given to the model wins.
+        """
+        custom = getattr(self, "custom_get_token_ids", None)
+        if custom is not None:
+            return list(custom(text))
+        return list(self.get_engine().tokenizer(text, add_special_tokens=False).input_ids)
 
     # ------------------------------------------------------------------ calls
 
@@ -328,9 +380,7 @@ def _foreign(engine: Engine | None) -> bool:
 
 
 def _display_name(name_or_path: str) -> str:
-    from rag_lookahead.models import default_cache_dir
-
     path = Path(name_or_path)
     if path.parent == default_cache_dir() / "models":
-        return DEFAULT_MODEL  # the converted embedded model
+        return builtin_name(path) or name_or_path  # a converted built-in model
     return name_or_path

@@ -5,7 +5,8 @@ Messages are prompted through the model's own chat template.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import warnings
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -97,6 +98,18 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """The prompt's tokens as the model sees them, offline.
+
+        The messages go through the chat template: the ``input_tokens`` a call reports.
+        """
+        if tools:
+            # What the base class does too: this model takes no tool schemas.
+            warnings.warn("ChatLookahead takes no tools; counting the messages only", stacklevel=2)
+        return len(self.get_engine().encode(to_chat_messages(messages)))
 
     def _chunk(self, piece: Piece) -> ChatGenerationChunk:
         if isinstance(piece, str):

@@ -114,11 +114,12 @@ def test_stop_sequences_cut_exactly_also_while_streaming(llm: LookaheadLLM, refe
     assert llm.complete(QUESTION, stop=stop).text == expected
     deltas = [r.delta or "" for r in llm.stream_complete(QUESTION, stop=[stop])]
     assert "".join(deltas) == expected
-    # A stop configured on the LLM applies to every call; a call's stop adds to it.
+    # A stop configured on the LLM applies to every call; a call's stop replaces it.
     with_stop = LookaheadLLM(engine=llm.engine, stop=[stop], max_new_tokens=MAX_NEW_TOKENS)
     assert with_stop.chat(user(QUESTION)).message.content == expected
     first = words[1]
     assert with_stop.complete(QUESTION, stop=[first]).text == reference[: reference.index(first)]
+    assert with_stop.complete(QUESTION, stop=[]).text == reference
     plain = LookaheadLLM(engine=llm.engine, stop=[stop], lookahead=False)
     assert plain.complete(QUESTION).additional_kwargs["lookahead"]["finish_reason"] == "stop_string"
 
@@ -128,7 +129,8 @@ def test_per_call_generation_arguments(llm: LookaheadLLM, reference: str) -> Non
     assert short.additional_kwargs["completion_tokens"] == 3
     assert reference.startswith(short.text)
     assert llm.complete(QUESTION, max_tokens=3).text == short.text
-    assert llm.complete(QUESTION, tools=[], unrelated="ignored").text == reference
+    with pytest.raises(TypeError, match="unrelated"):
+        llm.complete(QUESTION, unrelated="not ignored")
 
 
 def test_documents_feed_the_drafts(llm: LookaheadLLM, plain_llm: LookaheadLLM) -> None:

@@ -49,10 +49,13 @@ from rag_lookahead import (
     TextStream,
 )
 from rag_lookahead.interface import Engine
+from rag_lookahead.models import builtin_name
 
 __all__ = ["LookaheadLLM"]
 
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationParams))
+# What a call takes as keyword arguments; `documents` and `scope` are read by `_open`.
+_CALL_OPTIONS = _GENERATION_FIELDS | {"stop", "max_tokens", "documents", "scope"}
 # Roles some chat templates do not know, mapped to the ones every template has.
 _ROLE_ALIASES = {
     MessageRole.CHATBOT: "assistant",
@@ -69,12 +72,14 @@ class LookaheadLLM(CustomLLM):
     ``LookaheadLLM()`` loads the embedded SmolLM2-135M-Instruct offline; pass ``engine=`` to
     share a loaded `LookaheadEngine` (several LLMs over one engine share its model, trie and
     lock, and calls from several threads are safe), or a `rag_lookahead.server.ServerEngine`
-    to answer on a vLLM or SGLang server. Per call, ``stop=`` (a string or a list),
-    ``max_new_tokens=`` (or ``max_tokens=``), any other `GenerationParams` field, ``documents=``
-    (texts to draft from) and ``scope=`` (a `DocumentScope`) are accepted as keyword arguments.
-    Inside a `LookaheadQueryEngine` query the query's scope is used without being passed.
-    Responses carry the token counts and the decoding stats in ``additional_kwargs`` (see
-    `usage`); a stream's last response, with an empty delta, carries them.
+    to answer on a vLLM or SGLang server. Per call, ``stop=`` (a string or a list; it replaces
+    the LLM's ``stop``), ``temperature=``, ``max_new_tokens=`` (or ``max_tokens=``), any other
+    `GenerationParams` field, ``documents=`` (texts to draft from) and ``scope=`` (a
+    `DocumentScope`) are accepted as keyword arguments; any other is a `TypeError`. Inside a
+    `LookaheadQueryEngine` query the query's scope is used without being passed. Responses carry
+    the exact token counts in ``raw["usage"]`` (where LlamaIndex's `TokenCountingHandler` reads
+    them) and, with the decoding stats, in ``additional_kwargs`` (see `usage`); a stream's last
+    response, with an empty delta, carries them.
     """
 
     model_name: str = Field(
@@ -90,9 +95,15 @@ class LookaheadLLM(CustomLLM):
     max_new_tokens: int = Field(
         default=256, gt=0, description="Most tokens generated per call (LlamaIndex's num_output)."
     )
+    temperature: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="0 decodes greedily (the tokens of plain greedy decoding); above 0 samples "
+        "at this temperature. A call's `temperature=` replaces it.",
+    )
     stop: list[str] = Field(
         default_factory=list,
-        description="Stop sequences for every call; a call's `stop=` adds to them. The text "
+        description="Stop sequences for every call; a call's `stop=` replaces them. The text "
         "ends just before the first one found.",
     )
     lookahead: bool = Field(
@@ -116,20 +127,37 @@ class LookaheadLLM(CustomLLM):
         engine: Engine | None = None,
         *,
         config: LookaheadConfig | None = None,
-        device: str = "cpu",
+        device: str | None = None,
         dtype: Any = None,
+        trust_remote_code: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
+        tokenizer_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        """Wrap ``engine``, or load ``model_name`` offline with ``config``, ``device``, ``dtype``.
+        """Wrap ``engine``, or load ``model_name`` offline with ``config`` and the loading
+        options of `LookaheadEngine.from_pretrained`: ``device``, ``dtype``,
+        ``trust_remote_code``, ``model_kwargs`` (device_map, quantization_config,
+        attn_implementation, revision...), ``tokenizer_kwargs`` and ``chat_template_kwargs``
+        (e.g. ``{"enable_thinking": False}`` for Qwen3).
 
         Other keyword arguments set the fields above (and `CustomLLM`'s, e.g. ``system_prompt``).
         """
+        load = {
+            "config": config,
+            "device": device,
+            "dtype": dtype,
+            "trust_remote_code": trust_remote_code or None,
+            "model_kwargs": model_kwargs,
+            "tokenizer_kwargs": tokenizer_kwargs,
+            "chat_template_kwargs": chat_template_kwargs,
+        }
         if engine is None:
             name = kwargs.get("model_name")
             path = None if name in (None, DEFAULT_MODEL) else name
-            engine = LookaheadEngine.from_pretrained(path, config=config, device=device, dtype=dtype)
-        elif config is not None:
-            raise ValueError("pass either an engine or a config to build one, not both")
+            engine = LookaheadEngine.from_pretrained(path, **{k: v for k, v in load.items() if v is not None})
+        elif given := sorted(k for k, v in load.items() if v is not None):
+            raise ValueError(f"pass either an engine or options to load one ({', '.join(given)}), not both")
         kwargs.setdefault("model_name", _engine_name(engine))
         window = engine.context_window
         if window is not None:
@@ -247,20 +275,35 @@ class LookaheadLLM(CustomLLM):
         return await asyncio.to_thread(self._open, prompt, kwargs)
 
     def _params(self, kwargs: dict[str, Any]) -> GenerationParams:
-        stop = [
-            *_as_list(self.generate_kwargs.get("stop_strings")),
-            *self.stop,
-            *_as_list(kwargs.pop("stop", None)),
-            *_as_list(kwargs.pop("stop_strings", None)),
-        ]
-        max_new = kwargs.pop("max_new_tokens", None)
-        max_alias = kwargs.pop("max_tokens", None)  # the name OpenAI-style callers use
-        fields = {**self.generate_kwargs}
-        # Other keywords (tools, callbacks' extras) belong to other LLMs and are ignored.
-        fields.update((k, v) for k, v in kwargs.items() if k in _GENERATION_FIELDS)
-        fields["max_new_tokens"] = max_new or max_alias or self.max_new_tokens
-        fields["stop_strings"] = tuple(dict.fromkeys(stop))
+        unknown = sorted(set(kwargs) - _CALL_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unexpected keyword argument(s) {unknown}; accepted: {', '.join(sorted(_CALL_OPTIONS))}"
+            )
+        fields = {**self.generate_kwargs, **{k: v for k, v in kwargs.items() if k in _GENERATION_FIELDS}}
+        # A call's stops replace the LLM's, as any other setting given per call does.
+        call_stop = [*_as_list(kwargs.get("stop")), *_as_list(kwargs.get("stop_strings"))]
+        default_stop = [*_as_list(self.generate_kwargs.get("stop_strings")), *self.stop]
+        fields["stop_strings"] = tuple(dict.fromkeys(call_stop if _has_stop(kwargs) else default_stop))
+        max_new = kwargs.get("max_new_tokens") or kwargs.get("max_tokens")  # OpenAI-style callers
+        fields["max_new_tokens"] = max_new or self.max_new_tokens
+        fields.update(_sampling(fields.get("temperature", self.temperature), fields.get("do_sample")))
         return GenerationParams(**fields)
+
+
+def _sampling(temperature: Any, do_sample: Any) -> dict[str, Any]:
+    """LlamaIndex's temperature: 0 is greedy, above 0 samples (unless ``do_sample`` says else)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    sample = temperature > 0 if do_sample is None else do_sample
+    if sample and temperature == 0:
+        raise ValueError("sampling (do_sample=True) needs a temperature above 0")
+    # Greedy decoding ignores the temperature; GenerationParams takes only positive ones.
+    return {"do_sample": sample, "temperature": float(temperature) if temperature > 0 else 1.0}
+
+
+def _has_stop(kwargs: dict[str, Any]) -> bool:
+    return kwargs.get("stop") is not None or kwargs.get("stop_strings") is not None
 
 
 def _plain_engine(engine: Engine) -> Engine:
@@ -277,8 +320,8 @@ def _has_chat_template(engine: Engine) -> bool:
 
 def _engine_name(engine: Engine) -> str:
     name = engine.model_name
-    # The embedded default loads from a converted cache directory named after it.
-    return DEFAULT_MODEL if DEFAULT_MODEL in name else (name or DEFAULT_MODEL)
+    # A built-in model loads from a converted cache directory named after it.
+    return (builtin_name(name) or name) if name else DEFAULT_MODEL
 
 
 def _as_list(stop: str | Sequence[str] | None) -> list[str]:

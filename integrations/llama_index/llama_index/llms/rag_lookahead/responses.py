@@ -42,13 +42,21 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
     }
 
 
+_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _raw(extra: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"usage": counts}``, where `TokenCountingHandler` looks first (it estimates otherwise)."""
+    return {"usage": {k: extra[k] for k in _COUNTS}} if "prompt_tokens" in extra else None
+
+
 def completion_response(text: str, delta: str | None, extra: dict[str, Any]) -> CompletionResponse:
-    return CompletionResponse(text=text, delta=delta, additional_kwargs=extra)
+    return CompletionResponse(text=text, delta=delta, raw=_raw(extra), additional_kwargs=extra)
 
 
 def chat_response(text: str, delta: str | None, extra: dict[str, Any]) -> ChatResponse:
     message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
-    return ChatResponse(message=message, delta=delta, additional_kwargs=extra)
+    return ChatResponse(message=message, delta=delta, raw=_raw(extra), additional_kwargs=extra)
 
 
 def responses(stream: TextStream, make: MakeResponse[R]) -> Generator[R, None, None]:
