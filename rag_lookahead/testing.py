@@ -50,21 +50,26 @@ ASCII_VOCAB = 95  # token i is chr(32 + i): space to "~"
 FAMILIES = ("llama", "qwen2", "mistral", "gemma", "phi3", "gpt2")
 
 
-def tiny_config(family: str, vocab: int = VOCAB, **extra: Any) -> Any:
-    """A two-layer config of ``family`` with a ``vocab``-token vocabulary and no special tokens."""
-    common: dict[str, Any] = {
+def _tiny_settings(vocab: int, layers: int, **extra: Any) -> dict[str, Any]:
+    """The config arguments every tiny model shares: small, no special tokens."""
+    return {
         "vocab_size": vocab,
         "hidden_size": 32,
         "intermediate_size": 64,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "max_position_embeddings": 512,
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": 0,
+        **extra,
     }
-    common.update(extra)
+
+
+def tiny_config(family: str, vocab: int = VOCAB, **extra: Any) -> Any:
+    """A two-layer config of ``family`` with a ``vocab``-token vocabulary and no special tokens."""
+    common = _tiny_settings(vocab, 2, **extra)
     if family == "gpt2":
         return GPT2Config(
             vocab_size=vocab,
@@ -95,19 +100,7 @@ def sliding_config(family: str, vocab: int = VOCAB, window: int = SLIDING_WINDOW
     """A four-layer config of ``family`` with sliding-window layers of ``window`` tokens."""
     import transformers
 
-    common: dict[str, Any] = {
-        "vocab_size": vocab,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": 0,
-        "sliding_window": window,
-    }
+    common = _tiny_settings(vocab, 4, sliding_window=window)
     mixed = ["sliding_attention", "full_attention"] * 2
     configs: dict[str, Any] = {
         "gemma3": lambda: transformers.Gemma3TextConfig(
