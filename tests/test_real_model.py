@@ -22,6 +22,7 @@ MODELS = [DEFAULT_MODEL, GEMMA]
 # Tree masks per layer type (issue 15, item 1): until then a call that may outgrow a sliding
 # window decodes plainly, so what depends on drafting past the window is skipped.
 
+
 @pytest.fixture(scope="module", params=MODELS)
 def engine(request: pytest.FixtureRequest) -> LookaheadEngine:
     torch.set_num_threads(2)
