@@ -161,7 +161,7 @@ def test_gemma3_drafts_past_its_sliding_window(engine, long_prompt) -> None:
     only_on_gemma3(engine)
     completion = engine.complete(long_prompt, max_new_tokens=48)
     assert completion.token_ids == reference(engine, engine.encode(long_prompt), max_new_tokens=48)
-    assert completion.stats.tokens_per_step > 1  # drafts were verified and accepted
+    assert sum(completion.stats.accepted_per_step) > 0  # drafts were verified and accepted
 
 
 def test_default_model_is_saved_in_the_standard_layout(engine) -> None:

@@ -28,7 +28,14 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.bench.run import PROMPT_LOOKUP_TOKENS, BenchInput, hf_generate, prefill_timer, run_header
+from rag_lookahead.bench.run import (
+    PROMPT_LOOKUP_TOKENS,
+    BenchInput,
+    fresh_engine,
+    hf_generate,
+    prefill_timer,
+    run_header,
+)
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.engine import LookaheadEngine
 
@@ -114,14 +121,7 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
         size = 1 if name == "serialised" else max(engine.config.max_batch_size, clients)
         tokens = max(engine.config.max_tokens_per_forward, size)
         config = replace(engine.config, max_batch_size=size, max_tokens_per_forward=tokens)
-        # A trie of its own for each run: no method drafts from another's answers.
-        variant = LookaheadEngine(
-            engine.model,
-            engine.tokenizer,
-            config,
-            cost_curve=engine.cost_curve,
-            chat_template_kwargs=engine.chat_template_kwargs,
-        )
+        variant = fresh_engine(engine, config)
         if config.mode == "auto":
             variant.measure_costs()  # the batch costs too (read back from the disk cache)
         return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served))

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.prompts import rag_messages
@@ -140,6 +141,18 @@ def prefill_timer(engine: LookaheadEngine) -> Callable[[list[int]], float]:
     return run
 
 
+def fresh_engine(engine: LookaheadEngine, config: LookaheadConfig) -> LookaheadEngine:
+    """``engine``'s model, tokenizer, cost curve and template variables under ``config``, with a
+    trie of its own: no benchmarked method drafts from another's answers."""
+    return LookaheadEngine(
+        engine.model,
+        engine.tokenizer,
+        config,
+        cost_curve=engine.cost_curve,
+        chat_template_kwargs=engine.chat_template_kwargs,
+    )
+
+
 def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Runner:
     def run(item: BenchInput) -> tuple[list[int], int]:
         completion = engine.complete(item.prompt_ids, max_new_tokens=max_new_tokens, documents=item.documents)
@@ -167,14 +180,7 @@ def run_benchmark(
         "lookahead": _engine_runner(engine, max_new_tokens),
     }
     for mode in ("trie", "jacobi", "auto"):  # the engine forced into one mode, with its own trie
-        config = replace(engine.config, mode=mode)
-        forced = LookaheadEngine(
-            engine.model,
-            engine.tokenizer,
-            config,
-            cost_curve=engine.cost_curve,
-            chat_template_kwargs=engine.chat_template_kwargs,
-        )
+        forced = fresh_engine(engine, replace(engine.config, mode=mode))
         runners[mode] = _engine_runner(forced, max_new_tokens)
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")
