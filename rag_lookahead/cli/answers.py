@@ -19,7 +19,7 @@ from rag_lookahead.cli.setup import (
 )
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, RagPipeline
-from rag_lookahead.rag.pipeline import Answer, source_name
+from rag_lookahead.rag.pipeline import Answer, source_label
 from rag_lookahead.rag.store import META_FILE
 
 __all__ = ["run_ask", "run_chat", "run_demo", "run_index"]
@@ -170,4 +170,5 @@ def _print_sources(answer: Answer, out: TextIO) -> None:
     out.write("sources:\n")
     for i, hit in enumerate(answer.sources, 1):
         snippet = " ".join(hit.chunk.text.split())[:90]
-        out.write(f"  [{i}] {source_name(hit.chunk.source)} (score {hit.score:.2f}): {snippet}...\n")
+        score = "keyword match" if hit.similarity is None else f"similarity {hit.similarity:.2f}"
+        out.write(f"  [{i}] {source_label(hit.chunk)} ({score}): {snippet}...\n")
