@@ -152,8 +152,9 @@ def main() -> int:
         return 0
     results = {}
     for library in LIBRARIES:
+        command = [sys.executable, __file__, "--child", library, "--repeat", str(args.repeat)]
         out = subprocess.run(
-            [sys.executable, __file__, "--child", library, "--repeat", str(args.repeat), "--data", *args.data],
+            [*command, "--data", *args.data],
             check=True,
             capture_output=True,
             text=True,

@@ -565,7 +565,8 @@ def test_an_index_of_a_previous_format_is_refused(built, embedder, tmp_path: Pat
     directory = saved(built, tmp_path / "idx")
     shutil.rmtree(directory / "keyword")
     tamper(directory, unbind, old)
-    with pytest.raises(IndexFormatError, match=f"format version {version}, but .* reads version 3; {REBUILD}"):
+    refused = f"format version {version}, but .* reads version 3; {REBUILD}"
+    with pytest.raises(IndexFormatError, match=refused):
         DocumentIndex.load(directory, embedder)
     built.save(directory)  # rebuilding over it is allowed
     assert DocumentIndex.load(directory, embedder).chunks == built.chunks

@@ -239,7 +239,8 @@ def _line_block(text: str, lines: list[int], line_map: list[int], code: bool) ->
 
 def _plain_section(text: str) -> _Section:
     """Plain text: its paragraphs (blank-line separated) are the blocks."""
-    blocks, start = [], 0
+    blocks: list[_Block] = []
+    start = 0
     for match in _BLANK_LINE.finditer(text):
         blocks.extend(_Block(s, e) for s, e in _stripped(text, start, match.start()))
         start = match.end()
@@ -270,8 +271,9 @@ def _atoms(text: str, blocks: tuple[_Block, ...], config: ChunkingConfig, tokeni
 
 
 def _pack(atoms: list[_Atom], text: str, config: ChunkingConfig, tokenizer: Any) -> list[Span]:
-    """Greedy packing: a chunk ends at the last block boundary that leaves it at least half full,
-    else before the piece that does not fit, repeating trailing sentences of a cut block."""
+    """Greedy packing. When a piece does not fit, the chunk ends before it if it starts a block,
+    else at the last block boundary that leaves the chunk at least half full, else before it
+    after all; then the next chunk repeats trailing sentences of the block that was cut."""
     chunks: list[Span] = []
     group: list[_Atom] = []
     for atom in atoms:
@@ -283,7 +285,7 @@ def _pack(atoms: list[_Atom], text: str, config: ChunkingConfig, tokenizer: Any)
             group = []
             continue
         while group and sum(a.count for a in group) + atom.count > config.size:
-            keep = _cut(group, config.size)
+            keep = len(group) if atom.cut == _BLOCK else _cut(group, config.size)
             chunks.append(_group_span(group[:keep]))
             if keep < len(group):
                 group = group[keep:]

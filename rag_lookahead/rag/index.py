@@ -207,15 +207,15 @@ class DocumentIndex:
         self._apply(batch, stale={doc.source for doc in documents} & set(self._sources))
         return len(batch.chunks)
 
-    def search(self, query: str, k: int = 4, mode: RetrievalMode = "dense") -> list[Hit]:
+    def search(self, query: str, k: int = 4, mode: RetrievalMode = "hybrid") -> list[Hit]:
         """The `k` best chunks for `query`, best first (fewer if the index is smaller).
 
         Args:
             query: The question or search text.
             k: How many chunks.
-            mode: ``"dense"`` (cosine similarity of embeddings), ``"keyword"`` (BM25: only
-                chunks sharing a word with the query, so possibly fewer than `k`) or
-                ``"hybrid"`` (both, fused by reciprocal rank).
+            mode: ``"hybrid"`` (both rankings below, fused by reciprocal rank), ``"dense"``
+                (cosine similarity of embeddings) or ``"keyword"`` (BM25: only chunks sharing a
+                word with the query, so possibly fewer than `k`).
         """
         if not isinstance(query, str) or not query.strip():
             raise ValueError("the search query is empty")
