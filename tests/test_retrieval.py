@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rag_lookahead.cli import main
+from rag_lookahead.cli import build_parser, main
+from rag_lookahead.cli.setup import retrieval_config
 from rag_lookahead.rag import (
     Chunk,
     ChunkingConfig,
@@ -221,6 +222,19 @@ def test_unknown_retrieval_modes_are_refused(stdlib, mode) -> None:
         stdlib.search(DEDENT, k=2, mode=mode)
     with pytest.raises(ValueError, match="retrieval mode must be one of"):
         RetrievalConfig(mode=mode)
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode"),
+    [
+        (["ask", "--index", "i", "q?"], "hybrid"),
+        (["chat", "--index", "i", "--retrieval", "keyword"], "keyword"),
+        (["bench", "--data", "d.jsonl", "--retrieval", "faiss"], "dense"),  # the old name
+        (["bench", "--data", "bundled"], "hybrid"),  # gold has no index; the bundled corpus does
+    ],
+)
+def test_the_retrieval_flag_sets_the_mode(argv, mode) -> None:
+    assert retrieval_config(build_parser().parse_args(argv)).mode == mode
 
 
 def test_the_pipeline_filters_by_similarity_except_keyword_hits(stdlib) -> None:
