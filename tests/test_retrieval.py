@@ -407,6 +407,16 @@ def test_a_damaged_or_forged_keyword_index_is_refused(
     assert "pickle ran" not in capsys.readouterr().out
 
 
+def test_index_over_an_index_of_an_older_format_says_how_to_rebuild(
+    stdlib, embedder, tmp_path: Path, capsys
+) -> None:
+    directory = saved(stdlib, tmp_path / "idx")
+    _edit_meta(lambda m: m.update(format_version=2))(directory)
+    assert main(["index", str(STDLIB), "--out", str(directory)]) == 2
+    err = capsys.readouterr().err
+    assert "format version 2" in err and f"remove {directory} first" in err
+
+
 def test_an_empty_index_saves_an_empty_keyword_folder(embedder, tmp_path: Path) -> None:
     directory = saved(DocumentIndex(embedder), tmp_path / "idx")
     assert list((directory / "keyword").iterdir()) == []

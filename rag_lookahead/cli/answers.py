@@ -18,7 +18,7 @@ from rag_lookahead.cli.setup import (
     retrieval_config,
 )
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, RagPipeline
+from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, IndexFormatError, RagPipeline
 from rag_lookahead.rag.pipeline import Answer, source_label
 from rag_lookahead.rag.store import META_FILE
 
@@ -30,7 +30,10 @@ def run_index(args: argparse.Namespace) -> int:
     config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
     out = Path(args.out)
     if (out / META_FILE).is_file():
-        index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
+        try:
+            index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
+        except IndexFormatError as err:  # e.g. an older format: `index` cannot update it
+            raise IndexFormatError(f"{err} (to rebuild it there, remove {out} first)") from None
         if index.config != config:
             print(f"note: keeping the index's chunking {index.config}; rebuild it elsewhere to change it")
         report = index.update(args.paths, progress("embedding"), text_field=args.text_field)

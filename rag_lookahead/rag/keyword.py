@@ -2,12 +2,12 @@
 
 The library is bm25s, chosen by measurement against rank-bm25 and tantivy on the contexts and
 questions of the benchmark sets (`benchmarks/bm25_choice.py`, figures in benchmarks/README.md):
-it queried fastest of the three and in the least memory (its scores are a precomputed sparse
-matrix, a query sums a few of its rows), its only dependency beyond numpy is scipy, already here
-through sentence-transformers, and it saves to ``.npy`` arrays and JSON, read back without
+it queried fastest of the three (its scores are a precomputed sparse matrix, a query sums a few
+of its rows) and built faster than tantivy, in memory of the same order; it needs nothing beyond
+numpy and scipy, both here already, and saves to ``.npy`` arrays and JSON, read back without
 pickle. rank-bm25 has no persistence but pickle and scores every chunk in Python per query;
-tantivy is a whole search engine with its own tokenizer and segment files, more than a chunk list
-needs.
+tantivy is a whole search engine with its own tokenizer and segment files, more than a list of
+chunks needs.
 
 BM25 statistics are corpus-wide, so every change of the chunks rebuilds the keyword index from
 all their texts; tokenizing is cheap next to embedding them.
