@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,13 @@ def test_modes_score_and_similarity(stdlib, embedder) -> None:
         row = stdlib.chunks.index(hit.chunk)
         assert hit.similarity == pytest.approx(float(stdlib._faiss.reconstruct(row) @ vector), abs=1e-5)
     assert stdlib.search("copy a directory tree", k=3) == hybrid  # the default
+
+
+def test_concurrent_searches_match_their_solo_results(stdlib) -> None:
+    questions = [DEDENT, "copy a directory tree", "parse JSON text", "split a shell command line"] * 3
+    solo = [stdlib.search(q, 4, "hybrid") for q in questions]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert list(pool.map(lambda q: stdlib.search(q, 4, "hybrid"), questions)) == solo
 
 
 @pytest.mark.parametrize("mode", ["bm25", "", None, "Hybrid"])

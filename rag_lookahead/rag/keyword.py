@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -47,11 +48,17 @@ def _stopwords() -> frozenset[str]:
     return frozenset(STOPWORDS_EN_PLUS)
 
 
-@cache
-def _stemmer() -> Any:
-    import Stemmer
+_local = threading.local()
 
-    return Stemmer.Stemmer("english")
+
+def _stemmer() -> Any:
+    # One per thread: a PyStemmer object keeps state between words and is not meant to be shared.
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        import Stemmer
+
+        stemmer = _local.stemmer = Stemmer.Stemmer("english")
+    return stemmer
 
 
 def tokenize(text: str) -> list[str]:
