@@ -24,8 +24,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 
 
-def child(data: str) -> None:
+def child(data: str, threads: int) -> None:
+    import torch
+
     from rag_lookahead.rag import Document, DocumentIndex, SentenceTransformerEmbedder
+
+    torch.set_num_threads(threads)
 
     contexts: dict[str, None] = {}
     for line in Path(data).read_text(encoding="utf-8").split("\n"):
@@ -42,10 +46,14 @@ def child(data: str) -> None:
     print(json.dumps({"seconds": round(seconds, 2), "chunks": len(index), "contexts": len(documents)}))
 
 
-def run(code: Path, data: str) -> dict[str, Any]:
+def run(code: Path, data: str, threads: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [sys.executable, __file__, "--child", data], env=env, check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--child", data, "--threads", str(threads)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -62,21 +70,23 @@ def main() -> int:
     parser.add_argument("--data", nargs="+", required=True)
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each build")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.threads)
         return 0
     if args.baseline is None:
         parser.error("--baseline is required")
     results = {}
     for i, data in enumerate(args.data):
         order = [("baseline", args.baseline), ("current", HERE)]
-        timed = {name: run(code, data) for name, code in (order if i % 2 == 0 else order[::-1])}
+        runs = order if i % 2 == 0 else order[::-1]
+        timed: dict[str, Any] = {name: run(code, data, args.threads) for name, code in runs}
         timed["ratio"] = round(timed["current"]["seconds"] / timed["baseline"]["seconds"], 2)
         results[Path(data).name] = timed
         print(Path(data).name, timed, flush=True)
-    summary = {"cpu": cpu_name(), "cores": os.cpu_count(), "sets": results}
+    summary = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads, "sets": results}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -229,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(RETRIEVAL_MODES),
         help=f"comma-separated retrieval modes (default: {','.join(RETRIEVAL_MODES)})",
     )
+    evaluate.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     _index_flags(evaluate)
     evaluate.set_defaults(run=run_eval_retrieval)
     return parser

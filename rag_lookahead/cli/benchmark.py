@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS, format_concurrency, run_concurrency
 from rag_lookahead.bench.fresh import format_fresh, parse_cost_curve, run_fresh
 from rag_lookahead.bench.retrieval import evaluate_retrieval, format_retrieval, load_qa_records
@@ -23,6 +25,7 @@ from rag_lookahead.cli.setup import (
 )
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import ChunkingConfig, Document, DocumentIndex, RagPipeline
+from rag_lookahead.rag.index import check_mode
 
 __all__ = ["BUNDLED", "run_bench", "run_eval_retrieval"]
 
@@ -57,9 +60,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def run_eval_retrieval(args: argparse.Namespace) -> int:
     """Recall of the gold context per retrieval mode, with build and query times."""
-    modes = _names(args.modes)
+    modes = [check_mode(mode) for mode in _names(args.modes)]
+    if not modes:
+        raise ValueError("no retrieval mode to evaluate")
     config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
     records = load_qa_records(args.data, args.limit)  # before the embedder loads
+    if args.threads:
+        torch.set_num_threads(args.threads)
     summary = evaluate_retrieval(
         records,
         make_embedder(args.embedder),
