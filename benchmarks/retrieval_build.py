@@ -67,7 +67,7 @@ def cpu_name() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", nargs="+", required=True)
+    parser.add_argument("--data", nargs="+", default=[])
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each build")
@@ -76,8 +76,8 @@ def main() -> int:
     if args.child:
         child(args.child, args.threads)
         return 0
-    if args.baseline is None:
-        parser.error("--baseline is required")
+    if args.baseline is None or not args.data:
+        parser.error("--baseline and --data are required")
     results = {}
     for i, data in enumerate(args.data):
         order = [("baseline", args.baseline), ("current", HERE)]
