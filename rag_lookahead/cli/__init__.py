@@ -1,4 +1,4 @@
-"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo`, `bench` and `serve`."""
+"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo`, `bench`, `eval-retrieval` and `serve`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Any
 from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import METHODS
 from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
-from rag_lookahead.cli.benchmark import run_bench
+from rag_lookahead.cli.benchmark import run_bench, run_eval_retrieval
 from rag_lookahead.cli.serve import run_serve
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
 from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
+from rag_lookahead.rag.index import RETRIEVAL_MODES
 from rag_lookahead.server.launch import BACKENDS
 
 __all__ = ["build_parser", "main"]
@@ -108,9 +109,26 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _retrieval_flags(parser: argparse.ArgumentParser) -> None:
+def _retrieval_flags(parser: argparse.ArgumentParser, *, bench: bool = False) -> None:
     defaults = RetrievalConfig()
     group = parser.add_argument_group("retrieval")
+    modes = "dense: embeddings' cosine similarity; keyword: BM25 over words; hybrid: both, fused by rank"
+    if bench:
+        group.add_argument(
+            "--retrieval",
+            default="gold",
+            choices=["gold", *RETRIEVAL_MODES, "faiss"],
+            help="gold: each question with its own context; dense, keyword or hybrid: index every "
+            f"context of the file and answer from the top-k retrieved chunks ({modes}; faiss is the "
+            "old name of dense) (default: gold)",
+        )
+    else:
+        group.add_argument(
+            "--retrieval",
+            default=defaults.mode,
+            choices=RETRIEVAL_MODES,
+            help=f"how chunks are found: {modes} (default: {defaults.mode})",
+        )
     group.add_argument(
         "--top-k",
         type=int,
@@ -121,7 +139,8 @@ def _retrieval_flags(parser: argparse.ArgumentParser) -> None:
         "--min-score",
         type=float,
         default=defaults.min_score,
-        help=f"least cosine similarity of a relevant chunk (default: {defaults.min_score})",
+        help="least cosine similarity of a relevant chunk (dense and hybrid; a keyword hit needs a "
+        f"shared word) (default: {defaults.min_score})",
     )
 
 
@@ -237,16 +256,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --fresh: plan against this curve instead of the measured one, as size:cost "
         "pairs (e.g. 1:1,2:1.64,16:2.55 for a steep CPU)",
     )
-    bench.add_argument(
-        "--retrieval",
-        default="gold",
-        choices=["gold", "faiss"],
-        help="gold: each question with its own context; faiss: index every context of the file "
-        "and answer from the top-k retrieved chunks (default: gold)",
-    )
-    _retrieval_flags(bench)
+    _retrieval_flags(bench, bench=True)
     _model_flags(bench)
     bench.set_defaults(run=run_bench)
+
+    evaluate = sub.add_parser(
+        "eval-retrieval",
+        help="recall@1 and recall@4 of each question's own context, per retrieval mode",
+        description="Index every context of a JSONL set of 'question' and 'context' records, search "
+        "each question in every retrieval mode, and report how often its own context is among the "
+        "first 1 and 4 chunks, with the time to build the index and to query it.",
+    )
+    evaluate.add_argument("--data", required=True, type=Path, help="JSONL with 'question' and 'context'")
+    evaluate.add_argument("--limit", type=int, default=None, help="ask the first N questions")
+    evaluate.add_argument("--json", default=None, type=Path, help="write the results here")
+    evaluate.add_argument(
+        "--modes",
+        default=",".join(RETRIEVAL_MODES),
+        help=f"comma-separated retrieval modes (default: {','.join(RETRIEVAL_MODES)})",
+    )
+    evaluate.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    _index_flags(evaluate)
+    evaluate.set_defaults(run=run_eval_retrieval)
 
     serve = sub.add_parser(
         "serve", help="print (or run) the vLLM or SGLang server command with speculative settings for RAG"

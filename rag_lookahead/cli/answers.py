@@ -18,8 +18,8 @@ from rag_lookahead.cli.setup import (
     retrieval_config,
 )
 from rag_lookahead.interface import Engine
-from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, RagPipeline
-from rag_lookahead.rag.pipeline import Answer, source_name
+from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, IndexFormatError, RagPipeline
+from rag_lookahead.rag.pipeline import Answer, source_label
 from rag_lookahead.rag.store import META_FILE
 
 __all__ = ["run_ask", "run_chat", "run_demo", "run_index"]
@@ -30,7 +30,10 @@ def run_index(args: argparse.Namespace) -> int:
     config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
     out = Path(args.out)
     if (out / META_FILE).is_file():
-        index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
+        try:
+            index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
+        except IndexFormatError as err:  # e.g. an older format: `index` cannot update it
+            raise IndexFormatError(f"{err} (to rebuild it there, remove {out} first)") from None
         if index.config != config:
             print(f"note: keeping the index's chunking {index.config}; rebuild it elsewhere to change it")
         report = index.update(args.paths, progress("embedding"), text_field=args.text_field)
@@ -168,4 +171,5 @@ def _print_sources(answer: Answer, out: TextIO) -> None:
     out.write("sources:\n")
     for i, hit in enumerate(answer.sources, 1):
         snippet = " ".join(hit.chunk.text.split())[:90]
-        out.write(f"  [{i}] {source_name(hit.chunk.source)} (score {hit.score:.2f}): {snippet}...\n")
+        score = "keyword match" if hit.similarity is None else f"similarity {hit.similarity:.2f}"
+        out.write(f"  [{i}] {source_label(hit.chunk)} ({score}): {snippet}...\n")

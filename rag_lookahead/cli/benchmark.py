@@ -1,4 +1,5 @@
-"""`bench`: every method on the same prompts, with gold or retrieved contexts."""
+"""`bench`: every method on the same prompts, with gold or retrieved contexts; `eval-retrieval`:
+how often retrieval finds the gold context."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS, format_concurrency, run_concurrency
 from rag_lookahead.bench.fresh import format_fresh, parse_cost_curve, run_fresh
+from rag_lookahead.bench.retrieval import evaluate_retrieval, format_retrieval, load_qa_records
 from rag_lookahead.bench.run import BenchInput, format_table, gold_inputs, load_records, run_benchmark
 from rag_lookahead.cli.setup import (
     bundled_index,
@@ -20,9 +24,10 @@ from rag_lookahead.cli.setup import (
     retrieval_config,
 )
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
+from rag_lookahead.rag import ChunkingConfig, Document, DocumentIndex, RagPipeline
+from rag_lookahead.rag.index import check_mode
 
-__all__ = ["BUNDLED", "run_bench"]
+__all__ = ["BUNDLED", "run_bench", "run_eval_retrieval"]
 
 BUNDLED = "bundled"  # --data: the bundled corpus and its questions, with retrieval
 
@@ -36,7 +41,7 @@ def run_bench(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     if bundled:
         inputs = _bundled_inputs(args, engine)
-    elif args.retrieval == "faiss":
+    elif args.retrieval != "gold":
         inputs = _retrieved_inputs(args, engine, records)
     else:
         inputs = gold_inputs(engine, records)
@@ -47,10 +52,34 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_concurrency(args, engine, inputs)
     methods = _names(args.methods or "greedy,prompt_lookup,lookahead")
     summary = run_benchmark(engine, inputs, args.max_new_tokens, methods, progress=progress("records"))
-    summary["retrieval"] = args.retrieval
-    if args.retrieval == "faiss":
+    summary["retrieval"] = "gold" if args.retrieval == "gold" else retrieval_config(args).mode
+    if args.retrieval != "gold":
         summary["top_k"] = args.top_k
     return _report(args, summary, format_table, "plot_summary")
+
+
+def run_eval_retrieval(args: argparse.Namespace) -> int:
+    """Recall of the gold context per retrieval mode, with build and query times."""
+    modes = [check_mode(mode) for mode in _names(args.modes)]
+    if not modes:
+        raise ValueError("no retrieval mode to evaluate")
+    config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
+    records = load_qa_records(args.data, args.limit)  # before the embedder loads
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    summary = evaluate_retrieval(
+        records,
+        make_embedder(args.embedder),
+        name=Path(args.data).name,
+        config=config,
+        modes=modes,
+        progress=progress("embedding"),
+    )
+    print(format_retrieval(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:

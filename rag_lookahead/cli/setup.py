@@ -15,6 +15,7 @@ import torch
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+from rag_lookahead.rag.index import check_mode
 
 __all__ = [
     "bundled_index",
@@ -63,7 +64,10 @@ def make_pipeline(args: argparse.Namespace) -> RagPipeline:
 
 
 def retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
-    return RetrievalConfig(top_k=args.top_k, min_score=args.min_score)
+    """The retrieval flags' settings (`bench --retrieval gold` retrieves nothing, except from the
+    bundled corpus, which it searches the default way)."""
+    named = {"faiss": "dense", "gold": RetrievalConfig().mode}.get(args.retrieval, args.retrieval)
+    return RetrievalConfig(top_k=args.top_k, min_score=args.min_score, mode=check_mode(named))
 
 
 def progress(description: str) -> Any:

@@ -1,8 +1,20 @@
-"""Splitting documents into overlapping chunks measured in the embedder's tokens.
+"""Splitting documents into chunks measured in the embedder's tokens, along their structure.
+
+A markdown document is first cut into sections at its headings: no chunk straddles a heading,
+and each chunk keeps the path of headings above it (``("textwrap", "textwrap.dedent")``), which
+is indexed with its text and shown with its source. Within a section (or a whole plain-text
+document) whole blocks are packed first (paragraphs, lists, tables; fenced code blocks are never
+cut unless one alone is longer than a chunk, then at its lines), then whole sentences, and a
+sentence longer than a chunk is cut between tokens.
 
 Chunks are exact substrings of their document (``doc.text[start:end] == chunk.text``): token
 boundaries come from the fast tokenizer's offset mapping, never from decoding ids, so what is
-retrieved is what the document says, character for character.
+retrieved is what the document says, character for character. That is why this is not LangChain's
+``MarkdownHeaderTextSplitter`` / ``RecursiveCharacterTextSplitter`` or LlamaIndex's
+``MarkdownNodeParser``: they strip headings and rejoin lines, so their chunks are no longer slices
+with offsets (and they would bring langchain-core or llama-index-core into the core package).
+The markdown itself is parsed by markdown-it-py (CommonMark), which knows what is a heading and
+what only looks like one (a ``#`` line inside a code fence, an indented block, a quote).
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 from rag_lookahead.rag.documents import Document
@@ -25,6 +38,13 @@ _BLOCK_CHARS = 100_000
 # A sentence ends at . ! or ? (and any closing quotes or brackets) before whitespace, or at a
 # blank line; simple, and wrong only in ways that cost a slightly odd chunk boundary.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*\n")
+# Inside a block, a list item or a table row also starts a new sentence.
+_LINE_ITEM = re.compile(r"\n(?=[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]|[ \t]*\|)")
+_BLANK_LINE = re.compile(r"\n[ \t]*(?:\r?\n|\r)|\r\n?[ \t]*\r\n?")
+_NEWLINE = re.compile(r"\r\n?|\n")  # what markdown-it counts as a line break
+MARKDOWN_SUFFIXES = (".md", ".markdown")
+# Where a chunk may end, strongest first: between blocks, between sentences, between tokens.
+_BLOCK, _SENTENCE, _TOKEN = 0, 1, 2
 _SENTENCE_BATCH = 512
 
 
@@ -36,8 +56,9 @@ class ChunkingConfig:
         size: Most tokens in a chunk.
         overlap: Tokens repeated from the end of one chunk at the start of the next, so a
             passage cut in two is still found whole in one of them.
-        unit: ``"tokens"`` cuts anywhere between tokens; ``"sentences"`` packs whole sentences
-            (and repeats whole trailing sentences as the overlap).
+        unit: ``"sentences"`` packs whole blocks, then whole sentences (repeating whole
+            trailing sentences as the overlap when a chunk ends inside a block); ``"tokens"`` cuts
+            anywhere between tokens. Either way no chunk straddles a markdown heading.
     """
 
     size: int = 200
@@ -67,6 +88,8 @@ class Chunk:
         text: ``document.text[start:end]``.
         start: Offset of the first character in the document text.
         end: Offset one past the last character.
+        headings: The markdown headings the chunk is under, outermost first (empty for plain
+            text and for text before a document's first heading).
     """
 
     id: str
@@ -74,6 +97,7 @@ class Chunk:
     text: str
     start: int
     end: int
+    headings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.start <= self.end:
@@ -82,33 +106,270 @@ class Chunk:
             raise ValueError(
                 f"chunk text has {len(self.text)} characters but its offsets span {self.end - self.start}"
             )
+        if not isinstance(self.headings, tuple) or not all(isinstance(h, str) for h in self.headings):
+            raise ValueError(f"chunk headings must be a tuple of strings, got {self.headings!r}")
 
     @staticmethod
-    def make(source: str, text: str, start: int, end: int) -> Chunk:
+    def make(source: str, text: str, start: int, end: int, headings: tuple[str, ...] = ()) -> Chunk:
         """A chunk with its id computed from the other fields."""
-        return Chunk(chunk_id(source, text, start, end), source, text, start, end)
+        return Chunk(chunk_id(source, text, start, end, headings), source, text, start, end, headings)
+
+    @property
+    def indexed_text(self) -> str:
+        """What is embedded and counted for keywords: the heading path, then the text.
+
+        A section's later chunks do not contain its heading, yet are about it.
+        """
+        return f"{' > '.join(self.headings)}\n{self.text}" if self.headings else self.text
 
 
-def chunk_id(source: str, text: str, start: int, end: int) -> str:
+def chunk_id(source: str, text: str, start: int, end: int, headings: tuple[str, ...] = ()) -> str:
     """The stable id of a chunk (16 hex digits of a SHA-256)."""
-    digest = hashlib.sha256(f"{source}\0{start}\0{end}\0{text}".encode())
+    path = "\0".join(headings)
+    digest = hashlib.sha256(f"{source}\0{start}\0{end}\0{text}\0\0{path}".encode())
     return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A span of a section: prose (cut into sentences) or code (kept whole, else cut at lines)."""
+
+    start: int
+    end: int
+    code: bool = False
+
+
+@dataclass(frozen=True)
+class _Section:
+    headings: tuple[str, ...]
+    blocks: tuple[_Block, ...]
+
+
+@dataclass(frozen=True)
+class _Atom:
+    """A piece packed whole into chunks, and how strongly the text may be cut before it."""
+
+    span: Span
+    count: int
+    cut: int  # _BLOCK, _SENTENCE or _TOKEN
 
 
 def split_document(doc: Document, config: ChunkingConfig, tokenizer: Any) -> list[Chunk]:
     """Cut a document into chunks of at most ``config.size`` tokens of `tokenizer`.
 
     Args:
-        doc: The document.
+        doc: The document; one whose source ends in ``.md`` or ``.markdown`` is read as markdown.
         config: Chunk size, overlap and unit.
         tokenizer: A Hugging Face *fast* tokenizer (it must return offset mappings), normally
             the embedder's own, so a chunk's length is what the embedder will see.
     """
-    if config.unit == "tokens":
-        spans = list(_token_windows(_token_spans(doc.text, 0, len(doc.text), tokenizer), config))
-    else:
-        spans = _sentence_chunks(doc.text, config, tokenizer)
-    return [Chunk.make(doc.source, doc.text[start:end], start, end) for start, end in spans]
+    text = doc.text
+    sections = _markdown_sections(text) if is_markdown(doc.source) else [_plain_section(text)]
+    chunks: list[Chunk] = []
+    for section in sections:
+        if not section.blocks:
+            continue
+        if config.unit == "tokens":
+            body = _token_spans(text, section.blocks[0].start, section.blocks[-1].end, tokenizer)
+            spans = list(_token_windows(body, config))
+        else:
+            spans = _pack(_atoms(text, section.blocks, config, tokenizer), text, config, tokenizer)
+        chunks.extend(Chunk.make(doc.source, text[s:e], s, e, section.headings) for s, e in spans)
+    return chunks
+
+
+def is_markdown(source: str) -> bool:
+    """Whether a document of this source is split at its markdown headings."""
+    return source.lower().endswith(MARKDOWN_SUFFIXES)
+
+
+# ------------------------------------------------------------------------------- structure
+
+
+@cache
+def _parser() -> Any:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table")
+
+
+def _markdown_sections(text: str) -> list[_Section]:
+    """The document cut at its top-level headings, each part with its heading path."""
+    lines = _line_starts(text)
+    sections: list[_Section] = []
+    path: list[tuple[int, str]] = []  # (level, heading) of the open headings
+    blocks: list[_Block] = []
+    tokens = _parser().parse(text)
+    for i, token in enumerate(tokens):
+        if token.map is None or not _is_block(token):
+            continue
+        if token.type == "heading_open":
+            sections.append(_Section(tuple(h for _, h in path if h), tuple(blocks)))
+            depth = int(token.tag[1:])
+            path = [(level, h) for level, h in path if level < depth]
+            path.append((depth, tokens[i + 1].content.strip()))
+            blocks = []
+            continue
+        block = _line_block(text, lines, token.map, code=token.type in ("fence", "code_block"))
+        if block is not None:
+            blocks.append(block)
+    sections.append(_Section(tuple(h for _, h in path if h), tuple(blocks)))
+    return sections
+
+
+def _is_block(token: Any) -> bool:
+    """Top-level blocks, except that a top-level list is cut into its items (level 1 holds
+    nothing else: a list in a quote is one level deeper)."""
+    if token.level == 0:
+        return token.type not in ("bullet_list_open", "ordered_list_open")
+    return token.level == 1 and token.type == "list_item_open"
+
+
+def _line_starts(text: str) -> list[int]:
+    """Offsets where each line starts, and one past the end (markdown-it's line numbers)."""
+    return [0, *(m.end() for m in _NEWLINE.finditer(text)), len(text) + 1]
+
+
+def _line_block(text: str, lines: list[int], line_map: list[int], code: bool) -> _Block | None:
+    first, last = line_map
+    start, end = lines[first], min(lines[min(last, len(lines) - 1)], len(text))
+    spans = list(_stripped(text, start, end))
+    return _Block(spans[0][0], spans[0][1], code) if spans else None
+
+
+def _plain_section(text: str) -> _Section:
+    """Plain text: its paragraphs (blank-line separated) are the blocks."""
+    blocks: list[_Block] = []
+    start = 0
+    for match in _BLANK_LINE.finditer(text):
+        blocks.extend(_Block(s, e) for s, e in _stripped(text, start, match.start()))
+        start = match.end()
+    blocks.extend(_Block(s, e) for s, e in _stripped(text, start, len(text)))
+    return _Section((), tuple(blocks))
+
+
+# --------------------------------------------------------------------------------- packing
+
+
+def _atoms(text: str, blocks: tuple[_Block, ...], config: ChunkingConfig, tokenizer: Any) -> list[_Atom]:
+    """The section as pieces to pack: sentences, whole code blocks (or their lines)."""
+    pieces: list[tuple[_Block, list[Span]]] = [
+        (block, list(_lines(text, block) if block.code else _sentences(text, block.start, block.end)))
+        for block in blocks
+    ]
+    counts = iter(_count(text, [span for _, spans in pieces for span in spans], tokenizer))
+    atoms: list[_Atom] = []
+    for block, spans in pieces:
+        counted = [(span, next(counts)) for span in spans]
+        whole = sum(n for _, n in counted)
+        if block.code and whole <= config.size:
+            atoms.append(_Atom((block.start, block.end), whole, _BLOCK))
+            continue
+        for i, (span, count) in enumerate(counted):
+            atoms.append(_Atom(span, count, _BLOCK if i == 0 else _SENTENCE))
+    return atoms
+
+
+def _pack(atoms: list[_Atom], text: str, config: ChunkingConfig, tokenizer: Any) -> list[Span]:
+    """Greedy packing. When a piece does not fit, the chunk ends before it if it starts a block,
+    else at the last block boundary that leaves the chunk at least half full, else before it
+    after all; then the next chunk repeats trailing sentences of the block that was cut."""
+    chunks: list[Span] = []
+    group: list[_Atom] = []
+    for atom in atoms:
+        if atom.count > config.size:  # too long on its own: cut it by tokens
+            if group:
+                chunks.append(_group_span(group))
+            tokens = _token_spans(text, atom.span[0], atom.span[1], tokenizer)
+            chunks.extend(_token_windows(tokens, config))
+            group = []
+            continue
+        while group and sum(a.count for a in group) + atom.count > config.size:
+            keep = len(group) if atom.cut == _BLOCK else _cut(group, config.size)
+            chunks.append(_group_span(group[:keep]))
+            if keep < len(group):
+                group = group[keep:]
+            elif atom.cut == _BLOCK:
+                group = []
+            else:
+                group = _overlap_tail(group, config.overlap, config.size - atom.count)
+        group.append(atom)
+    if group:
+        chunks.append(_group_span(group))
+    return chunks
+
+
+def _cut(group: list[_Atom], size: int) -> int:
+    """How many of `group`'s pieces the chunk takes: up to its last block boundary past half."""
+    total = 0
+    best = len(group)
+    for i, atom in enumerate(group):
+        if i and atom.cut == _BLOCK and total >= size // 2:
+            best = i
+        total += atom.count
+    return best
+
+
+def _overlap_tail(group: list[_Atom], overlap: int, room: int) -> list[_Atom]:
+    """The trailing pieces worth at most `overlap` tokens that leave `room` for the next one,
+    never reaching back past the block's start (nor the whole group: the next chunk must move on)."""
+    tail: list[_Atom] = []
+    total = 0
+    for atom in reversed(group[1:]):
+        if total + atom.count > min(overlap, room):
+            break
+        tail.insert(0, atom)
+        total += atom.count
+        if atom.cut == _BLOCK:
+            break
+    return tail
+
+
+def _group_span(group: list[_Atom]) -> Span:
+    return group[0].span[0], group[-1].span[1]
+
+
+# ----------------------------------------------------------------------- sentences, tokens
+
+
+def _sentences(text: str, start: int, end: int) -> Iterator[Span]:
+    """Sentence spans of ``text[start:end]``, with surrounding whitespace left out."""
+    piece = text[start:end]
+    at = 0
+    ends = sorted(
+        [(m.start(), m.end()) for m in _SENTENCE_END.finditer(piece)]
+        + [(m.start(), m.end()) for m in _LINE_ITEM.finditer(piece)]
+    )
+    for stop, resume in ends:
+        if stop < at:
+            continue
+        yield from _stripped(text, start + at, start + stop)
+        at = resume
+    yield from _stripped(text, start + at, end)
+
+
+def _lines(text: str, block: _Block) -> Iterator[Span]:
+    at = block.start
+    for match in _NEWLINE.finditer(text, block.start, block.end):
+        yield from _stripped(text, at, match.start())
+        at = match.end()
+    yield from _stripped(text, at, block.end)
+
+
+def _count(text: str, spans: list[Span], tokenizer: Any) -> Iterator[int]:
+    """Token counts of `spans`, tokenized in batches (one call per sentence is slow)."""
+    for first in range(0, len(spans), _SENTENCE_BATCH):
+        batch = spans[first : first + _SENTENCE_BATCH]
+        encoded = tokenizer([text[s:e] for s, e in batch], add_special_tokens=False, verbose=False)
+        yield from (len(ids) for ids in encoded["input_ids"])
+
+
+def _stripped(text: str, start: int, end: int) -> Iterator[Span]:
+    piece = text[start:end]
+    left = len(piece) - len(piece.lstrip())
+    right = len(piece.rstrip())
+    if right > left:
+        yield start + left, start + right
 
 
 def _token_windows(tokens: Iterator[Span], config: ChunkingConfig) -> Iterator[Span]:
@@ -151,69 +412,3 @@ def _blocks(text: str, start: int, end: int) -> Iterator[Span]:
         start = cut
     if end > start:
         yield start, end
-
-
-def _sentences(text: str) -> Iterator[Span]:
-    """Sentence spans, with surrounding whitespace left out."""
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        yield from _stripped(text, start, match.start())
-        start = match.end()
-    yield from _stripped(text, start, len(text))
-
-
-def _stripped(text: str, start: int, end: int) -> Iterator[Span]:
-    piece = text[start:end]
-    left = len(piece) - len(piece.lstrip())
-    right = len(piece.rstrip())
-    if right > left:
-        yield start + left, start + right
-
-
-def _counted_sentences(text: str, tokenizer: Any) -> Iterator[tuple[Span, int]]:
-    """Each sentence with its token count, tokenized in batches (one call per sentence is slow)."""
-    spans = list(_sentences(text))
-    for first in range(0, len(spans), _SENTENCE_BATCH):
-        batch = spans[first : first + _SENTENCE_BATCH]
-        encoded = tokenizer([text[s:e] for s, e in batch], add_special_tokens=False, verbose=False)
-        for span, ids in zip(batch, encoded["input_ids"], strict=True):
-            yield span, len(ids)
-
-
-def _sentence_chunks(text: str, config: ChunkingConfig, tokenizer: Any) -> list[Span]:
-    chunks: list[Span] = []
-    group: list[tuple[Span, int]] = []  # whole sentences of the chunk being filled
-    for sentence, count in _counted_sentences(text, tokenizer):
-        if count > config.size:  # too long on its own: cut it by tokens
-            if group:
-                chunks.append(_group_span(group))
-            tokens = _token_spans(text, sentence[0], sentence[1], tokenizer)
-            chunks.extend(_token_windows(tokens, config))
-            group = []
-            continue
-        if group and sum(n for _, n in group) + count > config.size:
-            chunks.append(_group_span(group))
-            group = _overlap_tail(group, config.overlap, config.size - count)
-        group.append((sentence, count))
-    if group:
-        chunks.append(_group_span(group))
-    return chunks
-
-
-def _overlap_tail(group: list[tuple[Span, int]], overlap: int, room: int) -> list[tuple[Span, int]]:
-    """The trailing sentences worth at most `overlap` tokens that leave `room` for the next one.
-
-    Never the whole group: the next chunk must move forward.
-    """
-    tail: list[tuple[Span, int]] = []
-    total = 0
-    for sentence, count in reversed(group[1:]):
-        if total + count > min(overlap, room):
-            break
-        tail.insert(0, (sentence, count))
-        total += count
-    return tail
-
-
-def _group_span(group: list[tuple[Span, int]]) -> Span:
-    return group[0][0][0], group[-1][0][1]

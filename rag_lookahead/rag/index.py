@@ -1,18 +1,25 @@
-"""A searchable index of document chunks: FAISS inner product over unit vectors (= cosine).
+"""A searchable index of document chunks: dense, keyword, or both fused.
 
-Row ``i`` of the FAISS index is the vector of ``chunks[i]``; every change rebuilds the flat
-index from kept and new vectors, which keeps that invariant trivially true. On disk an index
-is a directory (see `rag_lookahead.rag.store`); nothing is pickled.
+- dense: FAISS inner product over unit vectors (= cosine) of the chunks' texts;
+- keyword: BM25 over their words (`rag_lookahead.rag.keyword`), which finds the rare names
+  (``dedent``, an error code, a flag) that embeddings blur;
+- hybrid: both rankings fused by reciprocal rank fusion (Cormack et al., 2009): a chunk scores
+  ``sum(1 / (60 + rank))`` over the rankings it is in, so neither side's score scale matters.
+
+Row ``i`` of the FAISS index and of the keyword index is ``chunks[i]``; every change rebuilds
+both from kept and new rows, which keeps that invariant trivially true. On disk an index is a
+directory (see `rag_lookahead.rag.store`); nothing is pickled.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import faiss
 import numpy as np
@@ -21,9 +28,27 @@ from rag_lookahead.rag import store
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
 from rag_lookahead.rag.documents import Document, Skipped, load_documents
 from rag_lookahead.rag.embedding import Embedder
+from rag_lookahead.rag.keyword import KeywordIndex
 from rag_lookahead.rag.store import IndexFormatError
 
-__all__ = ["DocumentIndex", "Hit", "IndexFormatError", "Progress", "UpdateReport"]
+__all__ = [
+    "RETRIEVAL_MODES",
+    "BuildTimings",
+    "DocumentIndex",
+    "Hit",
+    "IndexFormatError",
+    "Progress",
+    "RetrievalMode",
+    "UpdateReport",
+    "check_mode",
+]
+
+RetrievalMode = Literal["dense", "keyword", "hybrid"]
+RETRIEVAL_MODES: tuple[RetrievalMode, ...] = ("dense", "keyword", "hybrid")
+# Reciprocal rank fusion: the constant of its paper (it damps the head of each ranking), and how
+# deep each ranking is read: a chunk ranked below that on both sides never makes a top k.
+_RRF_K = 60
+_FUSION_DEPTH = 50
 
 T = TypeVar("T")
 # Wraps the iterable of embedding batches, like `tqdm`: the CLI passes one to show a bar.
@@ -33,16 +58,54 @@ Progress = Callable[[Iterable[Any]], Iterable[Any]]
 _EMBED_BATCH = 64
 
 
+def check_mode(mode: object) -> RetrievalMode:
+    """`mode` if it is a retrieval mode, else a clear error."""
+    for known in RETRIEVAL_MODES:
+        if mode == known:
+            return known
+    raise ValueError(f"retrieval mode must be one of {', '.join(RETRIEVAL_MODES)}; got {mode!r}")
+
+
 @dataclass(frozen=True)
 class Hit:
-    """A retrieved chunk and its cosine similarity to the query (higher is closer)."""
+    """A retrieved chunk, the score it was ranked by, and its cosine similarity to the query.
+
+    Attributes:
+        chunk: The chunk.
+        score: Higher ranks first: the cosine similarity (dense), the BM25 score (keyword) or the
+            reciprocal-rank-fusion score (hybrid).
+        similarity: The chunk's cosine similarity to the query; ``None`` in keyword mode, which
+            does not embed the query.
+    """
 
     chunk: Chunk
     score: float
+    similarity: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunk, Chunk):
             raise ValueError(f"Hit.chunk must be a Chunk, got {type(self.chunk).__name__}")
+
+
+@dataclass(frozen=True)
+class BuildTimings:
+    """Where the last build, update or add of an index spent its time, in seconds.
+
+    Attributes:
+        chunking: Cutting documents into chunks.
+        embedding: Embedding the new chunks and rebuilding the FAISS index.
+        keyword: Rebuilding the keyword (BM25) index.
+    """
+
+    chunking: float = 0.0
+    embedding: float = 0.0
+    keyword: float = 0.0
+
+    def for_mode(self, mode: RetrievalMode) -> float:
+        """The time a `mode`-only index would have taken: chunking plus its own part(s)."""
+        dense = self.embedding if mode in ("dense", "hybrid") else 0.0
+        keyword = self.keyword if mode in ("keyword", "hybrid") else 0.0
+        return self.chunking + dense + keyword
 
 
 @dataclass(frozen=True)
@@ -72,6 +135,8 @@ class _Batch:
     chunks: list[Chunk]
     vectors: np.ndarray  # [N, D]
     sources: dict[str, str]  # source -> sha256 of its text
+    chunking_seconds: float
+    embedding_seconds: float
 
 
 class DocumentIndex:
@@ -86,6 +151,8 @@ class DocumentIndex:
         self._chunks: list[Chunk] = []
         self._sources: dict[str, str] = {}
         self._faiss = faiss.IndexFlatIP(embedder.dimension)
+        self._keyword = KeywordIndex.build([])
+        self.timings = BuildTimings()
 
     @classmethod
     def build(
@@ -140,22 +207,53 @@ class DocumentIndex:
         self._apply(batch, stale={doc.source for doc in documents} & set(self._sources))
         return len(batch.chunks)
 
-    def search(self, query: str, k: int = 4) -> list[Hit]:
-        """The `k` chunks most similar to `query`, best first (fewer if the index is smaller)."""
+    def search(self, query: str, k: int = 4, mode: RetrievalMode = "hybrid") -> list[Hit]:
+        """The `k` best chunks for `query`, best first (fewer if the index is smaller).
+
+        Args:
+            query: The question or search text.
+            k: How many chunks.
+            mode: ``"hybrid"`` (both rankings below, fused by reciprocal rank), ``"dense"``
+                (cosine similarity of embeddings) or ``"keyword"`` (BM25: only chunks sharing a
+                word with the query, so possibly fewer than `k`).
+        """
         if not isinstance(query, str) or not query.strip():
             raise ValueError("the search query is empty")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        mode = check_mode(mode)
         if not self._chunks:
             return []
+        if mode == "keyword":
+            return [Hit(self._chunks[row], score) for row, score in self._keyword.search(query, k)]
         vector = self._checked(self.embedder.embed([query]), 1)  # [1, D]
+        if mode == "dense":
+            return [Hit(self._chunks[row], sim, sim) for row, sim in self._dense(vector, k)]
+        return self._fused(query, vector, k)
+
+    def _dense(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
         scores, rows = self._faiss.search(vector, min(k, len(self._chunks)))  # [1, k] each
-        pairs = zip(scores[0], rows[0], strict=True)
-        return [Hit(self._chunks[row], float(score)) for score, row in pairs if row >= 0]
+        return [(int(row), float(score)) for score, row in zip(scores[0], rows[0], strict=True) if row >= 0]
+
+    def _fused(self, query: str, vector: np.ndarray, k: int) -> list[Hit]:
+        depth = max(k, _FUSION_DEPTH)
+        dense = self._dense(vector, depth)
+        fused: dict[int, float] = {}
+        for ranking in ([row for row, _ in dense], [row for row, _ in self._keyword.search(query, depth)]):
+            for rank, row in enumerate(ranking, 1):
+                fused[row] = fused.get(row, 0.0) + 1.0 / (_RRF_K + rank)
+        # Ties (a chunk ranked r on one side only, another r on the other) go to the dense side.
+        order = {row: i for i, (row, _) in enumerate(dense)}
+        best = sorted(fused, key=lambda row: (-fused[row], order.get(row, depth)))[:k]
+        similarity = dict(dense)
+        for row in best:
+            if row not in similarity:  # found by keywords alone
+                similarity[row] = float(self._faiss.reconstruct(row) @ vector[0])
+        return [Hit(self._chunks[row], fused[row], similarity[row]) for row in best]
 
     def save(self, directory: str | Path) -> None:
         """Write the index to `directory`, atomically replacing an index already there."""
-        store.save(Path(directory), self._faiss, self._chunks, self._meta())
+        store.save(Path(directory), self._faiss, self._keyword, self._chunks, self._meta())
 
     @classmethod
     def load(cls, directory: str | Path, embedder: Embedder | None = None) -> DocumentIndex:
@@ -176,6 +274,7 @@ class DocumentIndex:
         embedder = store.check_embedder(meta, embedder)
         index = cls(embedder, store.chunking_config(meta))
         index._faiss, index._chunks = store.read_rows(Path(directory), meta)
+        index._keyword = store.read_keyword(Path(directory), meta, len(index._chunks))
         index._sources = dict(meta["sources"])
         return index
 
@@ -197,20 +296,25 @@ class DocumentIndex:
         return f"DocumentIndex({len(self._sources)} sources, {len(self)} chunks, {self.embedder.name!r})"
 
     def _embed_documents(self, documents: Sequence[Document], progress: Progress | None) -> _Batch:
+        started = time.perf_counter()
         chunks = [
             chunk for doc in documents for chunk in split_document(doc, self.config, self.embedder.tokenizer)
         ]
-        texts = [chunk.text for chunk in chunks]
+        chunked = time.perf_counter()
+        texts = [chunk.indexed_text for chunk in chunks]
         batches = [texts[i : i + _EMBED_BATCH] for i in range(0, len(texts), _EMBED_BATCH)]
         vectors = [
             self._checked(self.embedder.embed(batch), len(batch)) for batch in _wrap(batches, progress)
         ]  # each [B, D]
         dimension = self.embedder.dimension
         stacked = np.concatenate(vectors) if vectors else np.zeros((0, dimension), np.float32)
-        return _Batch(chunks, stacked, {doc.source: _sha256(doc.text) for doc in documents})
+        sources = {doc.source: _sha256(doc.text) for doc in documents}
+        embedded = time.perf_counter()
+        return _Batch(chunks, stacked, sources, chunked - started, embedded - chunked)
 
     def _apply(self, batch: _Batch, stale: set[str]) -> None:
-        """Drop the chunks of `stale` sources and add `batch`, rebuilding the flat index."""
+        """Drop the chunks of `stale` sources and add `batch`, rebuilding both indexes."""
+        started = time.perf_counter()
         keep = [i for i, chunk in enumerate(self._chunks) if chunk.source not in stale]
         old = self._faiss.reconstruct_n(0, self._faiss.ntotal) if self._chunks else None  # [M, D]
         rebuilt = faiss.IndexFlatIP(self.embedder.dimension)
@@ -223,6 +327,14 @@ class DocumentIndex:
         for source in stale:
             del self._sources[source]
         self._sources.update(batch.sources)
+        rebuilt_at = time.perf_counter()
+        self._keyword = KeywordIndex.build([chunk.indexed_text for chunk in self._chunks])
+        done = time.perf_counter()
+        self.timings = BuildTimings(
+            chunking=batch.chunking_seconds,
+            embedding=batch.embedding_seconds + (rebuilt_at - started),
+            keyword=done - rebuilt_at,
+        )
 
     def _checked(self, vectors: np.ndarray, count: int) -> np.ndarray:
         """`vectors` as contiguous float32 ``[count, D]``, or a clear error from a bad embedder."""

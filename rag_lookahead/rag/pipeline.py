@@ -21,7 +21,7 @@ from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.interface import Engine
 from rag_lookahead.prompts import RAG_SYSTEM, rag_messages
 from rag_lookahead.rag.chunking import Chunk
-from rag_lookahead.rag.index import DocumentIndex, Hit
+from rag_lookahead.rag.index import DocumentIndex, Hit, RetrievalMode, check_mode
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.streaming.stream import StreamChunk, TextStream
 
@@ -36,16 +36,22 @@ class RetrievalConfig:
 
     Attributes:
         top_k: Chunks retrieved per question (all of them feed the drafts).
-        min_score: Chunks less similar than this (cosine) are not relevant.
+        min_score: Chunks less similar than this (cosine) are not relevant. Keyword mode does
+            not embed the question, so there a chunk is relevant when it shares a word with it.
         max_context_tokens: Token budget of the prompt; ``None``: the model's context window
             minus the answer's ``max_new_tokens``. Sources that do not fit are cut, with a note.
+        mode: ``"hybrid"`` (keyword and dense rankings fused; it found the gold passage at
+            least as often as dense search on every benchmark set, see the README),
+            ``"dense"`` or ``"keyword"``.
     """
 
     top_k: int = 4
     min_score: float = 0.2
     max_context_tokens: int | None = None
+    mode: RetrievalMode = "hybrid"
 
     def __post_init__(self) -> None:
+        check_mode(self.mode)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
         if not -1.0 <= self.min_score <= 1.0:
@@ -192,8 +198,8 @@ class RagPipeline:
         """The relevant chunks for ``question``, best first (possibly none)."""
         if not len(self.index):
             raise ValueError("the index holds no documents; add some with `rag-lookahead index`")
-        hits = self.index.search(question, self.config.top_k)
-        return [hit for hit in hits if hit.score >= self.config.min_score]
+        hits = self.index.search(question, self.config.top_k, self.config.mode)
+        return [hit for hit in hits if hit.similarity is None or hit.similarity >= self.config.min_score]
 
     def prepare(self, question: str, max_new_tokens: int) -> PreparedQuery:
         """Retrieve, and build the prompt through the chat template within the token budget."""
@@ -247,7 +253,7 @@ class RagPipeline:
             if cut is not None:
                 shown.append(cut)
                 notes.append(
-                    f"Source [{len(shown)}] ({source_name(hit.chunk.source)}) was cut from "
+                    f"Source [{len(shown)}] ({source_label(hit.chunk)}) was cut from "
                     f"{len(hit.chunk.text)} to {len(cut.chunk.text)} characters to fit the context window."
                 )
             left = len(hits) - len(shown)
@@ -276,13 +282,19 @@ class RagPipeline:
 
 def _prefix(hit: Hit, end: int) -> Hit:
     chunk = hit.chunk
-    cut = Chunk.make(chunk.source, chunk.text[:end], chunk.start, chunk.start + end)
-    return Hit(cut, hit.score)
+    cut = Chunk.make(chunk.source, chunk.text[:end], chunk.start, chunk.start + end, chunk.headings)
+    return Hit(cut, hit.score, hit.similarity)
 
 
 def format_sources(hits: list[Hit] | tuple[Hit, ...]) -> str:
-    """The prompt's context: numbered sources, each headed by its document's name."""
-    return "\n\n".join(f"[{i}] {source_name(h.chunk.source)}\n{h.chunk.text}" for i, h in enumerate(hits, 1))
+    """The prompt's context: numbered sources, each headed by its document's name and headings."""
+    return "\n\n".join(f"[{i}] {source_label(h.chunk)}\n{h.chunk.text}" for i, h in enumerate(hits, 1))
+
+
+def source_label(chunk: Chunk) -> str:
+    """The source's short name and the chunk's heading path: ``stdlib.md § textwrap > dedent``."""
+    name = source_name(chunk.source)
+    return f"{name} § {' > '.join(chunk.headings)}" if chunk.headings else name
 
 
 def source_name(source: str) -> str:

@@ -1,11 +1,14 @@
-"""The on-disk form of a `DocumentIndex`: a directory of three files, written atomically.
+"""The on-disk form of a `DocumentIndex`: a directory of three files and a folder, written atomically.
 
 - ``index.faiss``: the FAISS flat inner-product index (row ``i`` = line ``i`` of chunks.jsonl);
-- ``chunks.jsonl``: one chunk per line (id, source, start, end, text), plus its binding to
-  its vector: ``row`` (its FAISS row, equal to its line number from 0) and ``vector`` (the
-  first 16 hex digits of the SHA-256 of that row's little-endian float32 bytes);
+- ``chunks.jsonl``: one chunk per line (id, source, start, end, headings, text), plus its
+  binding to its vector: ``row`` (its FAISS row, equal to its line number from 0) and
+  ``vector`` (the first 16 hex digits of the SHA-256 of that row's little-endian float32 bytes);
+- ``keyword/``: the BM25 index of the same rows, as bm25s writes it (``.npy`` arrays read
+  without pickle, JSON vocabulary and parameters);
 - ``meta.json``: format name and version, embedder name and dimension, chunking settings, the
-  SHA-256 of every source's text, and ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes.
+  SHA-256 of every source's text, ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes, and
+  ``keyword``: the tokenizer's name and the SHA-256 of every file of ``keyword/``.
 
 The files are chained, and `read_rows` checks the whole chain on every load: meta.json fixes
 chunks.jsonl byte for byte, every line must name its own row, and every line's ``vector``
@@ -13,6 +16,8 @@ must be the digest of that row of index.faiss (all rows are hashed at once, in a
 a second even for 100k chunks). So lines that were reordered, replaced, duplicated or edited
 (even with a recomputed id), or an index.faiss from another save, are refused with the advice
 to rebuild, instead of answering with a source that is not the one a vector was made from.
+The keyword files are fixed by their digests in meta.json, so they too come from the save that
+wrote chunks.jsonl, and their arrays are checked against the number of chunks before use.
 The digests guard against accidents and mismatched files, not a forger: nothing is secret.
 
 No pickle: every file is plain JSON or FAISS's own format, safe to read from anywhere.
@@ -35,17 +40,21 @@ from typing import Any
 import faiss
 import numpy as np
 
+from rag_lookahead.rag import keyword
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
+from rag_lookahead.rag.keyword import KeywordIndex
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "META_FILE", "IndexFormatError"]
 
 FORMAT = "rag-lookahead-index"
-FORMAT_VERSION = 2  # 2: chunks bound to their FAISS rows, chunks.jsonl to meta.json
+# 2: chunks bound to their FAISS rows, chunks.jsonl to meta.json;
+# 3: chunks cut at markdown headings and carrying them; the keyword (BM25) index beside FAISS.
+FORMAT_VERSION = 3
 _REBUILD = "rebuild it with `rag-lookahead index`"
-_INDEX, _CHUNKS, _META = "index.faiss", "chunks.jsonl", "meta.json"
+_INDEX, _CHUNKS, _META, _KEYWORD = "index.faiss", "chunks.jsonl", "meta.json", "keyword"
 META_FILE = _META  # its presence tells an index directory apart
-_CHUNK_FIELDS = frozenset({"id", "source", "text", "start", "end", "row", "vector"})
+_CHUNK_FIELDS = frozenset({"id", "source", "text", "start", "end", "headings", "row", "vector"})
 _VECTOR_DIGEST = 16  # hex digits of a row's SHA-256 kept in chunks.jsonl
 
 
@@ -73,14 +82,19 @@ def source_file(source: str) -> str:
 # ---------------------------------------------------------------------------------- saving
 
 
-def save(target: Path, index: Any, chunks: Sequence[Chunk], meta: dict[str, Any]) -> None:
+def save(
+    target: Path, index: Any, keywords: KeywordIndex, chunks: Sequence[Chunk], meta: dict[str, Any]
+) -> None:
     """Write into a scratch sibling, then swap it in: a crash never leaves a half-written index.
 
-    Row ``i`` of `index` must be the vector of ``chunks[i]``; each line of chunks.jsonl is bound
-    to its row, and meta.json (`meta` plus ``chunks_sha256``) to chunks.jsonl.
+    Row ``i`` of `index` and of `keywords` must be ``chunks[i]``; each line of chunks.jsonl is
+    bound to its FAISS row, and meta.json (`meta` plus ``chunks_sha256`` and ``keyword``) to
+    chunks.jsonl and the keyword files.
     """
-    if index.ntotal != len(chunks):
-        raise ValueError(f"cannot save {index.ntotal} vectors with {len(chunks)} chunks")
+    if not index.ntotal == keywords.rows == len(chunks):
+        raise ValueError(
+            f"cannot save {index.ntotal} vectors and {keywords.rows} keyword rows with {len(chunks)} chunks"
+        )
     _refuse_foreign(target)
     lines = "".join(
         _chunk_line(chunk, row, digest)
@@ -92,9 +106,16 @@ def save(target: Path, index: Any, chunks: Sequence[Chunk], meta: dict[str, Any]
     try:
         faiss.write_index(index, str(scratch / _INDEX))
         _write_text(scratch / _CHUNKS, lines)
+        keywords.save(scratch / _KEYWORD)
+        files = sorted(p.name for p in (scratch / _KEYWORD).iterdir())
+        meta["keyword"] = {
+            "tokenizer": keyword.TOKENIZER,
+            "files": {name: _file_sha256(scratch / _KEYWORD / name) for name in files},
+        }
         _write_text(scratch / _META, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-        for name in (_INDEX, _CHUNKS, _META):
-            _fsync(scratch / name)
+        for path in (scratch / _INDEX, scratch / _CHUNKS, *(scratch / _KEYWORD / n for n in files)):
+            _fsync(path)
+        _fsync(scratch / _META)
         _swap(scratch, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # gone already after a successful swap
@@ -127,7 +148,12 @@ def _swap(scratch: Path, target: Path) -> None:
 
 def _chunk_line(chunk: Chunk, row: int, vector: str) -> str:
     record = {**dataclasses.asdict(chunk), "row": row, "vector": vector}  # id, source, text, start, end
+    record["headings"] = list(chunk.headings)
     return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _row_digests(index: Any) -> list[str]:
@@ -179,7 +205,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 
 def _check_fields(directory: Path, meta: dict[str, Any]) -> None:
-    sources, digest = meta.get("sources"), meta.get("chunks_sha256")
+    sources, digest, keywords = meta.get("sources"), meta.get("chunks_sha256"), meta.get("keyword")
     valid = (
         isinstance(meta.get("embedder"), str)
         and bool(meta["embedder"])
@@ -188,11 +214,18 @@ def _check_fields(directory: Path, meta: dict[str, Any]) -> None:
         and isinstance(meta.get("chunking"), dict)
         and isinstance(sources, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items())
-        and isinstance(digest, str)
-        and re.fullmatch(r"[0-9a-f]{64}", digest) is not None
+        and _is_digest(digest)
+        and isinstance(keywords, dict)
+        and isinstance(keywords.get("tokenizer"), str)
+        and isinstance(keywords.get("files"), dict)
+        and all(isinstance(k, str) and _is_digest(v) for k, v in keywords["files"].items())
     )
     if not valid:
         raise IndexFormatError(f"{directory / _META} is damaged (missing or mistyped fields); {_REBUILD}")
+
+
+def _is_digest(value: object) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
 
 
 def check_embedder(meta: Mapping[str, Any], embedder: Embedder | None) -> Embedder:
@@ -262,6 +295,37 @@ def read_rows(directory: Path, meta: Mapping[str, Any]) -> tuple[Any, list[Chunk
     return index, chunks
 
 
+def read_keyword(directory: Path, meta: Mapping[str, Any], rows: int) -> KeywordIndex:
+    """The keyword index of `directory`'s `rows` chunks, its files checked against meta.json."""
+    recorded = meta["keyword"]
+    if recorded["tokenizer"] != keyword.TOKENIZER:
+        raise IndexFormatError(
+            f"{directory}'s keyword index cut words as {recorded['tokenizer']!r}, but this "
+            f"rag-lookahead cuts them as {keyword.TOKENIZER!r}; {_REBUILD}"
+        )
+    folder = directory / _KEYWORD
+    expected = set(keyword.FILES) if rows else set()
+    try:
+        present = {p.name for p in folder.iterdir()}
+    except OSError as err:
+        raise IndexFormatError(f"{folder} is unreadable ({err}); {_REBUILD}") from None
+    if set(recorded["files"]) != expected or present != expected:
+        raise IndexFormatError(
+            f"{folder} holds {sorted(present)}, but meta.json lists {sorted(recorded['files'])} and an "
+            f"index of {rows} chunks needs {sorted(expected)}; {_REBUILD}"
+        )
+    for name, digest in recorded["files"].items():
+        if _file_sha256(folder / name) != digest:
+            raise IndexFormatError(
+                f"{folder / name} does not match its SHA-256 in {_META}: it comes from another save or "
+                f"was edited; {_REBUILD}"
+            )
+    try:
+        return KeywordIndex.load(folder, rows)
+    except ValueError as err:
+        raise IndexFormatError(f"{folder} is damaged ({err}); {_REBUILD}") from None
+
+
 def _read_chunks(path: Path, data: bytes, sources: Mapping[str, str]) -> tuple[list[Chunk], list[str]]:
     """The chunks in `data` (read from `path`) and, for each, the digest of its vector."""
     try:
@@ -287,6 +351,9 @@ def _parse_chunk(line: str, row: int, sources: Mapping[str, str]) -> tuple[Chunk
     for name in ("id", "source", "text", "vector"):
         if not isinstance(record[name], str):
             raise ValueError(f"{name!r} must be a string, got {type(record[name]).__name__}")
+    headings = record["headings"]
+    if not isinstance(headings, list) or not all(isinstance(h, str) for h in headings):
+        raise ValueError("'headings' must be a list of strings")
     for name in ("start", "end", "row"):
         if not _is_int(record[name]):
             raise ValueError(f"{name!r} must be an integer, got {type(record[name]).__name__}")
@@ -297,10 +364,12 @@ def _parse_chunk(line: str, row: int, sources: Mapping[str, str]) -> tuple[Chunk
             f"it is bound to row {record['row']}, not to row {row}: lines were reordered, "
             "duplicated or edited"
         )
-    chunk = Chunk(record["id"], record["source"], record["text"], record["start"], record["end"])
+    chunk = Chunk(
+        record["id"], record["source"], record["text"], record["start"], record["end"], tuple(headings)
+    )
     if chunk.source not in sources:
         raise ValueError(f"source {chunk.source!r} is not in meta.json")
-    if chunk.id != chunk_id(chunk.source, chunk.text, chunk.start, chunk.end):
+    if chunk.id != chunk_id(chunk.source, chunk.text, chunk.start, chunk.end, chunk.headings):
         raise ValueError(f"chunk id {chunk.id!r} does not match its content")
     return chunk, record["vector"]
 

@@ -1,12 +1,21 @@
 """LlamaIndex integration of rag-lookahead: lossless lookahead decoding for RAG.
 
 `LookaheadLLM` is a `CustomLLM` over a local Hugging Face model; `LookaheadQueryEngine` feeds
-every retrieved node of a query into its trie for the duration of that query's synthesis.
+every retrieved node of a query into its trie for the duration of that query's synthesis;
+`LookaheadRetriever` searches a rag-lookahead `DocumentIndex` (dense, keyword or hybrid).
 """
 
 from llama_index.llms.rag_lookahead.base import LookaheadLLM
 from llama_index.llms.rag_lookahead.query_engine import LookaheadQueryEngine
 from llama_index.llms.rag_lookahead.responses import usage
+from llama_index.llms.rag_lookahead.retriever import LookaheadRetriever
 from llama_index.llms.rag_lookahead.scoping import active_scope, use_scope
 
-__all__ = ["LookaheadLLM", "LookaheadQueryEngine", "active_scope", "usage", "use_scope"]
+__all__ = [
+    "LookaheadLLM",
+    "LookaheadQueryEngine",
+    "LookaheadRetriever",
+    "active_scope",
+    "usage",
+    "use_scope",
+]
