@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+from rag_lookahead.structured.grammar import Grammar
+
 __all__ = ["GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
@@ -123,7 +125,8 @@ class GenerationParams:
     """How each token is chosen and when generation stops (the common `model.generate` knobs).
 
     ``None`` for ``eos_token_id`` means the model's own end-of-sequence token(s). A ``seed``
-    makes sampling repeat exactly, with lookahead or without (see `TokenChooser`).
+    makes sampling repeat exactly, with lookahead or without (see `TokenChooser`). A
+    ``grammar`` constrains every token to those that keep the text within it (see `Grammar`).
     """
 
     max_new_tokens: int = 256
@@ -135,6 +138,7 @@ class GenerationParams:
     eos_token_id: tuple[int, ...] | None = None
     stop_strings: tuple[str, ...] = field(default=())
     seed: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         # Accept what `model.generate` users pass: an int or a list for ids, a str or a list for stops.
@@ -156,6 +160,10 @@ class GenerationParams:
             isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
         ):
             raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise TypeError(
+                f"grammar must be a rag_lookahead.structured.Grammar, got {type(self.grammar).__name__}"
+            )
 
     def with_overrides(self, **overrides: object) -> GenerationParams:
         """A copy with the given fields replaced (``None`` values are ignored)."""

@@ -250,6 +250,8 @@ class LookaheadEngine:
             scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
         """
         params = (params or GenerationParams()).with_overrides(**overrides)
+        if params.grammar is not None:
+            raise NotImplementedError("constrained decoding (grammar=) is not implemented yet")
         texts = document_texts(documents)
         prompt_ids = self.encode(prompt)
         self._check_prompt(prompt_ids)

@@ -1,0 +1,119 @@
+"""What a constrained answer must match, said independently of the library that enforces it.
+
+A `Grammar` is a small tree: JSON (any object, or one that validates against a JSON schema), a
+regular expression, literal text, and sequences and choices of those. Tool calls are literal
+markers around a JSON schema; structured output is a JSON schema alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["Grammar", "GrammarKind"]
+
+GrammarKind = Literal["json_schema", "json", "regex", "literal", "sequence", "choice"]
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A constraint on the text a call generates; build it with the class methods.
+
+    Attributes:
+        kind: What ``value`` or ``parts`` hold.
+        value: The JSON schema as JSON text (``"json_schema"``), the pattern (``"regex"``) or
+            the text (``"literal"``); empty for the other kinds.
+        parts: The grammars of a ``"sequence"`` (one after another) or ``"choice"`` (one of).
+    """
+
+    kind: GrammarKind
+    value: str = ""
+    parts: tuple[Grammar, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind in ("sequence", "choice"):
+            if not self.parts or not all(isinstance(p, Grammar) for p in self.parts):
+                raise ValueError(f"a {self.kind} grammar needs one or more Grammar parts")
+            if self.value:
+                raise ValueError(f"a {self.kind} grammar has parts, not a value")
+            return
+        if self.parts:
+            raise ValueError(f"a {self.kind!r} grammar has no parts")
+        if self.kind == "json_schema":
+            _schema_object(self.value)
+        elif self.kind == "regex":
+            _pattern(self.value)
+        elif self.kind == "literal":
+            if not isinstance(self.value, str) or not self.value:
+                raise ValueError("a literal grammar needs non-empty text")
+        elif self.kind == "json":
+            if self.value:
+                raise ValueError("a json grammar takes no value (use Grammar.json_schema)")
+        else:
+            raise ValueError(
+                "kind must be 'json_schema', 'json', 'regex', 'literal', 'sequence' or 'choice', "
+                f"got {self.kind!r}"
+            )
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | str) -> Grammar:
+        """JSON that validates against ``schema`` (a mapping or its JSON text)."""
+        text = schema if isinstance(schema, str) else _dumps(schema)
+        return cls("json_schema", text)
+
+    @classmethod
+    def json(cls) -> Grammar:
+        """Any JSON object (OpenAI's ``json_object`` response format)."""
+        return cls("json")
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        """Text that ``pattern`` matches in full."""
+        return cls("regex", pattern)
+
+    @classmethod
+    def literal(cls, text: str) -> Grammar:
+        """Exactly ``text``."""
+        return cls("literal", text)
+
+    @classmethod
+    def sequence(cls, *parts: Grammar) -> Grammar:
+        """Each of ``parts`` in turn."""
+        return cls("sequence", parts=tuple(parts))
+
+    @classmethod
+    def choice(cls, *parts: Grammar) -> Grammar:
+        """One of ``parts``."""
+        return cls("choice", parts=tuple(parts))
+
+
+def _dumps(schema: Mapping[str, Any]) -> str:
+    if not isinstance(schema, Mapping):
+        raise TypeError(f"a JSON schema is a mapping or its JSON text, got {type(schema).__name__}")
+    try:
+        return json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"the JSON schema cannot be written as JSON: {err}") from None
+
+
+def _schema_object(text: object) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"a JSON schema is a mapping or its JSON text, got {type(text).__name__}")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"the JSON schema is not valid JSON: {err}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema is a JSON object, got {type(schema).__name__}")
+
+
+def _pattern(pattern: object) -> None:
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("a regex grammar needs a non-empty pattern")
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"the regular expression does not compile: {err}") from None
