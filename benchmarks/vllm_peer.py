@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,30 +113,39 @@ def _prompts(tokenizer: Any, path: Path, limit: int) -> Prompts:
 def _vllm(
     method: str, model: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Each set and phase on a fresh server: nothing cached or learned from an earlier phase
-    (vLLM's prefix cache, suffix decoding's tree of past responses)."""
+    """One server for every set and phase, its prefix cache emptied before each phase, so that
+    no phase starts from an earlier one's prompts (a start compiles the model for minutes)."""
     if args.vllm_python is None:
         raise SystemExit("--vllm-python is needed for the vLLM methods")
     runs: dict[str, Any] = {}
-    for name, prompts in sets.items():
-        runs[name] = {}
-        for phase, clients in (("single", 1), ("concurrent", args.clients)):
-            with _server(method, model, args, f"{name}-{phase}") as engine:
+    with _server(method, model, args) as engine:
 
-                def answer(ids: list[int], engine: ServerEngine = engine) -> tuple[str, int]:
-                    completion = engine.complete(ids, max_new_tokens=args.max_new_tokens)
-                    return completion.text, completion.stats.new_tokens
+        def answer(ids: list[int]) -> tuple[str, int]:
+            completion = engine.complete(ids, max_new_tokens=args.max_new_tokens)
+            return completion.text, completion.stats.new_tokens
 
-                answer(warm)  # the first request's one-off costs
+        answer(warm)  # the first request's one-off costs
+        for name, prompts in sets.items():
+            runs[name] = {}
+            for phase, clients in (("single", 1), ("concurrent", args.clients)):
+                _reset_prefix_cache(engine)
                 before = engine.speculation_counters()
                 run = _timed(answer, prompts, clients)
                 run["speculation"] = _counters(engine.speculation_counters() - before)
-            runs[name][phase] = run
+                runs[name][phase] = run
     return runs
 
 
+def _reset_prefix_cache(engine: ServerEngine) -> None:
+    """vLLM's development endpoint (``VLLM_SERVER_DEV_MODE=1``); an error if it fails."""
+    request = urllib.request.Request(f"{engine.config.root_url}/reset_prefix_cache", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        if response.status != 200:
+            raise RuntimeError(f"the server did not empty its prefix cache: HTTP {response.status}")
+
+
 @contextmanager
-def _server(method: str, model: str, args: argparse.Namespace, label: str) -> Iterator[ServerEngine]:
+def _server(method: str, model: str, args: argparse.Namespace) -> Iterator[ServerEngine]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -144,9 +154,14 @@ def _server(method: str, model: str, args: argparse.Namespace, label: str) -> It
     spec = VLLM_METHODS[method]
     if spec is not None:
         command += ["--speculative-config", json.dumps(spec)]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # for /reset_prefix_cache
+    }
     root = f"http://127.0.0.1:{port}"
-    log = args.log_dir / f"{method}-{label}.log"
+    log = args.log_dir / f"{method}.log"
     with running_server(command, root, log, start_timeout=args.start_timeout, env=env):
         yield ServerEngine(base_url=f"{root}/v1", model=model, kind="vllm", timeout=600)
 
