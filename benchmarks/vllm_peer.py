@@ -113,27 +113,33 @@ def _prompts(tokenizer: Any, path: Path, limit: int) -> Prompts:
 def _vllm(
     method: str, model: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One server for every set and phase, its prefix cache emptied before each phase, so that
-    no phase starts from an earlier one's prompts (a start compiles the model for minutes)."""
+    """Every phase starts from nothing cached or learned: one server for the whole run, its
+    prefix cache emptied before each phase (a start compiles the model for minutes), except
+    for suffix decoding, whose tree of past responses only a fresh server empties."""
     if args.vllm_python is None:
         raise SystemExit("--vllm-python is needed for the vLLM methods")
-    runs: dict[str, Any] = {}
-    with _server(method, model, args) as engine:
+    phases = [(name, phase, clients) for name in sets for phase, clients in _phases(args)]
+    groups = [[p] for p in phases] if method == "vllm_suffix" else [phases]
+    runs: dict[str, Any] = {name: {} for name in sets}
+    for group in groups:
+        with _server(method, model, args) as engine:
 
-        def answer(ids: list[int]) -> tuple[str, int]:
-            completion = engine.complete(ids, max_new_tokens=args.max_new_tokens)
-            return completion.text, completion.stats.new_tokens
+            def answer(ids: list[int], engine: ServerEngine = engine) -> tuple[str, int]:
+                completion = engine.complete(ids, max_new_tokens=args.max_new_tokens)
+                return completion.text, completion.stats.new_tokens
 
-        answer(warm)  # the first request's one-off costs
-        for name, prompts in sets.items():
-            runs[name] = {}
-            for phase, clients in (("single", 1), ("concurrent", args.clients)):
+            answer(warm)  # the first request's one-off costs
+            for name, phase, clients in group:
                 _reset_prefix_cache(engine)
                 before = engine.speculation_counters()
-                run = _timed(answer, prompts, clients)
+                run = _timed(answer, sets[name], clients)
                 run["speculation"] = _counters(engine.speculation_counters() - before)
                 runs[name][phase] = run
     return runs
+
+
+def _phases(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+    return (("single", 1), ("concurrent", args.clients))
 
 
 def _reset_prefix_cache(engine: ServerEngine) -> None:
@@ -189,7 +195,7 @@ def _local(
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}
-        for phase, clients in (("single", 1), ("concurrent", args.clients)):
+        for phase, clients in _phases(args):
             fresh = LookaheadEngine(
                 loaded.model, loaded.tokenizer, loaded.config, cost_curve=loaded.cost_curve
             )
