@@ -62,7 +62,9 @@ def run(engine: LookaheadEngine, records: list[dict[str, str]], max_new_tokens: 
         order = list(methods) if i % 2 == 0 else list(methods)[::-1]
         for name in order:
             started = time.perf_counter()
-            completion = methods[name].complete(messages(record), max_new_tokens=max_new_tokens, grammar=grammar)
+            completion = methods[name].complete(
+                messages(record), max_new_tokens=max_new_tokens, grammar=grammar
+            )
             total = totals[name]
             total["seconds"] += time.perf_counter() - started
             total["new_tokens"] += completion.stats.new_tokens
@@ -76,12 +78,14 @@ def run(engine: LookaheadEngine, records: list[dict[str, str]], max_new_tokens: 
                     for part in source.split("+"):
                         sources[part] += accepted
     plain = totals["constrained_plain"]
+    texts = [engine.tokenizer.decode(ids, skip_special_tokens=True) for ids in outputs["constrained_lookahead"]]
     report: dict[str, Any] = {
         **run_header(engine, len(records), max_new_tokens),
         "cpu": platform.processor() or platform.machine(),
         "schema": SCHEMA,
         "methods": {},
         "accepted_tokens_by_source": dict(sources.most_common()),
+        "answers": texts,
     }
     for name, total in totals.items():
         rate = total["new_tokens"] / total["seconds"]
@@ -111,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="JSONL with 'question' and 'context'")
     parser.add_argument("--limit", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
