@@ -197,7 +197,12 @@ def test_abandoned_async_stream_releases_its_trie_branches(llm: LookaheadLLM) ->
         async for _ in stream:
             break
         await stream.aclose()
-        await asyncio.sleep(0.5)  # the close runs after the step in flight, off the loop
+        # The close runs after the step in flight, off the loop: wait for it (however slow the
+        # machine), rather than for a fixed time.
+        for _ in range(6000):
+            if llm.engine.trie.owners() - {OUTPUT_OWNER} <= before:
+                return
+            await asyncio.sleep(0.01)
 
     asyncio.run(run())
     assert llm.engine.trie.owners() - {OUTPUT_OWNER} <= before
