@@ -42,6 +42,7 @@ __all__ = [
     "sliding_model",
     "tiny_config",
     "tiny_engine",
+    "tiny_fast_tokenizer",
     "tiny_model",
 ]
 
@@ -232,9 +233,9 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def save_tiny_model(directory: Path, family: str = "llama") -> Path:
-    """The tiny model of ``family`` and a one-character-per-token fast tokenizer with a chat
-    template, saved as a model directory that ``from_pretrained`` loads (offline)."""
+def tiny_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
+    """A one-character-per-token fast tokenizer (printable ASCII, then ``<eos>``) whose chat
+    template transformers renders: ``chat_template``."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -242,9 +243,13 @@ def save_tiny_model(directory: Path, family: str = "llama") -> Path:
     vocab = {chr(32 + i): i for i in range(ASCII_VOCAB)} | {"<eos>": ASCII_VOCAB}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="?"))
     backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<eos>", chat_template=TINY_CHAT_TEMPLATE
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
+
+
+def save_tiny_model(directory: Path, family: str = "llama") -> Path:
+    """The tiny model of ``family`` and a one-character-per-token fast tokenizer with a chat
+    template, saved as a model directory that ``from_pretrained`` loads (offline)."""
+    tokenizer = tiny_fast_tokenizer()
     model = tiny_model(family, 0, ASCII_VOCAB + 1)
     model.generation_config.eos_token_id = ASCII_VOCAB
     model.save_pretrained(directory)
