@@ -17,7 +17,7 @@ from rag_lookahead.structured import (
     detect_tool_format,
 )
 from rag_lookahead.structured.tools import template_messages
-from rag_lookahead.testing import TINY_CHAT_TEMPLATE, tiny_engine, tiny_fast_tokenizer
+from rag_lookahead.testing import TINY_CHAT_TEMPLATE, tiny_engine, ascii_fast_tokenizer
 
 WEATHER = {
     "type": "function",
@@ -89,7 +89,7 @@ def ids() -> object:
     [(SMOLLM2_TEMPLATE, "smollm2"), (HERMES_TEMPLATE, "hermes"), (LLAMA3_TEMPLATE, "llama3")],
 )
 def test_the_format_is_read_off_the_template(template: str, name: str) -> None:
-    assert detect_tool_format(tiny_fast_tokenizer(template)) == ToolFormat.named(name)  # type: ignore[arg-type]
+    assert detect_tool_format(ascii_fast_tokenizer(template)) == ToolFormat.named(name)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -103,11 +103,11 @@ def test_the_format_is_read_off_the_template(template: str, name: str) -> None:
 )
 def test_a_template_without_tool_support_is_a_clear_error(template: str, message: str) -> None:
     with pytest.raises(ToolsNotSupportedError, match=message):
-        detect_tool_format(tiny_fast_tokenizer(template))
+        detect_tool_format(ascii_fast_tokenizer(template))
 
 
 def test_a_tokenizer_without_a_template_is_a_clear_error() -> None:
-    tokenizer = tiny_fast_tokenizer()
+    tokenizer = ascii_fast_tokenizer()
     tokenizer.chat_template = None
     with pytest.raises(ToolsNotSupportedError, match="no chat template"):
         detect_tool_format(tokenizer)
@@ -117,7 +117,7 @@ def test_a_tokenizer_without_a_template_is_a_clear_error() -> None:
 
 
 def test_tools_reach_the_prompt_through_the_one_prompt_path() -> None:
-    tokenizer = tiny_fast_tokenizer(HERMES_TEMPLATE)
+    tokenizer = ascii_fast_tokenizer(HERMES_TEMPLATE)
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     plain = encode_prompt(tokenizer, messages)
     with_tools = encode_prompt(tokenizer, messages, tools=[WEATHER, SEARCH])
@@ -128,7 +128,7 @@ def test_tools_reach_the_prompt_through_the_one_prompt_path() -> None:
 
 
 def test_a_conversation_with_calls_and_results_renders() -> None:
-    tokenizer = tiny_fast_tokenizer(SMOLLM2_TEMPLATE)
+    tokenizer = ascii_fast_tokenizer(SMOLLM2_TEMPLATE)
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {
@@ -196,12 +196,12 @@ def test_tools_are_normalised_to_openai_function_tools() -> None:
 )
 def test_tools_need_chat_messages(prompt: object, match: str) -> None:
     with pytest.raises(TypeError, match=match):
-        encode_prompt(tiny_fast_tokenizer(HERMES_TEMPLATE), prompt, tools=[WEATHER])  # type: ignore[arg-type]
+        encode_prompt(ascii_fast_tokenizer(HERMES_TEMPLATE), prompt, tools=[WEATHER])  # type: ignore[arg-type]
 
 
 def test_tools_with_a_template_without_tool_support_name_the_problem() -> None:
     with pytest.raises(ToolsNotSupportedError, match="has no tool support"):
-        encode_prompt(tiny_fast_tokenizer(), [{"role": "user", "content": "hi"}], tools=[WEATHER])
+        encode_prompt(ascii_fast_tokenizer(), [{"role": "user", "content": "hi"}], tools=[WEATHER])
 
 
 def test_tools_are_not_a_template_variable() -> None:
@@ -308,7 +308,7 @@ def test_generated_ids_are_unique() -> None:
 
 
 def test_a_parsed_call_round_trips_through_the_template() -> None:
-    tokenizer = tiny_fast_tokenizer(SMOLLM2_TEMPLATE)
+    tokenizer = ascii_fast_tokenizer(SMOLLM2_TEMPLATE)
     call = SMOLLM2.parse(
         '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n]</tool_call>'
     ).calls[0]
