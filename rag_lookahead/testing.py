@@ -246,9 +246,7 @@ def ascii_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="?"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
 
 
 def save_tiny_model(directory: Path, family: str = "llama") -> Path:

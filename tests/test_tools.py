@@ -344,10 +344,11 @@ def test_streaming_holds_back_what_may_be_a_call(fmt: ToolFormat, text: str, sho
 
 
 def call_schema(name: str, key: str = "arguments", parameters: dict | None = None) -> Grammar:
+    parameters = {**(parameters or {"type": "object"}), "additionalProperties": False}
     return Grammar.json_schema(
         {
             "type": "object",
-            "properties": {"name": {"const": name}, key: parameters or {"type": "object"}},
+            "properties": {"name": {"const": name}, key: parameters},
             "required": ["name", key],
             "additionalProperties": False,
         }
@@ -364,6 +365,12 @@ def test_a_forced_call_to_a_named_tool_is_the_model_s_own_block() -> None:
     )
     llama = call_schema("get_weather", "parameters", WEATHER["function"]["parameters"])  # type: ignore[index]
     assert LLAMA3.grammar([WEATHER], "get_weather") == llama
+
+
+def test_a_forced_call_keeps_a_schema_s_own_additional_properties() -> None:
+    open_ended = {"name": "f", "parameters": {"type": "object", "additionalProperties": {"type": "string"}}}
+    schema = json.loads(SMOLLM2.grammar([open_ended]).parts[1].value)
+    assert schema["properties"]["arguments"]["additionalProperties"] == {"type": "string"}
 
 
 def test_a_forced_call_to_any_tool_is_a_choice() -> None:

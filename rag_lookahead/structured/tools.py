@@ -233,13 +233,21 @@ class ToolFormat:
     # ------------------------------------------------------------ grammar
 
     def call_schema(self, tool: Mapping[str, Any]) -> dict[str, Any]:
-        """The JSON schema of one call to ``tool`` (a checked tool): its name, then its arguments."""
+        """The JSON schema of one call to ``tool`` (a checked tool): its name, then its arguments.
+
+        The arguments take only the parameters the tool declares unless its schema says
+        otherwise (``additionalProperties``): small models otherwise copy the prompt's example
+        arguments into a forced call.
+        """
         function = tool["function"]
+        parameters = dict(function["parameters"])
+        if parameters.get("type", "object") == "object":
+            parameters.setdefault("additionalProperties", False)
         return {
             "type": "object",
             "properties": {
                 "name": {"const": function["name"]},
-                self.arguments_key: function["parameters"],
+                self.arguments_key: parameters,
             },
             "required": ["name", self.arguments_key],
             "additionalProperties": False,

@@ -215,7 +215,9 @@ def structured_output(model: Any, schema: Any, method: str, include_raw: bool) -
         )
     else:
         response_format: dict[str, Any] = {"type": "json_object"}
-        if method == "json_schema":
+        # JSON mode with a schema holds the reply to it as well: a small model does not follow
+        # a schema it is only told about, and the parser would refuse what it wrote.
+        if schema is not None:
             response_format = {
                 "type": "json_schema",
                 "json_schema": {"schema": convert_to_json_schema(schema)},

@@ -142,7 +142,8 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
                 dict (the result is a dict); ``None`` only with ``method="json_mode"``.
             method: ``"json_schema"``: the reply is JSON that validates against the schema;
                 ``"function_calling"``: a forced call to a tool whose parameters are the
-                schema; ``"json_mode"``: any JSON object (the prompt should ask for the keys).
+                schema; ``"json_mode"``: a JSON object (held to ``schema`` too when one
+                is given; the prompt should still ask for the keys).
             include_raw: Return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``
                 rather than raising on a reply that does not parse (e.g. cut by
                 ``max_tokens``).
