@@ -17,7 +17,7 @@ from rag_lookahead.structured import (
     detect_tool_format,
 )
 from rag_lookahead.structured.tools import template_messages
-from rag_lookahead.testing import TINY_CHAT_TEMPLATE, tiny_engine, ascii_fast_tokenizer
+from rag_lookahead.testing import TINY_CHAT_TEMPLATE, ascii_fast_tokenizer, tiny_engine
 
 WEATHER = {
     "type": "function",
