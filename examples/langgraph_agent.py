@@ -76,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(message, AIMessage) and message.tool_calls:
                 calls = ", ".join(f"{c['name']}({c['args']})" for c in message.tool_calls)
                 print(f"  tool call: {calls}")
+            elif isinstance(message, AIMessage) and message.invalid_tool_calls:
+                errors = message.response_metadata.get("tool_call_errors")
+                print(f"  the tool call did not parse (raise --max-tokens?): {errors}")
             elif isinstance(message, ToolMessage):
                 print(f"  tool result: {len(message.text)} characters")
             else:
