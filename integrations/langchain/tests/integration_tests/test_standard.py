@@ -22,14 +22,24 @@ class TestChatLookaheadIntegration(LocalChatModelCapabilities, ChatModelIntegrat
         # 135M model repeats itself inside a JSON string until the tokens run out.
         return {"engine": shared_engine(), "max_tokens": 64, "repetition_penalty": 1.2}
 
+    # The suite leaves these two calls unforced, and a 135M model does not call tools on its own;
+    # the same flows with the call forced are the two tests after them.
+    @pytest.mark.xfail(reason="the 135M default model does not call tools unforced")
     def test_unicode_tool_call_integration(self, model: BaseChatModel) -> None:  # type: ignore[override]
-        # The suite's default leaves the call unforced; a 135M model calls tools when forced.
+        super().test_unicode_tool_call_integration(model)
+
+    @pytest.mark.xfail(reason="the 135M default model does not call tools unforced")
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop(self, model: BaseChatModel) -> None:
+        super().test_agent_loop(model)
+
+    def test_unicode_tool_call_forced(self, model: BaseChatModel) -> None:
         super().test_unicode_tool_call_integration(model, tool_choice="any")
 
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
-    def test_agent_loop(self, model: BaseChatModel) -> None:
-        """The suite's agent loop with the call turn forced (a 135M model does not call tools
-        on its own): the call, the tool's result as a ToolMessage, then an answer."""
+    def test_agent_loop_forced(self, model: BaseChatModel) -> None:
+        """The suite's agent loop with the call turn forced: the call, the tool's result as a
+        ToolMessage, then an answer."""
 
         @tool
         def get_weather(location: str) -> str:
