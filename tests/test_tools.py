@@ -248,6 +248,12 @@ LLAMA3 = ToolFormat.named("llama3")
             [("a", {}), ("b", {"x": 1})],
         ),
         (SMOLLM2, "<tool_call>[]</tool_call>", "", []),
+        (
+            SMOLLM2,
+            '<tool_call>[{"name": "a", "arguments": {"q": "</tool_call> inside"}}]</tool_call> after',
+            "after",
+            [("a", {"q": "</tool_call> inside"})],
+        ),
         (SMOLLM2, "No tool is needed: it is 4.", "No tool is needed: it is 4.", []),
         (
             HERMES,
@@ -285,6 +291,8 @@ def test_replies_parse_into_content_and_calls(fmt: ToolFormat, text: str, conten
     [
         (SMOLLM2, '<tool_call>[{"name": "a", "argu', "not closed"),
         (SMOLLM2, "<tool_call>[{name: a}]</tool_call>", "not valid JSON"),
+        (SMOLLM2, '<tool_call>[{"name": "a", "arguments": {"q": "x]</tool_call> cut', "not valid JSON"),
+        (SMOLLM2, '<tool_call>[{"name": "a", "arguments": {}}] trailing</tool_call>', "not valid JSON"),
         (SMOLLM2, '<tool_call>[{"arguments": {}}]</tool_call>', "has no name"),
         (SMOLLM2, '<tool_call>["a"]</tool_call>', "is a JSON object"),
         (HERMES, '<tool_call>\n{"name": "a", "arguments": [1]}\n</tool_call>', "are not a JSON object"),

@@ -290,12 +290,25 @@ class ToolFormat:
         while (start := rest.find(self.open)) >= 0:
             content.append(rest[:start])
             body_start = start + len(self.open)
-            end = rest.find(self.close, body_start)
+            end = self._block_end(rest, body_start)
             body = rest[body_start:] if end < 0 else rest[body_start:end]
             self._parse_block(body, end < 0, make_id, calls, invalid)
             rest = "" if end < 0 else rest[end + len(self.close) :]
         content.append(rest)
         return ParsedReply("".join(content).strip(), tuple(calls), tuple(invalid))
+
+    def _block_end(self, text: str, body_start: int) -> int:
+        """Where the block's closing marker starts, or -1 when it is not closed.
+
+        The JSON is read first: a string value may itself hold the closing marker.
+        """
+        position = len(text) - len(text[body_start:].lstrip())
+        try:
+            _, position = json.JSONDecoder().raw_decode(text, position)
+        except json.JSONDecodeError:
+            return text.find(self.close, body_start)  # not JSON: the reason is reported then
+        end = len(text) - len(text[position:].lstrip())
+        return end if text.startswith(self.close, end) else text.find(self.close, position)
 
     def _parse_block(
         self,
