@@ -158,9 +158,10 @@ class LookaheadEngine:
         """The chat template's variables for every chat prompt (read-only)."""
         return self._template_kwargs
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """``prompt``'s token ids, as a call would see them (see `encode_prompt`)."""
-        return encode_prompt(self.tokenizer, prompt, self._template_kwargs)
+    def encode(self, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """``prompt``'s token ids, as a call would see them (see `encode_prompt`), with ``tools``
+        rendered by the chat template."""
+        return encode_prompt(self.tokenizer, prompt, self._template_kwargs, tools)
 
     @property
     def device(self) -> torch.device:
@@ -240,6 +241,7 @@ class LookaheadEngine:
         *,
         documents: Iterable[str] = (),
         scope: DocumentScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt``, yielding new text as it is decided.
@@ -252,10 +254,12 @@ class LookaheadEngine:
                 token, only where the grammar is complete).
             documents: Texts this call may draft from besides its prompt (retrieved passages).
             scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
+            tools: OpenAI-style function tools the chat template renders into the prompt (see
+                `rag_lookahead.structured.tools`); parse the reply with the model's `ToolFormat`.
         """
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = document_texts(documents)
-        prompt_ids = self.encode(prompt)
+        prompt_ids = self.encode(prompt, tools=tools)
         self._check_prompt(prompt_ids)
         if scope is not None and scope.closed:
             raise ValueError("the document scope passed to this call is closed")
@@ -302,10 +306,12 @@ class LookaheadEngine:
         *,
         documents: Iterable[str] = (),
         scope: DocumentScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> Completion:
         """Blocking `stream`: the whole new text, its token ids and the stats."""
-        return self.stream(prompt, params, documents=documents, scope=scope, **overrides).complete()
+        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
+        return stream.complete()
 
     def scope(self, documents: Iterable[str] = ()) -> DocumentScope:
         """Documents for several calls: insert them now, eliminate them when the scope closes.

@@ -233,9 +233,9 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def ascii_fast_tokenizer() -> Any:
+def ascii_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
     """A Hugging Face fast tokenizer of one printable ASCII character per token, then
-    ``<eos>`` (id `ASCII_VOCAB`), with a chat template: what libraries that read a real
+    ``<eos>`` (id `ASCII_VOCAB`), with ``chat_template``: what libraries that read a real
     tokenizer's vocabulary (grammar libraries) need, at the tiny models' size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -246,9 +246,7 @@ def ascii_fast_tokenizer() -> Any:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="?"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<eos>", chat_template=TINY_CHAT_TEMPLATE
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
 
 
 def save_tiny_model(directory: Path, family: str = "llama") -> Path:
