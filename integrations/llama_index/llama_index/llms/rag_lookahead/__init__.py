@@ -2,12 +2,15 @@
 
 `LookaheadLLM` is a `CustomLLM` over a local Hugging Face model; `LookaheadQueryEngine` feeds
 every retrieved node of a query into its trie for the duration of that query's synthesis;
-`LookaheadRetriever` searches a rag-lookahead `DocumentIndex` (dense, keyword or hybrid).
+`LookaheadRetriever` searches a rag-lookahead `DocumentIndex` (dense, keyword or hybrid);
+`RetrievalScopes` hands the nodes any retriever returns inside a run (a chat engine's turn, a
+router, an agent's tool call) to that run's later `LookaheadLLM` calls.
 """
 
 from llama_index.llms.rag_lookahead.base import LookaheadLLM
 from llama_index.llms.rag_lookahead.query_engine import LookaheadQueryEngine
 from llama_index.llms.rag_lookahead.responses import usage
+from llama_index.llms.rag_lookahead.retrievals import RetrievalScopes
 from llama_index.llms.rag_lookahead.retriever import LookaheadRetriever
 from llama_index.llms.rag_lookahead.scoping import active_scope, use_scope
 
@@ -15,6 +18,7 @@ __all__ = [
     "LookaheadLLM",
     "LookaheadQueryEngine",
     "LookaheadRetriever",
+    "RetrievalScopes",
     "active_scope",
     "usage",
     "use_scope",

@@ -40,6 +40,7 @@ from llama_index.llms.rag_lookahead.responses import (
     responses,
     usage,
 )
+from llama_index.llms.rag_lookahead.retrievals import RetrievalScopes
 from llama_index.llms.rag_lookahead.scoping import active_scope, scope_key
 from rag_lookahead import (
     DEFAULT_MODEL,
@@ -120,7 +121,14 @@ class LookaheadLLM(CustomLLM):
         "has a chat template. Either way prompts go through that template when there is one.",
     )
 
+    track_retrievals: bool = Field(
+        default=True,
+        description="Draft from the nodes retrieved earlier in the same run (a chat turn, an "
+        "agent run...), seen through LlamaIndex's instrumentation (see `RetrievalScopes`).",
+    )
+
     _engine: Engine = PrivateAttr()
+    _retrievals: RetrievalScopes | None = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -165,6 +173,8 @@ class LookaheadLLM(CustomLLM):
         kwargs.setdefault("is_chat_model", _has_chat_template(engine))
         super().__init__(**kwargs)
         self._engine = engine
+        if self.track_retrievals and engine.drafts_from_documents:
+            self._retrievals = RetrievalScopes.attach()
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -262,13 +272,26 @@ class LookaheadLLM(CustomLLM):
         """Start generating: nothing runs until the stream is iterated."""
         kwargs = dict(kwargs)
         scope = kwargs.pop("scope", None)
-        if scope is None and self._engine.drafts_from_documents:
+        documents = kwargs.pop("documents", ())
+        params = self._params(kwargs)
+        engine = self._engine if self.lookahead else _plain_engine(self._engine)
+        claim = None
+        if scope is None and engine.drafts_from_documents:
             # A query's nodes reach the drafts only where the engine drafts from documents; a
             # vLLM server sees its prompt alone (and a refine prompt may show only some nodes).
             scope = active_scope(scope_key(self._engine))
-        documents = kwargs.pop("documents", ())
-        engine = self._engine if self.lookahead else _plain_engine(self._engine)
-        return engine.stream(prompt, self._params(kwargs), documents=documents, scope=scope)
+            if scope is None and self._retrievals is not None:
+                claim = self._retrievals.claim(self._engine)  # nodes retrieved earlier in this run
+                scope = claim.scope if claim is not None else None
+        try:
+            stream = engine.stream(prompt, params, documents=documents, scope=scope)
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            raise
+        if claim is not None:
+            weakref.finalize(stream, claim.release)  # the run's scope stays open while it is read
+        return stream
 
     async def _aopen(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
         # Tokenizing a long prompt is work too; `to_thread` copies the context, scope included.
