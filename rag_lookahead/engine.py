@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
+from rag_lookahead.decoding.constraint import GrammarCompiler
 from rag_lookahead.decoding.costs import CostCurve, model_digest
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.runner import ModelRunner
@@ -93,6 +94,7 @@ class LookaheadEngine:
         self.runner = ModelRunner(model)
         self.scheduler = _new_scheduler(self.runner, self.config)
         self._cache_dir = cache_dir
+        self._grammars = GrammarCompiler(tokenizer, self.vocab_size)
 
     @classmethod
     def from_pretrained(
@@ -156,9 +158,10 @@ class LookaheadEngine:
         """The chat template's variables for every chat prompt (read-only)."""
         return self._template_kwargs
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """``prompt``'s token ids, as a call would see them (see `encode_prompt`)."""
-        return encode_prompt(self.tokenizer, prompt, self._template_kwargs)
+    def encode(self, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """``prompt``'s token ids, as a call would see them (see `encode_prompt`), with ``tools``
+        rendered by the chat template."""
+        return encode_prompt(self.tokenizer, prompt, self._template_kwargs, tools)
 
     @property
     def device(self) -> torch.device:
@@ -238,6 +241,7 @@ class LookaheadEngine:
         *,
         documents: Iterable[str] = (),
         scope: DocumentScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt``, yielding new text as it is decided.
@@ -245,21 +249,25 @@ class LookaheadEngine:
         Args:
             prompt: Plain text, token ids, or chat messages (formatted by the chat template).
             params: Token choice and stopping; keyword ``overrides`` replace single fields,
-                e.g. ``max_new_tokens=64``.
+                e.g. ``max_new_tokens=64``, or ``grammar=Grammar.json_schema(schema)`` to keep
+                every token within a grammar (the answer then ends, at an end-of-sequence
+                token, only where the grammar is complete).
             documents: Texts this call may draft from besides its prompt (retrieved passages).
             scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
+            tools: OpenAI-style function tools the chat template renders into the prompt (see
+                `rag_lookahead.structured.tools`); parse the reply with the model's `ToolFormat`.
         """
         params = (params or GenerationParams()).with_overrides(**overrides)
-        if params.grammar is not None:
-            raise NotImplementedError("constrained decoding (grammar=) is not implemented yet")
         texts = document_texts(documents)
-        prompt_ids = self.encode(prompt)
+        prompt_ids = self.encode(prompt, tools=tools)
         self._check_prompt(prompt_ids)
         if scope is not None and scope.closed:
             raise ValueError("the document scope passed to this call is closed")
         if scope is not None and scope.trie is not self.trie:
             # Its branches live in another trie: this call could neither see nor release them.
             raise ValueError("the document scope passed to this call belongs to another engine")
+        eos = self.eos_token_ids if params.eos_token_id is None else params.eos_token_id
+        grammar = self._grammars.state(params.grammar, eos) if params.grammar is not None else None
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
@@ -272,7 +280,7 @@ class LookaheadEngine:
             chooser=TokenChooser(params),
             stopping=Stopping(
                 self.tokenizer,
-                eos=self.eos_token_ids if params.eos_token_id is None else params.eos_token_id,
+                eos=eos,
                 stop_strings=params.stop_strings,
                 max_new_tokens=params.max_new_tokens,
                 prompt_length=len(prompt_ids),
@@ -282,6 +290,7 @@ class LookaheadEngine:
             context_window=self.context_window or 1 << 62,
             make_drafter=functools.partial(self._drafter, prompt_ids, texts, scope) if drafts else None,
             batchable=batchable,
+            grammar=grammar,
         )
         steps = self.scheduler.chunks(call)
         cancel = functools.partial(self.scheduler.cancel, call)
@@ -297,10 +306,12 @@ class LookaheadEngine:
         *,
         documents: Iterable[str] = (),
         scope: DocumentScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> Completion:
         """Blocking `stream`: the whole new text, its token ids and the stats."""
-        return self.stream(prompt, params, documents=documents, scope=scope, **overrides).complete()
+        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
+        return stream.complete()
 
     def scope(self, documents: Iterable[str] = ()) -> DocumentScope:
         """Documents for several calls: insert them now, eliminate them when the scope closes.

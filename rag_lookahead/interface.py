@@ -7,7 +7,7 @@ LlamaIndex adapters take either through ``engine=`` without knowing which it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from rag_lookahead.config import GenerationParams
@@ -56,8 +56,9 @@ class Engine(Protocol):
         """The model's tokenizer, or ``None`` where none is at hand (a server without one)."""
         ...
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """``prompt``'s token ids, as a call would see them (needs the tokenizer)."""
+    def encode(self, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """``prompt``'s token ids, as a call would see them (needs the tokenizer), with
+        ``tools`` rendered by the chat template where the engine supports tools."""
         ...
 
     def stream(
@@ -67,6 +68,7 @@ class Engine(Protocol):
         *,
         documents: Iterable[str] = (),
         scope: Any = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> TextStream: ...
 
@@ -77,6 +79,7 @@ class Engine(Protocol):
         *,
         documents: Iterable[str] = (),
         scope: Any = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> Completion: ...
 

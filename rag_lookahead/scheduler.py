@@ -38,6 +38,7 @@ import torch
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.costs import BatchCosts, Calibration
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.planner import StepPlanner, plan_batch
@@ -74,6 +75,7 @@ class Call:
     context_window: int
     make_drafter: Callable[[], ComposedDrafter] | None  # None: decode plainly
     batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
+    grammar: GrammarState | None = None  # the grammar every token keeps to, if any
     outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
     cancelled: bool = False
     ended: threading.Event = field(default_factory=threading.Event)  # set once it holds nothing
@@ -263,7 +265,7 @@ class Scheduler:
             self._prefixes.store(prompt, call.cache)
         # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
         call.drafter = call.make_drafter() if call.make_drafter is not None else None
-        tokens = call.chooser.choose(logits[-1:], call.ids, DraftTree.root_only(call.ids[-1]))
+        tokens = _choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
         call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
         self._joining.remove(call)
         if self._release(call, tokens):
@@ -280,7 +282,7 @@ class Scheduler:
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
         logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
-        tokens = call.chooser.choose(logits[-1:], call.ids, DraftTree.root_only(call.ids[-1]))
+        tokens = _choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
         call.recorder.step(0, 0, "none")
         self._release(call, tokens)  # an ended call has left `_alone`
 
@@ -303,7 +305,7 @@ class Scheduler:
         outcomes, nodes = [], []
         for i, (call, draft) in enumerate(zip(calls, drafts, strict=True)):
             tree = draft.tree
-            accepted = accept(tree, call.chooser.choose(logits[i, : len(tree)], call.ids, tree))
+            accepted = accept(tree, _choose(call, logits[i, : len(tree)], tree))
             call.side = logits[i, len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
             call.planner.learn(tree, accepted.nodes)
             call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
@@ -320,7 +322,18 @@ class Scheduler:
         budget = min(call.config.decoding_length, call.stopping.room() - 1)
         if call.drafter is None or budget <= 0:
             return StepDraft(DraftTree.root_only(call.ids[-1]))
-        return call.drafter.propose(call.ids, budget)
+        if call.grammar is None:
+            return call.drafter.propose(call.ids, budget)
+        # What the grammar forces comes first; the drafters continue after it.
+        forced = call.grammar.forced(budget)
+        context, room = call.ids + forced, budget - len(forced)
+        draft = (
+            call.drafter.propose(context, room) if room > 0 else StepDraft(DraftTree.root_only(context[-1]))
+        )
+        if forced:
+            chain = DraftTree((call.ids[-1], *forced), tuple(range(-1, len(forced))), "grammar")
+            draft = StepDraft(chain.merge(draft.tree, at=len(forced)))  # side rows: root-relative
+        return StepDraft(call.grammar.admitted(draft.tree), draft.side)
 
     def _plan(
         self, calls: list[Call], proposals: list[StepDraft], costs: Callable[[int, int], float] | None
@@ -341,6 +354,8 @@ class Scheduler:
         """Pass a step's tokens through the call's stopping; whether the call has ended."""
         released = call.stopping.release(tokens)
         call.ids += released.token_ids
+        if call.grammar is not None and released.reason is None:
+            call.grammar.advance(released.token_ids)
         call.recorder.new_tokens += len(released.token_ids)
         if call.drafter is not None:
             call.drafter.observe(released.token_ids, call.side)
@@ -371,6 +386,12 @@ class Scheduler:
         keep = [i for i in range(len(self._rows)) if i not in left]
         self._rows = [self._rows[i] for i in keep]
         self._batch.keep_rows(keep)
+
+
+def _choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
+    """The model's token at each node of ``tree`` (``logits`` [n, V]), within the call's grammar."""
+    allowed = call.grammar.allowed(tree) if call.grammar is not None else None
+    return call.chooser.choose(logits, call.ids, tree, allowed)
 
 
 def _batch_costs(calls: list[Call]) -> Callable[[int, int], float] | None:

@@ -35,6 +35,7 @@ __all__ = [
     "VOCAB",
     "AsciiTokenizer",
     "CharTokenizer",
+    "ascii_fast_tokenizer",
     "greedy_reference",
     "run_together",
     "save_tiny_model",
@@ -232,19 +233,26 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def save_tiny_model(directory: Path, family: str = "llama") -> Path:
-    """The tiny model of ``family`` and a one-character-per-token fast tokenizer with a chat
-    template, saved as a model directory that ``from_pretrained`` loads (offline)."""
-    from tokenizers import Tokenizer, decoders, models
+def ascii_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
+    """A Hugging Face fast tokenizer of one printable ASCII character per token, then
+    ``<eos>`` (id `ASCII_VOCAB`), with ``chat_template``: what libraries that read a real
+    tokenizer's vocabulary (grammar libraries) need, at the tiny models' size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    # BPE without merges splits text into characters; Fuse joins them back on decoding.
-    vocab = {chr(32 + i): i for i in range(ASCII_VOCAB)} | {"<eos>": ASCII_VOCAB}
+    # Byte-level BPE without merges: text splits into characters, written in GPT-2's byte
+    # alphabet (where printable ASCII is itself and the space is "Ġ"), as real vocabularies are.
+    vocab = {("Ġ" if i == 0 else chr(32 + i)): i for i in range(ASCII_VOCAB)} | {"<eos>": ASCII_VOCAB}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="?"))
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<eos>", chat_template=TINY_CHAT_TEMPLATE
-    )
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
+
+
+def save_tiny_model(directory: Path, family: str = "llama") -> Path:
+    """The tiny model of ``family`` and `ascii_fast_tokenizer`, saved as a model directory
+    that ``from_pretrained`` loads (offline)."""
+    tokenizer = ascii_fast_tokenizer()
     model = tiny_model(family, 0, ASCII_VOCAB + 1)
     model.generation_config.eos_token_id = ASCII_VOCAB
     model.save_pretrained(directory)

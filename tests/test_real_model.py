@@ -4,6 +4,7 @@ behaviour matters."""
 import json
 from importlib import resources
 
+import jsonschema
 import pytest
 import torch
 from safetensors import safe_open
@@ -14,6 +15,7 @@ from rag_lookahead.bench.run import load_records
 from rag_lookahead.cli import main
 from rag_lookahead.models import DEFAULT_MODEL, builtin_model_dir, default_model_dir, load_model
 from rag_lookahead.prompts import Prompt
+from rag_lookahead.structured import Grammar
 
 pytestmark = pytest.mark.slow
 SAMPLE = resources.files("rag_lookahead") / "data" / "sample.jsonl"
@@ -66,6 +68,31 @@ def copying_prompt(engine: LookaheadEngine, document: str) -> Prompt:
     if engine.model.config.model_type == "gemma3_text":
         return f"{document}\n{document}\n{document}\nThe"
     return [{"role": "user", "content": "Repeat exactly: " + document}]
+
+
+EXTRACTION = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 160},
+        "quote": {"type": "string", "maxLength": 240},
+    },
+    "required": ["answer", "quote"],
+}
+
+
+def test_json_answers_under_a_schema_equal_constrained_plain_decoding_and_validate(engine, records) -> None:
+    grammar = Grammar.json_schema(EXTRACTION)
+    accepted = 0
+    for record in records[:3]:
+        question = record["question"] + " Reply in JSON with an answer and a quote from the context."
+        messages = rag_messages(question, record["context"])
+        plain = engine.plain().complete(messages, max_new_tokens=96, grammar=grammar)
+        completion = engine.complete(messages, max_new_tokens=96, grammar=grammar)
+        assert completion.token_ids == plain.token_ids
+        if completion.stats.finish_reason == "eos":
+            jsonschema.validate(json.loads(completion.text), EXTRACTION)
+        accepted += sum(completion.stats.accepted_per_step)
+    assert accepted > 0
 
 
 def test_documents_passed_per_call_are_used_and_released(engine) -> None:

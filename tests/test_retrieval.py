@@ -30,6 +30,7 @@ from rag_lookahead.rag import (
 )
 from rag_lookahead.rag.keyword import KeywordIndex, tokenize
 from rag_lookahead.rag.pipeline import format_sources
+from rag_lookahead.testing import tiny_engine
 
 STDLIB = Path(__file__).parent / "fixtures" / "stdlib"
 REBUILD = "rebuild it with `rag-lookahead index`"
@@ -247,7 +248,7 @@ def test_the_retrieval_flag_sets_the_mode(argv, mode) -> None:
 
 def test_the_pipeline_filters_by_similarity_except_keyword_hits(stdlib) -> None:
     def retrieve(**config: Any) -> list[str]:
-        pipeline = RagPipeline(engine=None, index=stdlib, config=RetrievalConfig(**config))  # type: ignore[arg-type]
+        pipeline = RagPipeline(engine=tiny_engine(), index=stdlib, config=RetrievalConfig(**config))
         return [hit.chunk.headings[-1] for hit in pipeline.retrieve(DEDENT)]
 
     assert RetrievalConfig().mode == "hybrid"

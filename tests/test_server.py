@@ -16,6 +16,7 @@ from rag_lookahead.interface import Engine
 from rag_lookahead.server import CorpusError, ServerConfig, ServerEngine, ServerError, server_command
 from rag_lookahead.server.metrics import parse_speculation_counters
 from rag_lookahead.server.testing import Answer, Failure, StubServer, stub_server
+from rag_lookahead.structured import Grammar
 from rag_lookahead.testing import tiny_engine
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who won?"}]
@@ -86,6 +87,27 @@ def test_a_plain_openai_server_refuses_fields_it_may_ignore(stub: StubServer, ov
     with pytest.raises(ValueError, match="not OpenAI API fields"):
         engine(stub, "openai").stream("x", **override)
     assert not stub.completions()
+
+
+def test_grammars_go_as_the_servers_structured_output_fields(stub: StubServer) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    engine(stub, "openai").complete(CHAT, grammar=Grammar.json_schema(schema))
+    assert last_body(stub)["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": schema},
+    }
+    engine(stub, "openai").complete(CHAT, grammar=Grammar.json())
+    assert last_body(stub)["response_format"] == {"type": "json_object"}
+    engine(stub, "vllm").complete("x", grammar=Grammar.regex("[ab]+"))
+    assert last_body(stub)["structured_outputs"] == {"regex": "[ab]+"}
+    engine(stub, "sglang").complete("x", grammar=Grammar.regex("[ab]+"))
+    assert last_body(stub)["regex"] == "[ab]+"
+    sent = len(stub.completions())
+    with pytest.raises(NotImplementedError, match="no request field"):
+        engine(stub, "openai").stream("x", grammar=Grammar.regex("[ab]+"))
+    with pytest.raises(NotImplementedError, match="no request field"):
+        engine(stub, "vllm").stream("x", grammar=Grammar.sequence(Grammar.literal("<a>"), Grammar.json()))
+    assert len(stub.completions()) == sent
 
 
 # ---------------------------------------------------------------------------- answers

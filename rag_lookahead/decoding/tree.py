@@ -130,14 +130,15 @@ class DraftTree:
             tuple(self.estimates[i] for i in kept),
         )
 
-    def merge(self, other: DraftTree) -> DraftTree:
-        """This tree plus ``other``'s branches (same root); shared nodes keep this tree's data."""
-        if other.tokens[0] != self.tokens[0]:
-            raise ValueError("merged trees must share their root token")
+    def merge(self, other: DraftTree, at: int = 0) -> DraftTree:
+        """This tree plus ``other``'s branches below node ``at`` (the root by default), whose
+        token is ``other``'s root token; shared nodes keep this tree's data."""
+        if other.tokens[0] != self.tokens[at]:
+            raise ValueError("a merged tree's root must carry the token of the node it joins at")
         tokens, parents = list(self.tokens), list(self.parents)
         sources, estimates = list(self.sources), list(self.estimates)
         children = [dict(c) for c in self._children]
-        where = [0] * len(other)  # other's node -> index in the merged tree
+        where = [at] * len(other)  # other's node -> index in the merged tree
         for node in range(1, len(other)):
             parent, token = where[other.parents[node]], other.tokens[node]
             if token not in children[parent]:
@@ -156,6 +157,10 @@ class DraftTree:
     def child(self, node: int, token: int) -> int | None:
         """The child of ``node`` carrying ``token``, if the draft has one."""
         return self._children[node].get(token)
+
+    def children(self, node: int) -> list[int]:
+        """``node``'s children, in the order they were added."""
+        return list(self._children[node].values())
 
     def path(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""

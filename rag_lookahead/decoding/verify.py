@@ -90,9 +90,22 @@ class TokenChooser:
             seed = int(torch.randint(0, 1 << 62, (1,)).item())
         self.key = _mix(seed if seed is not None else 0)
 
-    def choose(self, logits: torch.Tensor, context: Sequence[int], tree: DraftTree) -> list[int]:
-        """One token per node from ``logits`` [n, V], given the ``context`` ids before it."""
+    def choose(
+        self,
+        logits: torch.Tensor,
+        context: Sequence[int],
+        tree: DraftTree,
+        allowed: torch.Tensor | None = None,
+    ) -> list[int]:
+        """One token per node from ``logits`` [n, V], given the ``context`` ids before it.
+
+        ``allowed`` [n, V'] (a grammar's tokens at each node) restricts each node's choice
+        before any other processing, as a constrained `generate` would; ids beyond V' are
+        not allowed.
+        """
         scores = logits.float()  # like `generate`, process in fp32 whatever the model dtype
+        if allowed is not None:
+            scores = scores.masked_fill(~_fit(allowed, scores.shape[-1]).to(scores.device), float("-inf"))
         if self.processors:
             if self.needs_prefix:
                 prefixes = node_prefixes(torch.tensor([context], dtype=torch.long), tree)
@@ -104,6 +117,13 @@ class TokenChooser:
         first = len(context)  # the root's next token sits at this position
         uniforms = [position_uniform(self.key, first + depth) for depth in tree.depths]
         return sample_inverse_cdf(torch.softmax(scores, dim=-1), uniforms)
+
+
+def _fit(allowed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``allowed`` [n, V'] as [n, vocab] on its device: cut, or padded with refusals."""
+    if allowed.shape[-1] >= vocab:
+        return allowed[:, :vocab]
+    return torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[-1]), value=False)
 
 
 _MASK = (1 << 64) - 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
@@ -35,6 +35,11 @@ __all__ = ["ServerEngine"]
 _INSTALL_HINT = "pip install 'rag-lookahead[server]'"
 # Servers started without --api-key accept any bearer token; the client insists on one.
 _NO_KEY = "EMPTY"
+# Tools would need the served model's tool parser and a grammar on the server's side.
+_NO_TOOLS = (
+    "tools are not supported on a server engine yet: the server would render and parse them "
+    "itself (vLLM's --tool-call-parser); use a local LookaheadEngine for tool calls"
+)
 
 
 class ServerEngine:
@@ -121,8 +126,10 @@ class ServerEngine:
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """``prompt``'s token ids by the served model's tokenizer (given at construction)."""
+        if tools:
+            raise NotImplementedError(_NO_TOOLS)
         if self._tokenizer is None:
             raise ValueError("this server engine has no tokenizer: pass ServerEngine(tokenizer=MODEL_DIR)")
         return encode_prompt(self._tokenizer, prompt)
@@ -147,6 +154,7 @@ class ServerEngine:
         *,
         documents: Iterable[str] = (),
         scope: ServerScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt`` on the server, yielding new text as it arrives.
@@ -156,6 +164,8 @@ class ServerEngine:
         dropping it) closes the HTTP response, which the server takes as a cancellation.
         Chunks carry no token ids (the API sends text).
         """
+        if tools:
+            raise NotImplementedError(_NO_TOOLS)
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = [t for t in document_texts(documents) if t]
         server_prompt = normalise_prompt(prompt)
@@ -185,10 +195,12 @@ class ServerEngine:
         *,
         documents: Iterable[str] = (),
         scope: ServerScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **overrides: Any,
     ) -> Completion:
         """Blocking `stream`: the whole new text and the stats (no token ids)."""
-        return self.stream(prompt, params, documents=documents, scope=scope, **overrides).complete()
+        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
+        return stream.complete()
 
     def scope(self, documents: Iterable[str] = ()) -> ServerScope:
         """Documents for several calls: on SGLang loaded into the server now and removed when

@@ -9,6 +9,7 @@ dropped, since dropping them would change the answer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, cast
@@ -18,6 +19,7 @@ import torch
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.server.config import ServerConfig
+from rag_lookahead.structured.grammar import Grammar
 
 __all__ = ["Request", "build_request", "is_chat", "normalise_prompt", "prompt_text", "with_documents"]
 
@@ -108,6 +110,26 @@ def with_documents(prompt: ServerPrompt, documents: Sequence[str], tokenizer: An
     return [*cast(list[int], prompt), *tokenizer(block, add_special_tokens=False).input_ids]
 
 
+def _constrain(config: ServerConfig, grammar: Grammar, kwargs: dict[str, Any], extra: dict[str, Any]) -> None:
+    """``grammar`` as the server's structured-output fields: JSON through the OpenAI
+    ``response_format`` every kind takes, a regular expression through vLLM's or SGLang's own
+    field; a grammar of other kinds has no request field to go in."""
+    if grammar.kind == "json_schema":
+        schema = {"name": "answer", "schema": json.loads(grammar.value)}
+        kwargs["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif grammar.kind == "json":
+        kwargs["response_format"] = {"type": "json_object"}
+    elif grammar.kind == "regex" and config.kind == "vllm":
+        extra["structured_outputs"] = {"regex": grammar.value}
+    elif grammar.kind == "regex" and config.kind == "sglang":
+        extra["regex"] = grammar.value
+    else:
+        raise NotImplementedError(
+            f"a {grammar.kind!r} grammar has no request field on a {config.kind!r} server "
+            "(JSON schemas and JSON go as response_format, regular expressions to vLLM and SGLang)"
+        )
+
+
 def build_request(config: ServerConfig, prompt: ServerPrompt, params: GenerationParams) -> Request:
     """The streamed request for ``prompt`` with ``params`` on this server."""
     kwargs: dict[str, Any] = {
@@ -134,6 +156,8 @@ def build_request(config: ServerConfig, prompt: ServerPrompt, params: Generation
     if params.eos_token_id is not None:
         # The call's EOS replaces the model's, as in the local engine.
         extra.update(ignore_eos=True, stop_token_ids=list(params.eos_token_id))
+    if params.grammar is not None:
+        _constrain(config, params.grammar, kwargs, extra)
     if extra:
         if config.kind == "openai":
             raise ValueError(

@@ -1,5 +1,27 @@
-"""Constrained answers: grammars (JSON schemas, regular expressions) the engine decodes under."""
+"""Constrained answers: grammars (JSON schemas, regular expressions) the engine decodes under,
+and tool calls in a model's own format."""
 
 from rag_lookahead.structured.grammar import Grammar, GrammarKind
+from rag_lookahead.structured.tools import (
+    InvalidToolCall,
+    ParsedReply,
+    ToolCall,
+    ToolFormat,
+    ToolFormatName,
+    ToolsNotSupportedError,
+    check_tools,
+    detect_tool_format,
+)
 
-__all__ = ["Grammar", "GrammarKind"]
+__all__ = [
+    "Grammar",
+    "GrammarKind",
+    "InvalidToolCall",
+    "ParsedReply",
+    "ToolCall",
+    "ToolFormat",
+    "ToolFormatName",
+    "ToolsNotSupportedError",
+    "check_tools",
+    "detect_tool_format",
+]

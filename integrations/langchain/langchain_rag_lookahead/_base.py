@@ -28,6 +28,7 @@ from rag_lookahead.interface import Engine
 from rag_lookahead.models import builtin_name, check_loading_options, default_cache_dir
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
 from rag_lookahead.server import ServerEngine, ServerKind
+from rag_lookahead.structured import Grammar
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 
@@ -299,11 +300,15 @@ class LookaheadSettings(BaseModel):
         stop: list[str] | None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        grammar: Grammar | None = None,
     ) -> Iterator[Piece]:
         """Check the call's arguments now; the returned iterator generates when first advanced.
 
         Everything that depends on the caller's context (the chain run this call belongs to)
-        is read here, so the iterator may then run in another thread.
+        is read here, so the iterator may then run in another thread. ``tools`` are rendered
+        into the prompt by the chat template; ``grammar`` constrains the reply.
         """
         options = dict(kwargs)
         documents = _document_texts(options.pop("documents", None) or ())
@@ -314,16 +319,23 @@ class LookaheadSettings(BaseModel):
             raise TypeError(
                 f"unexpected call option(s) {sorted(unknown)}; accepted: documents, {', '.join(CALL_OPTIONS)}"
             )
-        params = self._generation_params(stop, options)
+        params = dataclasses.replace(self._generation_params(stop, options), grammar=grammar)
         link = run_link(run_manager)
-        return self._pieces(prompt, params, documents, link)
+        return self._pieces(prompt, params, documents, link, tools)
 
     def _pieces(
-        self, prompt: Prompt, params: GenerationParams, documents: list[str], link: RunLink
+        self,
+        prompt: Prompt,
+        params: GenerationParams,
+        documents: list[str],
+        link: RunLink,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Iterator[Piece]:
         engine = self.get_engine()
         scope = link.scope(engine)
-        with engine.stream(prompt, params, documents=documents, scope=scope) as stream:
+        # Only when given: an engine of an older surface takes no tools.
+        extra = {"tools": tools} if tools else {}
+        with engine.stream(prompt, params, documents=documents, scope=scope, **extra) as stream:
             yield from stream
             yield stream.stats
 

@@ -1,22 +1,25 @@
 """`ChatLookahead`: a LangChain chat model over the lookahead engine.
 
-Messages are prompted through the model's own chat template.
+Messages are prompted through the model's own chat template, tools too (`bind_tools`); tool
+calls are read in the model's own format and forced, like structured output, by a grammar.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
-from langchain_core.messages import AIMessageChunk, BaseMessage, ChatMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, ToolMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from pydantic import BaseModel, ConfigDict
 
 from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
+from langchain_rag_lookahead._tools import ToolRequest, ToolStream, structured_output, tool_request
 from rag_lookahead.streaming import aiterate
 
 __all__ = ["ChatLookahead", "to_chat_messages"]
@@ -42,7 +45,10 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
     Construction never loads the model; the first call does (``get_engine()``). Messages go
     through the model's chat template (``rag_lookahead.prompts.encode_prompt``), and only the
     new text comes back. Call-time options: ``stop``, ``documents``, ``max_tokens``,
-    ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``seed``.
+    ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``seed``, and those
+    `bind_tools` and `with_structured_output` set: ``tools``, ``tool_choice`` and
+    ``response_format`` (``{"type": "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"schema": ...}}``, decoded under that grammar).
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
@@ -60,8 +66,8 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        for piece in self._open(to_chat_messages(messages), stop, run_manager, kwargs):
-            chunk = self._chunk(piece)
+        pieces, to_chunks = self._start(messages, stop, run_manager, kwargs)
+        for chunk in to_chunks(pieces):
             # LangChain reports streamed chunks itself and passes no run manager then.
             if run_manager is not None:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -74,9 +80,8 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        pieces = self._open(to_chat_messages(messages), stop, run_manager, kwargs)
-        async for piece in aiterate(pieces):
-            chunk = self._chunk(piece)
+        pieces, to_chunks = self._start(messages, stop, run_manager, kwargs)
+        async for chunk in aiterate(to_chunks(pieces)):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -99,17 +104,84 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
     ) -> ChatResult:
         return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
 
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | bool | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, AIMessage]:
+        """This model with ``tools`` rendered into every prompt by the model's chat template.
+
+        Args:
+            tools: LangChain tools, functions, pydantic models, TypedDicts or OpenAI-style
+                tool dicts (converted by ``convert_to_openai_tool``).
+            tool_choice: ``"auto"`` (or ``None``): the model decides, and its reply is parsed
+                for calls; ``"any"`` / ``"required"`` / ``True``: one call to one of the tools,
+                forced by a grammar; a tool's name (or ``{"type": "function", "function":
+                {"name": ...}}``): one call to that tool, forced; ``"none"``: no tools in the
+                prompt and no calls.
+            **kwargs: More call options to bind.
+        """
+        request = tool_request(tools, tool_choice, check=False)
+        return self.bind(tools=request.tools, tool_choice=request.choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, dict[str, Any] | BaseModel]:
+        """This model answering in ``schema``'s shape, decoded under a grammar.
+
+        Args:
+            schema: A pydantic model (the result is an instance), a TypedDict or a JSON schema
+                dict (the result is a dict); ``None`` only with ``method="json_mode"``.
+            method: ``"json_schema"``: the reply is JSON that validates against the schema;
+                ``"function_calling"``: a forced call to a tool whose parameters are the
+                schema; ``"json_mode"``: a JSON object (held to ``schema`` too when one
+                is given; the prompt should still ask for the keys).
+            include_raw: Return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``
+                rather than raising on a reply that does not parse (e.g. cut by
+                ``max_tokens``).
+            strict: Accepted for compatibility; the grammar always holds the reply to the schema.
+            **kwargs: Not accepted (an error names them).
+        """
+        if kwargs:
+            raise ValueError(f"unexpected arguments to with_structured_output: {sorted(kwargs)}")
+        return structured_output(self, schema, method, include_raw)
+
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
     ) -> int:
         """The prompt's tokens as the model sees them, offline.
 
-        The messages go through the chat template: the ``input_tokens`` a call reports.
+        The messages (and ``tools``, as `bind_tools` takes them) go through the chat template:
+        the ``input_tokens`` a call reports.
         """
-        if tools:
-            # What the base class does too: this model takes no tool schemas.
-            warnings.warn("ChatLookahead takes no tools; counting the messages only", stacklevel=2)
-        return len(self.get_engine().encode(to_chat_messages(messages)))
+        request = tool_request(tools or [], None)
+        return len(self.get_engine().encode(to_chat_messages(messages), **request.encode_kwargs()))
+
+    def _start(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: Any,
+        kwargs: dict[str, Any],
+    ) -> tuple[Iterator[Piece], Callable[[Iterator[Piece]], Iterator[ChatGenerationChunk]]]:
+        """The engine's pieces for this call and what turns them into chunks."""
+        options = dict(kwargs)
+        request = ToolRequest.from_options(options, self.get_engine())
+        prompt = to_chat_messages(messages)
+        pieces = self._open(
+            prompt, stop, run_manager, options, tools=request.prompt_tools, grammar=request.grammar
+        )
+        if request.format is None:
+            return pieces, lambda ps: (self._chunk(p) for p in ps)
+        return pieces, ToolStream(request.format, self._response_metadata).chunks
 
     def _chunk(self, piece: Piece) -> ChatGenerationChunk:
         if isinstance(piece, str):
@@ -125,17 +197,39 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         return ChatGenerationChunk(message=message, generation_info=metadata)
 
 
-def to_chat_messages(messages: list[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages as ``{"role", "content"}`` dicts for the model's chat template."""
+# Content blocks that repeat an AI message's `tool_calls` (Anthropic's and LangChain's own).
+_CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
+
+
+def to_chat_messages(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as ``{"role", "content"}`` dicts for the model's chat template.
+
+    An AI message's tool calls become OpenAI-shaped ``tool_calls``; a tool message carries
+    its ``tool_call_id`` (and the tool's ``name`` when known).
+    """
     converted = []
     for message in messages:
         role = message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type)
         if role is None:
             raise ValueError(f"unsupported message type {message.type!r}")
+        calls = message.tool_calls if isinstance(message, AIMessage) else []
         content = message.content
         if isinstance(content, list):
             kinds = {str(b.get("type")) for b in content if isinstance(b, dict)} - {"text"}
+            kinds -= _CALL_BLOCKS if calls else set()
+            if isinstance(message, ToolMessage):
+                kinds -= {"tool_result"}
             if kinds:
                 raise ValueError(f"ChatLookahead takes text only; got content blocks {sorted(kinds)}")
-        converted.append({"role": role, "content": message.text})
+        item: dict[str, Any] = {"role": role, "content": message.text}
+        if calls:
+            item["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+                for c in calls
+            ]
+        if isinstance(message, ToolMessage):
+            item["tool_call_id"] = message.tool_call_id
+            if message.name:
+                item["name"] = message.name
+        converted.append(item)
     return converted

@@ -98,7 +98,7 @@ def test_messages_become_chat_template_roles() -> None:
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
-        {"role": "tool", "content": "42"},
+        {"role": "tool", "content": "42", "tool_call_id": "t"},
         {"role": "user", "content": "and you?"},
     ]
     image = {"type": "image", "url": "https://example.com/cat.png"}

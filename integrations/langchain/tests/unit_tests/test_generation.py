@@ -142,9 +142,11 @@ def test_documents_passed_at_call_time_feed_the_trie_of_that_call_only() -> None
 
 def test_unknown_call_options_are_rejected(engine) -> None:
     with pytest.raises(TypeError, match="unexpected call option"):
-        ChatLookahead(engine=engine).invoke(QUESTION, tools=[])
+        ChatLookahead(engine=engine).invoke(QUESTION, functions=[])
     with pytest.raises(TypeError, match="unexpected call option"):
         LookaheadLLM(engine=engine).invoke(QUESTION, model="other")
+    with pytest.raises(TypeError, match="unexpected call option"):
+        LookaheadLLM(engine=engine).invoke(QUESTION, tools=[])  # a completion model takes no tools
 
 
 def test_call_options_override_fields(engine) -> None:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
 from langchain_rag_lookahead.chat_models import to_chat_messages
+from rag_lookahead.structured import ToolsNotSupportedError
 from rag_lookahead.testing import save_tiny_model
 
 MODELS = [ChatLookahead, LookaheadLLM]
@@ -43,8 +44,8 @@ def test_chat_message_tokens_are_the_prompt_the_model_sees(engine) -> None:
     counted = llm.get_num_tokens_from_messages(MESSAGES)
     assert counted == len(engine.encode(to_chat_messages(MESSAGES)))
     assert llm.invoke(MESSAGES).usage_metadata["input_tokens"] == counted
-    with pytest.warns(UserWarning, match="no tools"):
-        assert llm.get_num_tokens_from_messages(MESSAGES, tools=[{"name": "f"}]) == counted
+    with pytest.raises(ToolsNotSupportedError, match="no tool support"):  # the tiny template
+        llm.get_num_tokens_from_messages(MESSAGES, tools=[{"name": "f"}])
 
 
 def test_loading_options_reach_the_engine(model_dir) -> None:

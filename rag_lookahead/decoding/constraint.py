@@ -1,0 +1,156 @@
+"""A call's grammar at every node of a draft tree, with llguidance.
+
+Constrained decoding picks each token from the model's distribution restricted to the tokens
+that keep the text inside the grammar. In a tree every node has its own prefix, so each gets
+its own allowed set: the matcher is advanced along the tree, depth first, and rolled back. A
+draft token the grammar refuses is dropped before the forward (the model could never pick
+it), and the tokens the grammar forces next are drafted first. The output is the one
+constrained plain decoding gives, since each node's token is chosen exactly as plain decoding
+would choose it after that node's prefix.
+
+llguidance was chosen over xgrammar and outlines-core by `benchmarks/grammar_choice.py`: every
+schema shape of the set compiles and enforces, rollback and forced tokens are built in, the
+masks cost microseconds against a forward's milliseconds, and it is one MIT wheel with no
+dependencies (xgrammar pulls triton; outlines-core missed integer bounds).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.structured.grammar import Grammar
+
+__all__ = ["GrammarCompiler", "GrammarState", "to_lark"]
+
+_BITS = torch.arange(32, dtype=torch.int32)  # bit k of each 32-bit mask word
+# JSON is laid out as `json.dumps` writes it: a small model given free whitespace can pad an
+# answer with newlines until it runs out of tokens, and a fixed layout lets the grammar force
+# the keys and separators (drafted for free) instead of leaving them to the model.
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def to_lark(grammar: Grammar) -> str:
+    """``grammar`` in llguidance's Lark dialect: one rule per part, JSON through ``%json``."""
+    rules: list[str] = []
+
+    def rule(part: Grammar) -> str:
+        index = len(rules)
+        rules.append("")  # this part's slot; its own parts take the next ones
+        rules[index] = f"r{index}: {_expression(part, rule)}"
+        return f"r{index}"
+
+    rule(grammar)
+    return "\n".join(["start: r0", *rules]) + "\n"
+
+
+def _expression(grammar: Grammar, rule: Callable[[Grammar], str]) -> str:
+    kind = grammar.kind
+    if kind in ("json_schema", "json"):
+        schema = json.loads(grammar.value) if kind == "json_schema" else {"type": "object"}
+        schema.setdefault("x-guidance", _JSON_LAYOUT)  # a schema's own layout wins
+        return f"%json {json.dumps(schema)}"
+    if kind == "literal":
+        return json.dumps(grammar.value, ensure_ascii=False)
+    if kind == "regex":
+        return "/" + grammar.value.replace("/", "\\/") + "/"
+    joiner = " " if kind == "sequence" else " | "
+    return joiner.join(rule(part) for part in grammar.parts)
+
+
+class GrammarCompiler:
+    """Grammars for one tokenizer: the llguidance view of the vocabulary is built once per
+    set of end-of-sequence tokens (it takes a moment), each grammar per call (milliseconds)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._views: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def state(self, grammar: Grammar, eos: Sequence[int]) -> GrammarState:
+        """A fresh matcher for ``grammar`` that ends on any of ``eos`` (a clear error for a
+        grammar llguidance refuses)."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._view(tuple(eos)), to_lark(grammar))
+        if matcher.is_error():
+            raise ValueError(f"the grammar cannot be used: {matcher.get_error()}")
+        return GrammarState(matcher, self.vocab_size)
+
+    def _view(self, eos: tuple[int, ...]) -> Any:
+        import llguidance.hf
+
+        if not eos:
+            raise ValueError("a grammar needs an end-of-sequence token to end the answer on")
+        with self._lock:
+            view = self._views.get(eos)
+            if view is None:
+                view = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.vocab_size, eos_token=list(eos)
+                )
+                self._views[eos] = view
+            return view
+
+
+class GrammarState:
+    """Where one call stands in its grammar: after the tokens it has emitted."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        import llguidance.torch
+
+        self._matcher = matcher
+        self._vocab = vocab_size
+        self._fill = llguidance.torch.fill_next_token_bitmask
+        self._words = (vocab_size + 31) // 32
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next (the canonical tokens of its forced
+        text); a draft, verified like any other."""
+        return list(self._matcher.compute_ff_tokens())[: max(limit, 0)]
+
+    def admitted(self, tree: DraftTree) -> DraftTree:
+        """``tree`` without the nodes the grammar refuses (and their subtrees)."""
+        keep: list[int] = []
+        self._walk(tree, 0, lambda node: keep.append(node))
+        return tree.subtree(keep) if len(keep) < len(tree) else tree
+
+    def allowed(self, tree: DraftTree) -> torch.Tensor:
+        """``[n, V]`` bool: the tokens the grammar allows after each node's prefix. Every
+        node of ``tree`` must be admitted (see `admitted`)."""
+        bits = torch.zeros(len(tree), self._words, dtype=torch.int32)  # [n, W]
+        visited = self._walk(tree, 0, lambda node: self._fill(self._matcher, bits, node))
+        if visited != len(tree):
+            raise ValueError("the draft tree holds tokens the grammar refuses")
+        allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().reshape(len(tree), -1)  # [n, 32 W]
+        allowed = allowed[:, : self._vocab]  # [n, V]
+        if not allowed.any(dim=-1).all():
+            raise RuntimeError(f"the grammar allows no token here: {self._matcher.get_error()}")
+        return allowed
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Take the call's emitted ``tokens`` (each one the grammar allowed)."""
+        for token in tokens:
+            if not self._matcher.consume_token(token):
+                raise RuntimeError(f"the grammar refused emitted token {token}: {self._matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """Whether the grammar takes no more tokens (only the end of the sequence)."""
+        return bool(self._matcher.is_stopped())
+
+    def _walk(self, tree: DraftTree, node: int, visit: Callable[[int], object]) -> int:
+        """Visit ``node`` and, depth first, each child the grammar admits after it (the
+        matcher stands after ``node``'s prefix on entry and on return); how many were visited."""
+        visit(node)
+        visited = 1
+        for child in tree.children(node):
+            if self._matcher.try_consume_tokens([tree.tokens[child]]) == 1:
+                visited += self._walk(tree, child, visit)
+                self._matcher.rollback(1)
+        return visited
