@@ -11,12 +11,14 @@ from typing import Any
 
 import llama_index.core.instrumentation as instrument
 import pytest
+from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection
 from llama_index.core.base.response.schema import StreamingResponse
+from llama_index.core.bridge.pydantic import BaseModel, Field
 from llama_index.core.chat_engine.types import StreamingAgentChatResponse
 from llama_index.core.query_engine import RetrieverQueryEngine, RouterQueryEngine
 from llama_index.core.schema import MetadataMode, QueryBundle
-from llama_index.core.tools import QueryEngineTool
+from llama_index.core.tools import FunctionTool, QueryEngineTool
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, RetrievalScopes
 from rag_lookahead.drafting import OUTPUT_OWNER
@@ -179,6 +181,10 @@ def test_threads_each_see_their_own_nodes(
         assert_run_scope(llm, scope, response.source_nodes)
 
 
+class SearchArgs(BaseModel):
+    query: str = Field(description="A few words to look up", max_length=40)
+
+
 class FirstChoice(BaseSelector):
     """Always routes to the first query engine (the model picks nothing)."""
 
@@ -206,6 +212,36 @@ def test_router_over_a_plain_retriever_query_engine(
 
     (scope,) = calls.scopes
     assert_run_scope(llm, scope, response.source_nodes)
+
+
+def test_function_agent_answers_from_the_nodes_its_tool_retrieved(
+    index: Any, llm: LookaheadLLM, records: list[dict[str, Any]], calls: Calls, tracker: RetrievalScopes
+) -> None:
+    retriever = index.as_retriever(similarity_top_k=TOP_K)
+    retrieved: list[Any] = []
+
+    async def search(query: str) -> str:
+        """Search the articles."""
+        retrieved.extend(await retriever.aretrieve(query))
+        return "\n\n".join(n.node.get_content(metadata_mode=MetadataMode.LLM) for n in retrieved)
+
+    tool = FunctionTool.from_defaults(async_fn=search, name="search", fn_schema=SearchArgs)
+    roomy = LookaheadLLM(engine=llm.engine, max_new_tokens=48)  # room for a whole forced call
+    agent = FunctionAgent(tools=[tool], llm=roomy, initial_tool_choice="search", streaming=False)
+
+    async def run() -> Any:
+        # One tool round: a second call (the small model may make one) ends the run, answered.
+        handler = agent.run(
+            user_msg=records[1]["question"], max_iterations=2, early_stopping_method="generate"
+        )
+        return await handler
+
+    asyncio.run(run())
+    # The forced call came before any retrieval; the later turns drafted from the tool's nodes.
+    assert calls.scopes[0] is None and len(calls.scopes) >= 2
+    assert len(set(calls.owners()[1:])) == 1  # one scope: the agent run's
+    for scope in calls.scopes[1:]:
+        assert_run_scope(llm, scope, retrieved)
 
 
 def test_user_code_in_a_span_and_what_stays_out(
