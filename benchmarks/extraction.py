@@ -80,7 +80,8 @@ def run(engine: LookaheadEngine, records: list[dict[str, str]], max_new_tokens: 
                     for part in source.split("+"):
                         sources[part] += accepted
     plain = totals["constrained_plain"]
-    texts = [engine.tokenizer.decode(ids, skip_special_tokens=True) for ids in outputs["constrained_lookahead"]]
+    answers = outputs["constrained_lookahead"]
+    texts = [engine.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
     report: dict[str, Any] = {
         **run_header(engine, len(records), max_new_tokens),
         "cpu": platform.processor() or platform.machine(),
