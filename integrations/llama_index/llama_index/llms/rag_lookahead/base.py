@@ -118,6 +118,11 @@ class LookaheadLLM(CustomLLM, FunctionCallingLLM):
     the exact token counts in ``raw["usage"]`` (where LlamaIndex's `TokenCountingHandler` reads
     them) and, with the decoding stats, in ``additional_kwargs`` (see `usage`); a stream's last
     response, with an empty delta, carries them.
+
+    Nodes retrieved earlier in the same run (a chat engine's turn, an agent's tool call) are
+    drafted from too (`RetrievalScopes`). As a `FunctionCallingLLM` it takes tools through the
+    model's chat template (``chat_with_tools``, forced calls under a grammar), and
+    ``structured_predict`` decodes under the output class's JSON schema (see `tools`).
     """
 
     model_name: str = Field(

@@ -8,8 +8,9 @@ nodes of a retrieval belong to the outermost open span around it (the *run*), an
 `LookaheadLLM` call later in the same run drafts from them through a `DocumentScope` owned by
 the run. The scope is opened at the run's first LLM call that finds nodes (a run that never
 calls a lookahead model never tokenizes them), grows with later retrievals, and is closed when
-the run's span has ended and no stream of the run is still being read (a streaming chat engine
-returns before its answer is decoded). Concurrent runs are separate spans, hence separate
+the run's span has ended and none of its LLM calls is still decoding; a streaming response the
+run returned (a chat engine's or a query engine's, decoded only as it is read) keeps the run
+open until the response object is dropped. Concurrent runs are separate spans, hence separate
 scopes; a span's parent follows asyncio tasks and LlamaIndex's own threads (context copies),
 but not a plain ``threading.Thread``, whose calls start runs of their own.
 """
