@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model
 from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
+from langchain_rag_lookahead.tool_results import tool_result_documents
 from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import builtin_name, check_loading_options, default_cache_dir
@@ -311,6 +312,7 @@ class LookaheadSettings(BaseModel):
         """
         options = dict(kwargs)
         documents = _document_texts(options.pop("documents", None) or ())
+        documents += tool_result_documents(prompt)  # an agent's retrieved text, as documents
         options.pop("stream", None)  # LangChain's own routing flag, not a generation option
         unknown = set(options) - set(CALL_OPTIONS)
         if unknown:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Generator, Sequence
+from contextlib import aclosing
+from typing import Any, TypeVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -27,10 +28,21 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, field_validator
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.llm import (
+    LLMStructuredPredictEndEvent,
+    LLMStructuredPredictStartEvent,
+)
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.program.utils import FlexibleModel
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.tools.types import BaseTool
+from llama_index.core.types import PydanticProgramMode
 
 from llama_index.llms.rag_lookahead.responses import (
     alast,
@@ -40,9 +52,23 @@ from llama_index.llms.rag_lookahead.responses import (
     responses,
     usage,
 )
+from llama_index.llms.rag_lookahead.retrievals import RetrievalScopes
 from llama_index.llms.rag_lookahead.scoping import active_scope, scope_key
+from llama_index.llms.rag_lookahead.tools import (
+    ToolPlan,
+    atool_responses,
+    message_dict,
+    parse_structured,
+    partial_structured,
+    schema_grammar,
+    tool_plan,
+    tool_response,
+    tool_responses,
+    tool_selections,
+)
 from rag_lookahead import (
     DEFAULT_MODEL,
+    Completion,
     GenerationParams,
     LookaheadConfig,
     LookaheadEngine,
@@ -50,8 +76,13 @@ from rag_lookahead import (
 )
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import builtin_name
+from rag_lookahead.streaming import aiterate
+from rag_lookahead.structured import ToolsNotSupportedError
 
 __all__ = ["LookaheadLLM"]
+
+Model = TypeVar("Model", bound=BaseModel)
+dispatcher = get_dispatcher(__name__)
 
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationParams))
 # What a call takes as keyword arguments; `documents` and `scope` are read by `_open`.
@@ -62,10 +93,17 @@ _ROLE_ALIASES = {
     MessageRole.MODEL: "assistant",
     MessageRole.DEVELOPER: "system",
 }
+# What a chat call takes for tools (see `tool_plan`); `chat_with_tools` passes them.
+_TOOL_OPTIONS = frozenset({"tools", "tool_choice", "tool_required", "allow_parallel_tool_calls"})
+# A tool to ask the chat template whether it takes tools at all.
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}},
+}
 _PLAIN_ENGINES: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 
-class LookaheadLLM(CustomLLM):
+class LookaheadLLM(CustomLLM, FunctionCallingLLM):
     """A local Hugging Face model decoded with rag-lookahead: the text of plain greedy decoding,
     sooner, drafting from the documents of the query being answered.
 
@@ -80,6 +118,11 @@ class LookaheadLLM(CustomLLM):
     the exact token counts in ``raw["usage"]`` (where LlamaIndex's `TokenCountingHandler` reads
     them) and, with the decoding stats, in ``additional_kwargs`` (see `usage`); a stream's last
     response, with an empty delta, carries them.
+
+    Nodes retrieved earlier in the same run (a chat engine's turn, an agent's tool call) are
+    drafted from too (`RetrievalScopes`). As a `FunctionCallingLLM` it takes tools through the
+    model's chat template (``chat_with_tools``, forced calls under a grammar), and
+    ``structured_predict`` decodes under the output class's JSON schema (see `tools`).
     """
 
     model_name: str = Field(
@@ -120,7 +163,15 @@ class LookaheadLLM(CustomLLM):
         "has a chat template. Either way prompts go through that template when there is one.",
     )
 
+    track_retrievals: bool = Field(
+        default=True,
+        description="Draft from the nodes retrieved earlier in the same run (a chat turn, an "
+        "agent run...), seen through LlamaIndex's instrumentation (see `RetrievalScopes`).",
+    )
+
     _engine: Engine = PrivateAttr()
+    _retrievals: RetrievalScopes | None = PrivateAttr(default=None)
+    _tools_supported: bool | None = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -165,6 +216,8 @@ class LookaheadLLM(CustomLLM):
         kwargs.setdefault("is_chat_model", _has_chat_template(engine))
         super().__init__(**kwargs)
         self._engine = engine
+        if self.track_retrievals and engine.drafts_from_documents:
+            self._retrievals = RetrievalScopes.attach()
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -187,6 +240,7 @@ class LookaheadLLM(CustomLLM):
             num_output=self.max_new_tokens,
             model_name=self.model_name,
             is_chat_model=self.is_chat_model,
+            is_function_calling_model=self._supports_tools(),
         )
 
     # ------------------------------------------------------------------ LlamaIndex surface
@@ -204,12 +258,19 @@ class LookaheadLLM(CustomLLM):
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        completion = self._open(self._chat_prompt(messages), kwargs).complete()
+        plan, kwargs = self._tool_plan(kwargs)
+        completion = self._open(self._chat_prompt(messages), kwargs, plan).complete()
+        if plan.format is not None:
+            return tool_response(completion.text, plan, None, usage(completion.stats))
         return chat_response(completion.text, None, usage(completion.stats))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return responses(self._open(self._chat_prompt(messages), kwargs), chat_response)
+        plan, kwargs = self._tool_plan(kwargs)
+        stream = self._open(self._chat_prompt(messages), kwargs, plan)
+        if plan.format is not None:
+            return tool_responses(stream, plan)
+        return responses(stream, chat_response)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -225,13 +286,171 @@ class LookaheadLLM(CustomLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        stream = await self._aopen(self._chat_prompt(messages), kwargs)
+        plan, kwargs = self._tool_plan(kwargs)
+        stream = await self._aopen(self._chat_prompt(messages), kwargs, plan)
+        if plan.format is not None:
+            return await alast(atool_responses(stream, plan))
         return await alast(aresponses(stream, chat_response))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        stream = await self._aopen(self._chat_prompt(messages), kwargs)
+        plan, kwargs = self._tool_plan(kwargs)
+        stream = await self._aopen(self._chat_prompt(messages), kwargs, plan)
+        if plan.format is not None:
+            return atool_responses(stream, plan)
         return aresponses(stream, chat_response)
+
+    # ------------------------------------------------------------------ tools (FunctionCallingLLM)
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The arguments of the `chat` call `chat_with_tools` makes: the messages, and the
+        tools with ``tool_choice`` (a ``tool_choice=`` keyword: ``"auto"``, ``"required"``,
+        ``"none"`` or a tool's name), ``tool_required`` and ``allow_parallel_tool_calls``,
+        which `chat` turns into the chat template's tools and, for a forced call, a grammar."""
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(
+                ChatMessage(role=MessageRole.USER, content=user_msg)
+                if isinstance(user_msg, str)
+                else user_msg
+            )
+        return {
+            "messages": messages,
+            "tools": list(tools),
+            "tool_choice": kwargs.pop("tool_choice", None),
+            "tool_required": tool_required,
+            "allow_parallel_tool_calls": allow_parallel_tool_calls,
+            **kwargs,
+        }
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The tool calls of a `chat_with_tools` response (see `tool_selections`)."""
+        return tool_selections(response, error_on_no_tool_call)
+
+    def _tool_plan(self, kwargs: dict[str, Any]) -> tuple[ToolPlan, dict[str, Any]]:
+        """Pop a chat call's tool options: the plan, and the other options."""
+        rest = {k: v for k, v in kwargs.items() if k not in _TOOL_OPTIONS}
+        if not any(k in kwargs for k in _TOOL_OPTIONS):
+            return ToolPlan(), rest
+        plan = tool_plan(
+            self._engine,
+            kwargs.get("tools"),
+            kwargs.get("tool_choice"),
+            bool(kwargs.get("tool_required", False)),
+            bool(kwargs.get("allow_parallel_tool_calls", True)),
+        )
+        return plan, rest
+
+    def _supports_tools(self) -> bool:
+        """Whether the model's chat template takes tools in a format this package reads."""
+        if self._tools_supported is None:
+            try:
+                tool_plan(self._engine, [_PROBE_TOOL])
+                self._tools_supported = True
+            except (ToolsNotSupportedError, NotImplementedError):
+                self._tools_supported = False
+        return self._tools_supported
+
+    # ------------------------------------------------------------------ structured output
+
+    def structured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: PromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        """An ``output_cls`` instance, decoded under the grammar of its JSON schema.
+
+        The reply is JSON that validates against the schema token by token (the output of
+        plain decoding under that grammar, sooner); one cut by ``max_new_tokens`` raises
+        `StructuredOutputError`. Another `pydantic_program_mode` goes LlamaIndex's way.
+        """
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        dispatcher.event(
+            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+        )
+        stream = self._open(
+            self._structured_prompt(prompt, prompt_args), self._structured_kwargs(output_cls, llm_kwargs)
+        )
+        result = parse_structured(output_cls, stream.complete())
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    async def astructured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: PromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        """`structured_predict`, decoding in worker threads."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        dispatcher.event(
+            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+        )
+        stream = await self._aopen(
+            self._structured_prompt(prompt, prompt_args), self._structured_kwargs(output_cls, llm_kwargs)
+        )
+        await alast(aresponses(stream, chat_response))
+        result = parse_structured(output_cls, Completion(stream.text, list(stream.token_ids), stream.stats))
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    def stream_structured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: PromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Generator[Model | FlexibleModel, None, None]:
+        """Partial objects (every field optional) as the JSON grows, then the ``output_cls``
+        instance; decoded under the schema's grammar."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        stream = self._open(
+            self._structured_prompt(prompt, prompt_args), self._structured_kwargs(output_cls, llm_kwargs)
+        )
+        return _partials(stream, output_cls)
+
+    async def astream_structured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: PromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> AsyncGenerator[Model | FlexibleModel, None]:
+        """`stream_structured_predict`, decoding in worker threads."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        stream = await self._aopen(
+            self._structured_prompt(prompt, prompt_args), self._structured_kwargs(output_cls, llm_kwargs)
+        )
+        return _apartials(stream, output_cls)
+
+    def _structured_prompt(self, prompt: PromptTemplate, prompt_args: dict[str, Any]) -> Any:
+        return self._chat_prompt(prompt.format_messages(llm=self, **prompt_args))
+
+    def _structured_kwargs(
+        self, output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        kwargs = dict(llm_kwargs or {})
+        if "grammar" in kwargs:
+            raise TypeError("structured output sets its own grammar (the output class's JSON schema)")
+        return {**kwargs, "grammar": schema_grammar(output_cls)}
 
     # ------------------------------------------------------------------ the one path
 
@@ -254,25 +473,41 @@ class LookaheadLLM(CustomLLM):
         if not _has_chat_template(self._engine):
             assert self.messages_to_prompt is not None  # `LLM`'s validator fills it in
             return self.messages_to_prompt(messages)
-        return [
-            {"role": _ROLE_ALIASES.get(m.role, m.role.value), "content": m.content or ""} for m in messages
-        ]
+        return [message_dict(m, _ROLE_ALIASES.get(m.role, m.role.value)) for m in messages]
 
-    def _open(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
+    def _open(self, prompt: Any, kwargs: dict[str, Any], plan: ToolPlan | None = None) -> TextStream:
         """Start generating: nothing runs until the stream is iterated."""
+        plan = plan or ToolPlan()
         kwargs = dict(kwargs)
+        if plan.grammar is not None:
+            if kwargs.get("grammar") is not None:
+                raise TypeError("a forced tool call sets its own grammar; pass one or the other")
+            kwargs["grammar"] = plan.grammar
         scope = kwargs.pop("scope", None)
-        if scope is None and self._engine.drafts_from_documents:
+        documents = kwargs.pop("documents", ())
+        params = self._params(kwargs)
+        engine = self._engine if self.lookahead else _plain_engine(self._engine)
+        claim = None
+        if scope is None and engine.drafts_from_documents:
             # A query's nodes reach the drafts only where the engine drafts from documents; a
             # vLLM server sees its prompt alone (and a refine prompt may show only some nodes).
             scope = active_scope(scope_key(self._engine))
-        documents = kwargs.pop("documents", ())
-        engine = self._engine if self.lookahead else _plain_engine(self._engine)
-        return engine.stream(prompt, self._params(kwargs), documents=documents, scope=scope)
+            if scope is None and self._retrievals is not None:
+                claim = self._retrievals.claim(self._engine)  # nodes retrieved earlier in this run
+                scope = claim.scope if claim is not None else None
+        try:
+            stream = engine.stream(prompt, params, documents=documents, scope=scope, **plan.stream_kwargs())
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            raise
+        if claim is not None:
+            weakref.finalize(stream, claim.release)  # the run's scope stays open while it is read
+        return stream
 
-    async def _aopen(self, prompt: Any, kwargs: dict[str, Any]) -> TextStream:
+    async def _aopen(self, prompt: Any, kwargs: dict[str, Any], plan: ToolPlan | None = None) -> TextStream:
         # Tokenizing a long prompt is work too; `to_thread` copies the context, scope included.
-        return await asyncio.to_thread(self._open, prompt, kwargs)
+        return await asyncio.to_thread(self._open, prompt, kwargs, plan)
 
     def _params(self, kwargs: dict[str, Any]) -> GenerationParams:
         unknown = sorted(set(kwargs) - _CALL_OPTIONS)
@@ -289,6 +524,28 @@ class LookaheadLLM(CustomLLM):
         fields["max_new_tokens"] = max_new or self.max_new_tokens
         fields.update(_sampling(fields.get("temperature", self.temperature), fields.get("do_sample")))
         return GenerationParams(**fields)
+
+
+def _partials(stream: TextStream, output_cls: type[Model]) -> Generator[Any, None, None]:
+    last = None
+    with stream:
+        for chunk in stream.chunks():
+            partial = partial_structured(output_cls, stream.text) if chunk.text else None
+            if partial is not None and partial != last:
+                last = partial
+                yield partial
+    yield parse_structured(output_cls, Completion(stream.text, list(stream.token_ids), stream.stats))
+
+
+async def _apartials(stream: TextStream, output_cls: type[Model]) -> AsyncGenerator[Any, None]:
+    last = None
+    async with aclosing(aiterate(stream.chunks())) as chunks:
+        async for chunk in chunks:
+            partial = partial_structured(output_cls, stream.text) if chunk.text else None
+            if partial is not None and partial != last:
+                last = partial
+                yield partial
+    yield parse_structured(output_cls, Completion(stream.text, list(stream.token_ids), stream.stats))
 
 
 def _sampling(temperature: Any, do_sample: Any) -> dict[str, Any]:
