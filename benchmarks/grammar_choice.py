@@ -433,15 +433,9 @@ def _version(library: str) -> str:
 
 
 def _default_model_dir() -> str:
-    from rag_lookahead.models import (
-        default_cache_dir,
-        load_model,  # noqa: F401  (the converted copy must exist)
-    )
+    from rag_lookahead.models import default_model_dir
 
-    found = sorted((default_cache_dir() / "models").glob("SmolLM2-135M-Instruct-*-v2"))
-    if not found:
-        raise SystemExit("convert the default model first (e.g. `make demo`), or pass --model-dir")
-    return str(found[-1])
+    return str(default_model_dir())  # converted from its GGUF file on first use
 
 
 if __name__ == "__main__":

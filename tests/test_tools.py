@@ -16,7 +16,7 @@ from rag_lookahead.structured import (
     check_tools,
     detect_tool_format,
 )
-from rag_lookahead.structured.tools import template_messages
+from rag_lookahead.structured.tools import template_messages, tool_choice
 from rag_lookahead.testing import TINY_CHAT_TEMPLATE, ascii_fast_tokenizer, tiny_engine
 
 WEATHER = {
@@ -421,3 +421,36 @@ def test_a_server_engine_refuses_tools_with_the_reason() -> None:
         engine.stream([{"role": "user", "content": "hi"}], tools=[WEATHER])
     with pytest.raises(NotImplementedError, match="not supported on a server engine"):
         engine.encode([{"role": "user", "content": "hi"}], tools=[WEATHER])
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        (None, "auto"),
+        ("auto", "auto"),
+        ("none", "none"),
+        (False, "none"),
+        ("any", "any"),
+        ("required", "any"),
+        (True, "any"),
+        ("get_weather", "get_weather"),
+        ({"type": "function", "function": {"name": "get_weather"}}, "get_weather"),
+    ],
+)
+def test_tool_choice_in_every_spelling_of_the_ecosystems(choice: object, expected: str) -> None:
+    assert tool_choice(choice, ["get_weather", "search"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("choice", "names", "words"),
+    [
+        ("missing", ["get_weather"], "tool_choice is"),
+        (3, ["get_weather"], "tool_choice is"),
+        ({"type": "function"}, ["get_weather"], "tool_choice is"),
+        ("required", [], "no tools are given"),
+        ("get_weather", [], "tool_choice is"),
+    ],
+)
+def test_a_hostile_tool_choice_is_refused(choice: object, names: list[str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        tool_choice(choice, names)

@@ -127,6 +127,8 @@ class GrammarState:
         visited = self._walk(tree, 0, lambda node: self._fill(self._matcher, bits, node))
         if visited != len(tree):
             raise ValueError("the draft tree holds tokens the grammar refuses")
+        # Unpacked here rather than with llguidance.torch.apply_token_bitmask_inplace, which
+        # compiles a kernel with torch.compile on first use (seconds, and a C compiler on a CPU).
         allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().reshape(len(tree), -1)  # [n, 32 W]
         allowed = allowed[:, : self._vocab]  # [n, V]
         if not allowed.any(dim=-1).all():
@@ -138,11 +140,6 @@ class GrammarState:
         for token in tokens:
             if not self._matcher.consume_token(token):
                 raise RuntimeError(f"the grammar refused emitted token {token}: {self._matcher.get_error()}")
-
-    @property
-    def finished(self) -> bool:
-        """Whether the grammar takes no more tokens (only the end of the sequence)."""
-        return bool(self._matcher.is_stopped())
 
     def _walk(self, tree: DraftTree, node: int, visit: Callable[[int], object]) -> int:
         """Visit ``node`` and, depth first, each child the grammar admits after it (the

@@ -85,20 +85,6 @@ class ServerEngine:
         self._client = _openai_client(self.config)
         self._corpus = CorpusClient(self._client, self.config.root_url) if kind == "sglang" else None
 
-    @classmethod
-    def from_config(cls, config: ServerConfig, *, tokenizer: Any = None) -> ServerEngine:
-        return cls(
-            config.base_url,
-            config.model,
-            config.kind,
-            api_key=config.api_key,
-            timeout=config.timeout,
-            max_retries=config.max_retries,
-            append_documents_to_prompt=config.append_documents_to_prompt,
-            context_window=config.context_window,
-            tokenizer=tokenizer,
-        )
-
     def __repr__(self) -> str:
         return f"ServerEngine({self.config.base_url!r}, {self.config.model!r}, kind={self.config.kind!r})"
 

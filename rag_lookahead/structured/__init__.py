@@ -11,6 +11,7 @@ from rag_lookahead.structured.tools import (
     ToolsNotSupportedError,
     check_tools,
     detect_tool_format,
+    tool_choice,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "ToolsNotSupportedError",
     "check_tools",
     "detect_tool_format",
+    "tool_choice",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "detect_tool_format",
     "new_call_id",
     "template_messages",
+    "tool_choice",
     "tool_names",
 ]
 
@@ -158,6 +159,37 @@ def _json_copy(value: Mapping[str, Any], what: str) -> dict[str, Any]:
 def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     """The names of checked ``tools`` (see `check_tools`)."""
     return [t["function"]["name"] for t in tools]
+
+
+_FORCED: dict[object, str] = {"any": "any", "required": "any", True: "any"}
+
+
+def tool_choice(choice: object, names: Sequence[str]) -> str:
+    """A ``tool_choice`` as the ecosystems write it, normalised: ``"auto"`` (``None``,
+    ``"auto"``: the model decides), ``"none"`` (``"none"``, ``False``: no tools in the prompt),
+    ``"any"`` (``"any"``, ``"required"``, ``True``: one call to one of them, forced), or one of
+    ``names`` (given as is or as OpenAI's ``{"type": "function", "function": {"name": ...}}``:
+    one call to it, forced); anything else, or a forced call with no tools, is a clear error."""
+    if isinstance(choice, Mapping):  # a mapping without a name falls through to the error
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        choice = name if isinstance(name, str) else choice
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice is False or choice == "none":
+        return "none"
+    if isinstance(choice, (str, bool)) and choice in _FORCED:
+        forced = _FORCED[choice]
+    elif isinstance(choice, str) and choice in names:
+        forced = choice
+    else:
+        raise ValueError(
+            "tool_choice is 'auto', 'any' (or 'required', True), 'none', or the name of a given "
+            f"tool ({list(names)}); got {choice!r}"
+        )
+    if not names:
+        raise ValueError(f"tool_choice={choice!r} forces a tool call, but no tools are given")
+    return forced
 
 
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -26,10 +26,9 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from langchain_rag_lookahead._base import Piece, usage
 from rag_lookahead import DecodeStats
 from rag_lookahead.structured import Grammar, ParsedReply, ToolFormat, check_tools, detect_tool_format
+from rag_lookahead.structured import tool_choice as normalised_choice
 
 __all__ = ["BoundTools", "ToolRequest", "ToolStream", "structured_output", "tool_request"]
-
-_FORCED = {"any": "any", "required": "any", True: "any"}
 
 
 @dataclass(frozen=True)
@@ -55,29 +54,7 @@ def tool_request(tools: Sequence[Any], tool_choice: object, *, check: bool = Tru
     converted = [convert_to_openai_tool(t) for t in tools]
     if check:
         converted = check_tools(converted)
-    return BoundTools(converted, _choice(tool_choice, [t["function"]["name"] for t in converted]))
-
-
-def _choice(tool_choice: object, names: list[str]) -> str:
-    if tool_choice is None or tool_choice == "auto":
-        return "auto"
-    if tool_choice is False or tool_choice == "none":
-        return "none"
-    if isinstance(tool_choice, Mapping):  # OpenAI's {"type": "function", "function": {"name": ...}}
-        function = tool_choice.get("function")
-        tool_choice = function.get("name") if isinstance(function, Mapping) else None
-    if isinstance(tool_choice, (str, bool)) and tool_choice in _FORCED:
-        forced = _FORCED[tool_choice]
-    elif isinstance(tool_choice, str) and tool_choice in names:
-        forced = tool_choice
-    else:
-        raise ValueError(
-            "tool_choice is 'auto', 'any' (or 'required', True), 'none', or the name of a bound "
-            f"tool ({names}); got {tool_choice!r}"
-        )
-    if not names:
-        raise ValueError(f"tool_choice={tool_choice!r} forces a tool call, but no tools are bound")
-    return forced
+    return BoundTools(converted, normalised_choice(tool_choice, [t["function"]["name"] for t in converted]))
 
 
 @dataclass(frozen=True)

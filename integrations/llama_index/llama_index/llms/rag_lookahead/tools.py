@@ -28,6 +28,7 @@ from rag_lookahead import Completion, TextStream
 from rag_lookahead.interface import Engine
 from rag_lookahead.streaming import aiterate
 from rag_lookahead.structured import Grammar, ToolFormat, check_tools, detect_tool_format
+from rag_lookahead.structured import tool_choice as normalised_choice
 
 __all__ = [
     "StructuredOutputError",
@@ -44,8 +45,6 @@ __all__ = [
 ]
 
 Model = TypeVar("Model", bound=BaseModel)
-
-_FORCED = {"any": "any", "required": "any"}
 
 
 class StructuredOutputError(ValueError):
@@ -113,28 +112,13 @@ def tool_plan(
     return ToolPlan(tuple(checked), grammar, fmt, single=not allow_parallel_tool_calls)
 
 
-def _choice(tool_choice: object, tool_required: bool, names: list[str]) -> str:
-    if isinstance(tool_choice, Mapping):  # OpenAI's {"type": "function", "function": {"name": ...}}
-        function = tool_choice.get("function")
-        tool_choice = function.get("name") if isinstance(function, Mapping) else None
-    if tool_choice is None or tool_choice == "auto":
-        choice = "any" if tool_required else "auto"
-    elif tool_choice == "none":
-        if tool_required:
-            raise ValueError("tool_required=True forces a tool call; tool_choice='none' forbids one")
-        return "none"
-    elif isinstance(tool_choice, str) and tool_choice in _FORCED:
-        choice = _FORCED[tool_choice]
-    elif isinstance(tool_choice, str) and tool_choice in names:
-        choice = tool_choice
-    else:
-        raise ValueError(
-            "tool_choice is 'auto', 'required' (or 'any'), 'none', or the name of a given tool "
-            f"({names}); got {tool_choice!r}"
-        )
-    if choice != "auto" and not names:
-        raise ValueError(f"tool_choice={tool_choice!r} forces a tool call, but no tools are given")
-    return choice
+def _choice(choice: object, tool_required: bool, names: list[str]) -> str:
+    normalised = normalised_choice(choice, names)
+    if not tool_required or normalised not in ("auto", "none"):
+        return normalised
+    if normalised == "none":
+        raise ValueError("tool_required=True forces a tool call; tool_choice='none' forbids one")
+    return normalised_choice("any", names)
 
 
 def _tool_format(engine: Engine) -> ToolFormat:
