@@ -267,7 +267,11 @@ class LookaheadEngine:
             # Its branches live in another trie: this call could neither see nor release them.
             raise ValueError("the document scope passed to this call belongs to another engine")
         eos = self.eos_token_ids if params.eos_token_id is None else params.eos_token_id
-        grammar = self._grammars.state(params.grammar, eos) if params.grammar is not None else None
+        grammar = (
+            self._grammars.state(params.grammar, eos, self.context_window)
+            if params.grammar is not None
+            else None
+        )
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:

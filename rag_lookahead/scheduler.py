@@ -30,9 +30,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -54,6 +54,7 @@ from rag_lookahead.streaming.stream import StreamChunk
 __all__ = ["Call", "Scheduler"]
 
 _END = None  # the outbox's last item
+T = TypeVar("T")
 
 # How long a reader waits for its chunk before it checks whether it should drive the loop.
 _POLL_SECONDS = 0.02
@@ -287,35 +288,67 @@ class Scheduler:
         self._release(call, tokens)  # an ended call has left `_alone`
 
     def _batch_step(self, calls: list[Call]) -> None:
+        """One step of every row. A row's own work (drafting, choosing its tokens, releasing
+        them) failing ends that row's call with the error while the others step on; only a
+        failure of the shared work (the forward, the cache) reaches `_guarded`."""
+        proposals = [_attempt(self._propose, call) for call in calls]
+        failed = [i for i, p in enumerate(proposals) if isinstance(p, Exception)]
+        if failed:  # they leave before the forward
+            self._end_rows(calls, proposals, failed)
+            calls = [c for i, c in enumerate(calls) if i not in failed]
+            proposals = [p for i, p in enumerate(proposals) if i not in failed]
+            if not calls:
+                return
+        drafts, logits = self._forward(calls, [p for p in proposals if isinstance(p, StepDraft)])
+        verdicts = [
+            _attempt(self._verify, call, draft, logits[i])
+            for i, (call, draft) in enumerate(zip(calls, drafts, strict=True))
+        ]
+        # A failed row keeps only its root (the columns past it stay hidden) and leaves below.
+        nodes = [[0] if isinstance(v, Exception) else v[1] for v in verdicts]
+        self._batch.keep_accepted(max(len(d) for d in drafts), nodes)
+        outcomes = [
+            v if isinstance(v, Exception) else _attempt(self._release, call, v[0])
+            for call, v in zip(calls, verdicts, strict=True)
+        ]
+        self._end_rows(calls, outcomes, [i for i, ended in enumerate(outcomes) if ended is not False])
+
+    def _forward(self, calls: list[Call], proposals: list[StepDraft]) -> tuple[list[StepDraft], torch.Tensor]:
+        """Plan the rows' drafts jointly and verify them in one forward; the drafts and their
+        logits ``[B, T, V]``."""
         costs = _batch_costs(calls) if len(calls) > 1 else None
-        drafts = self._plan(calls, [self._propose(call) for call in calls], costs)
+        drafts = self._plan(calls, proposals, costs)
         batch = self._batch
         if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
             logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
-            logits = logits.unsqueeze(0)  # [1, T, V]
-        else:
-            batch.prepare()
-            inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
-            started = time.perf_counter()
-            logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths)  # [B, T, V]
-            if costs is not None:
-                width = inputs.input_ids.shape[1]
-                seconds = time.perf_counter() - started
-                self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
-        outcomes, nodes = [], []
-        for i, (call, draft) in enumerate(zip(calls, drafts, strict=True)):
-            tree = draft.tree
-            accepted = accept(tree, _choose(call, logits[i, : len(tree)], tree))
-            call.side = logits[i, len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
-            call.planner.learn(tree, accepted.nodes)
-            call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-            outcomes.append(accepted.tokens)
-            nodes.append(accepted.nodes)
-        batch.keep_accepted(max(len(d) for d in drafts), nodes)
-        ended = zip(calls, outcomes, strict=True)
-        done = [i for i, (call, tokens) in enumerate(ended) if self._release(call, tokens)]
-        if done:
-            self._drop_rows(done)
+            return drafts, logits.unsqueeze(0)  # [1, T, V]
+        batch.prepare()
+        inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
+        started = time.perf_counter()
+        logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths)  # [B, T, V]
+        if costs is not None:
+            width, seconds = inputs.input_ids.shape[1], time.perf_counter() - started
+            self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
+        return drafts, logits
+
+    def _verify(self, call: Call, draft: StepDraft, logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
+        tree = draft.tree
+        accepted = accept(tree, _choose(call, logits[: len(tree)], tree))
+        call.side = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
+        call.planner.learn(tree, accepted.nodes)
+        call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
+        return accepted.tokens, accepted.nodes
+
+    def _end_rows(self, calls: list[Call], outcomes: Sequence[object], gone: list[int]) -> None:
+        """The rows ``gone`` leave the batch (``calls`` are its rows): those whose outcome is
+        an error end with it (the others have ended already)."""
+        for i in gone:
+            outcome = outcomes[i]
+            if isinstance(outcome, Exception):
+                self._end(calls[i], outcome)
+        if gone:
+            self._drop_rows(gone)
 
     def _propose(self, call: Call) -> StepDraft:
         # Room for the drafted tokens plus the model's own one.
@@ -356,6 +389,8 @@ class Scheduler:
         call.ids += released.token_ids
         if call.grammar is not None and released.reason is None:
             call.grammar.advance(released.token_ids)
+        elif call.grammar is not None and released.reason == "eos":  # "eos" means complete
+            call.grammar.finish(released.token_ids)
         call.recorder.new_tokens += len(released.token_ids)
         if call.drafter is not None:
             call.drafter.observe(released.token_ids, call.side)
@@ -374,18 +409,27 @@ class Scheduler:
         if call in self._alone:
             self._alone.remove(call)
         drafter, call.drafter, call.cache = call.drafter, None, None
-        try:
-            if drafter is not None:
+        if drafter is not None:
+            try:
                 drafter.close()
-        finally:
-            call.outbox.put(error if error is not None else _END)
-            call.ended.set()
+            except Exception as err:  # its branches stay in the trie: this call's error alone
+                error = error or err
+        call.outbox.put(error if error is not None else _END)
+        call.ended.set()
 
     def _drop_rows(self, gone: list[int]) -> None:
         left = set(gone)
         keep = [i for i in range(len(self._rows)) if i not in left]
         self._rows = [self._rows[i] for i in keep]
         self._batch.keep_rows(keep)
+
+
+def _attempt(run: Callable[..., T], *args: Any) -> T | Exception:
+    """``run(*args)``, or the error it raised: one row's work, whose failure is that row's alone."""
+    try:
+        return run(*args)
+    except Exception as err:
+        return err
 
 
 def _choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:

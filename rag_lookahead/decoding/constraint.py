@@ -73,15 +73,18 @@ class GrammarCompiler:
         self._views: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
 
-    def state(self, grammar: Grammar, eos: Sequence[int]) -> GrammarState:
-        """A fresh matcher for ``grammar`` that ends on any of ``eos`` (a clear error for a
-        grammar llguidance refuses)."""
+    def state(self, grammar: Grammar, eos: Sequence[int], context_window: int | None = None) -> GrammarState:
+        """A fresh matcher for ``grammar`` that ends on any of ``eos``; a clear error for a
+        grammar llguidance refuses, and for one no answer can complete (see `GrammarState.check`)."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self._view(tuple(eos)), to_lark(grammar))
+        # Quiet: its warnings are the errors raised here, which say what went wrong.
+        matcher = llguidance.LLMatcher(self._view(tuple(eos)), to_lark(grammar), log_level=0)
         if matcher.is_error():
-            raise ValueError(f"the grammar cannot be used: {matcher.get_error()}")
-        return GrammarState(matcher, self.vocab_size)
+            raise ValueError(f"the grammar cannot be used: {_first_line(matcher.get_error())}")
+        state = GrammarState(matcher, self.vocab_size, eos)
+        state.check(context_window)
+        return state
 
     def _view(self, eos: tuple[int, ...]) -> Any:
         import llguidance.hf
@@ -101,18 +104,48 @@ class GrammarCompiler:
 class GrammarState:
     """Where one call stands in its grammar: after the tokens it has emitted."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, eos: Sequence[int]) -> None:
         import llguidance.torch
 
         self._matcher = matcher
         self._vocab = vocab_size
+        self._eos = list(eos)
         self._fill = llguidance.torch.fill_next_token_bitmask
         self._words = (vocab_size + 31) // 32
+
+    def check(self, context_window: int | None) -> None:
+        """Refuse, before any work, a grammar that can only give an empty answer or none that
+        ends: one that allows nothing but an end-of-sequence token at the start, or one whose
+        forced text runs past the context window (a schema that requires itself)."""
+        allowed = self.allowed(DraftTree.root_only(0))[0]  # [V]
+        if not allowed.any():
+            raise ValueError(f"the grammar allows no text: {self._error()}")
+        if bool(allowed[self._eos].sum() == allowed.sum()):
+            raise ValueError(
+                "the grammar accepts only empty text"
+                if self._matcher.is_accepting()
+                else "the grammar accepts no text (e.g. a schema that only refers to itself)"
+            )
+        probe = self._matcher.deep_copy()  # an endless forced text leaves its matcher in error
+        forced = len(probe.compute_ff_tokens())
+        if probe.is_error():
+            raise ValueError(
+                f"the grammar cannot be used: {_first_line(probe.get_error())} "
+                "(a recursive schema that never ends?)"
+            )
+        if context_window is not None and forced >= context_window:
+            raise ValueError(
+                f"the grammar forces {forced} tokens before any choice, past the model's "
+                f"{context_window}-token context window: no answer can end"
+            )
 
     def forced(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces next (the canonical tokens of its forced
         text); a draft, verified like any other."""
-        return list(self._matcher.compute_ff_tokens())[: max(limit, 0)]
+        tokens = list(self._matcher.compute_ff_tokens())
+        if self._matcher.is_error():
+            raise RuntimeError(f"the grammar cannot continue: {self._error()}")
+        return tokens[: max(limit, 0)]
 
     def admitted(self, tree: DraftTree) -> DraftTree:
         """``tree`` without the nodes the grammar refuses (and their subtrees)."""
@@ -132,14 +165,30 @@ class GrammarState:
         allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().reshape(len(tree), -1)  # [n, 32 W]
         allowed = allowed[:, : self._vocab]  # [n, V]
         if not allowed.any(dim=-1).all():
-            raise RuntimeError(f"the grammar allows no token here: {self._matcher.get_error()}")
+            raise RuntimeError(f"the grammar allows no token here: {self._error()}")
         return allowed
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Take the call's emitted ``tokens`` (each one the grammar allowed)."""
         for token in tokens:
             if not self._matcher.consume_token(token):
-                raise RuntimeError(f"the grammar refused emitted token {token}: {self._matcher.get_error()}")
+                raise RuntimeError(
+                    f"the grammar reached a dead end: it allowed token {token} but cannot continue "
+                    f"after it ({self._error()}); the tokenizer may not spell what the grammar needs"
+                )
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        """Take a last step's ``tokens``, which end on an end-of-sequence token: the text must
+        be complete in the grammar (llguidance allows the end at a dead end too)."""
+        self.advance(tokens[:-1])
+        if not self._matcher.is_accepting():
+            raise RuntimeError(
+                "the grammar reached a dead end: nothing it accepts follows the text so far "
+                f"({self._error()})"
+            )
+
+    def _error(self) -> str:
+        return _first_line(self._matcher.get_error()) or "no error given"
 
     def _walk(self, tree: DraftTree, node: int, visit: Callable[[int], object]) -> int:
         """Visit ``node`` and, depth first, each child the grammar admits after it (the
@@ -151,3 +200,8 @@ class GrammarState:
                 visited += self._walk(tree, child, visit)
                 self._matcher.rollback(1)
         return visited
+
+
+def _first_line(error: str) -> str:
+    """llguidance's error without the parser state it appends."""
+    return error.strip().splitlines()[0] if error.strip() else ""

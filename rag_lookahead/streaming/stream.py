@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -39,10 +41,13 @@ class TextStream(Iterator[str]):
     """Iterates the new text chunk by chunk; ``stats`` is final once the stream is exhausted.
 
     The call holds its trie branches until it ends: when its last token is decided, or when
-    the stream is closed — by `close`, by leaving a ``with`` block, by closing `chunks`, or when
+    the stream is closed — by `close` (from any thread, also while another thread reads it:
+    a web handler's disconnect), `aclose`, leaving a ``with`` block, closing `chunks`, or when
     the last reference to the stream goes (nothing here refers back to it, so CPython frees it
-    then, not at some later garbage collection). A stream still referenced but never read again
-    (a kept traceback) is carried to its end by the engine's other calls as they are read.
+    then, not at some later garbage collection). A reader whose stream is closed under it gets
+    what was already decided, then the iteration ends. A stream still referenced but never
+    read again (a kept traceback) is carried to its end by the engine's other calls as they
+    are read. ``async for`` reads it without blocking an event loop.
     """
 
     def __init__(
@@ -56,8 +61,7 @@ class TextStream(Iterator[str]):
         self._cancel = cancel
         self._released = _Released()
         self._closed = False
-        # Refers to the steps and what they released, never to this stream: no cycle.
-        self._chunks = _iterate(steps, self._released, cancel)
+        self._reading = threading.Lock()  # held by the thread advancing the steps
 
     @property
     def text(self) -> str:
@@ -77,28 +81,42 @@ class TextStream(Iterator[str]):
             stats = replace(stats, finish_reason="abandoned")
         return stats
 
-    def chunks(self) -> Generator[StreamChunk, None, None]:
+    def chunks(self) -> Iterator[StreamChunk]:
         """The same stream as (token ids, text) pairs, one per decoding step; closing this
-        generator closes the stream."""
-        return self._chunks
+        iterator closes the stream."""
+        return _Chunks(self)
 
     def __iter__(self) -> TextStream:
         return self
 
     def __next__(self) -> str:
-        for chunk in self._chunks:
+        while True:
+            chunk = self._next_chunk()
             if chunk.text:
                 return chunk.text
-        raise StopIteration
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        from rag_lookahead.streaming.aio import aiterate
+
+        return aiterate(self)
 
     def close(self) -> None:
-        """Stop generating and release what the call holds; idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._chunks.close()
-            self._steps.close()
-            if self._cancel is not None:  # also a call whose chunks were never read
-                self._cancel()
+        """Stop generating and release what the call holds, from any thread; idempotent. Returns
+        once the call has ended (at most one decoding step later)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reading.acquire(blocking=False):  # else a reader holds it: the call's end ends it
+            try:
+                self._steps.close()
+            finally:
+                self._reading.release()
+        if self._cancel is not None:  # also a call whose chunks were never read
+            self._cancel()
+
+    async def aclose(self) -> None:
+        """`close` without blocking the event loop, also while another task reads the stream."""
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> TextStream:
         return self
@@ -108,20 +126,45 @@ class TextStream(Iterator[str]):
 
     def complete(self) -> Completion:
         """Run to the end and return the whole completion."""
-        for _ in self._chunks:
+        for _ in self.chunks():
             pass
         return Completion(self.text, list(self.token_ids), self.stats)
 
+    def _next_chunk(self) -> StreamChunk:
+        """The next step's chunk (`StopIteration` at the end), read by one thread at a time."""
+        with self._reading:
+            try:
+                chunk = next(self._steps)
+            except StopIteration:
+                pass
+            except Exception:
+                if not self._closed:
+                    self._end()
+                    raise
+                # Closed under its reader (a server's response, say): the close ended it.
+            else:
+                self._released.token_ids += chunk.token_ids
+                self._released.text += chunk.text
+                return chunk
+        self._end()
+        raise StopIteration
 
-def _iterate(
-    steps: Generator[StreamChunk, None, None], released: _Released, cancel: Callable[[], None] | None
-) -> Generator[StreamChunk, None, None]:
-    try:
-        for chunk in steps:
-            released.token_ids += chunk.token_ids
-            released.text += chunk.text
-            yield chunk
-    finally:
-        steps.close()  # a consumer that stopped early ends generation here
-        if cancel is not None:
-            cancel()
+    def _end(self) -> None:
+        if self._cancel is not None:  # nothing to stop once the call has ended
+            self._cancel()
+
+
+class _Chunks(Iterator[StreamChunk]):
+    """A stream's chunks; refers to the stream, never the other way round (no cycle)."""
+
+    def __init__(self, stream: TextStream) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> _Chunks:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        return self._stream._next_chunk()
+
+    def close(self) -> None:
+        self._stream.close()
