@@ -266,7 +266,7 @@ class LookaheadEngine:
         if scope is not None and scope.trie is not self.trie:
             # Its branches live in another trie: this call could neither see nor release them.
             raise ValueError("the document scope passed to this call belongs to another engine")
-        eos = self.eos_token_ids if params.eos_token_id is None else params.eos_token_id
+        eos = self.eos_token_ids if params.eos_token_id is None else self._checked_eos(params.eos_token_id)
         grammar = (
             self._grammars.state(params.grammar, eos, self.context_window)
             if params.grammar is not None
@@ -353,6 +353,13 @@ class LookaheadEngine:
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"the prompt holds token id {bad}, outside the model's {vocab}-token vocabulary")
+
+    def _checked_eos(self, eos: tuple[int, ...]) -> tuple[int, ...]:
+        vocab = self.vocab_size
+        bad = next((t for t in eos if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"eos_token_id {bad} is outside the model's {vocab}-token vocabulary")
+        return eos
 
     def _batchable(self) -> bool:
         """Whether calls may share the batch (and draft): the model verifies trees. Else each

@@ -64,8 +64,7 @@ def generate(
     del tokenizer  # `generate` needs it for stop strings; the engine has its own
     if unsupported:
         raise TypeError(f"unsupported generate() arguments: {', '.join(sorted(unsupported))}")
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be [batch, length] and non-empty, got {tuple(input_ids.shape)}")
+    _check_inputs(input_ids, attention_mask)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("a streamer needs a batch of one sequence, as in model.generate")
     gc = engine.model.generation_config
@@ -94,6 +93,27 @@ def generate(
     for i, row in enumerate(rows):
         new[i, : len(row)] = torch.tensor(row, dtype=input_ids.dtype)
     return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
+
+
+def _check_inputs(input_ids: Any, attention_mask: Any) -> None:
+    """Refuse what `model.generate` would fail on later, or misread, before any work."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if input_ids.dim() != 2 or 0 in input_ids.shape:
+        raise ValueError(f"input_ids must be [batch, length] and non-empty, got {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    if not bool(attention_mask.bool().any(dim=1).all()):
+        raise ValueError("attention_mask leaves a row with no tokens")
 
 
 def _read_row(stream: TextStream, ids: torch.Tensor, streamer: Any) -> list[int]:

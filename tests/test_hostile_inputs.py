@@ -18,7 +18,15 @@ from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, To
 from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.structured import Grammar
+from rag_lookahead.testing import (
+    ASCII_VOCAB,
+    VOCAB,
+    CharTokenizer,
+    ascii_fast_tokenizer,
+    greedy_reference,
+    tiny_model,
+)
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 8
@@ -95,6 +103,32 @@ ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exceptio
         "num_beams",
     ),
     ("generate on 1-D ids", lambda e: e.generate(torch.tensor(PROMPT)), ValueError, "input_ids must be"),
+    ("eos past the vocabulary", complete(eos_token_id=[VOCAB + 4]), ValueError, "outside the model's"),
+    ("generate on a list", lambda e: e.generate([PROMPT]), TypeError, "must be a torch.Tensor"),
+    (
+        "generate on float ids",
+        lambda e: e.generate(torch.tensor([PROMPT]) * 1.0),
+        TypeError,
+        "integer token ids",
+    ),
+    (
+        "generate on 0 rows",
+        lambda e: e.generate(torch.zeros(0, 5, dtype=torch.long)),
+        ValueError,
+        "non-empty",
+    ),
+    (
+        "generate with a mask of another shape",
+        lambda e: e.generate(torch.tensor([PROMPT]), attention_mask=torch.ones(1, 3, dtype=torch.long)),
+        ValueError,
+        "attention_mask must have input_ids' shape",
+    ),
+    (
+        "generate with an all-padding row",
+        lambda e: e.generate(torch.tensor([PROMPT]), attention_mask=torch.zeros(1, 5, dtype=torch.long)),
+        ValueError,
+        "a row with no tokens",
+    ),
 ]
 
 CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
@@ -239,3 +273,51 @@ def test_finish_reason_is_none_until_the_stream_ends(engine) -> None:
     unstarted = engine.stream(PROMPT, max_new_tokens=N)
     unstarted.close()
     assert unstarted.stats.finish_reason == "abandoned"
+
+
+def grammar_engine() -> LookaheadEngine:
+    """The tiny Llama with the fast ASCII tokenizer, which a grammar library can read."""
+    model = tiny_model("llama", 0, ASCII_VOCAB + 1)
+    model.generation_config.eos_token_id = ASCII_VOCAB
+    return LookaheadEngine(model, ascii_fast_tokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+
+
+SELF_REQUIRING = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+# (case, grammar, error, words of its message): refused at call start, or (a dead end found
+# while decoding) the call ends with the error; "eos" is never a text the grammar did not accept.
+GRAMMAR_CALL_CASES: list[tuple[str, Grammar, type[Exception], str]] = [
+    (
+        "a schema that only refers to itself",
+        Grammar.json_schema({"$ref": "#"}),
+        ValueError,
+        "accepts no text",
+    ),
+    ("a grammar of empty text only", Grammar.regex("a{0}"), ValueError, "accepts only empty text"),
+    ("a schema that requires itself", Grammar.json_schema(SELF_REQUIRING), ValueError, "no answer can end"),
+    ("a literal past the context window", Grammar.literal("x" * 600), ValueError, "no answer can end"),
+    ("a character the vocabulary cannot spell", Grammar.regex("aaa\u00e9"), RuntimeError, "dead end"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "grammar", "error", "words"), GRAMMAR_CALL_CASES, ids=[c[0] for c in GRAMMAR_CALL_CASES]
+)
+def test_a_grammar_no_answer_can_complete_fails_its_call_and_loses_nothing(
+    case, grammar, error, words
+) -> None:
+    engine = grammar_engine()
+    with pytest.raises(error) as raised:
+        engine.complete(PROMPT, max_new_tokens=N, grammar=grammar)
+    assert words in str(raised.value), str(raised.value)
+    assert "<state>" not in str(raised.value)  # the library's message, not its parser dump
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+    assert engine.complete(PROMPT, max_new_tokens=N).stats.finish_reason == "length"
+
+
+def test_an_end_of_sequence_at_a_dead_end_is_an_error_not_eos() -> None:
+    engine = grammar_engine()
+    state = engine._grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
+    with pytest.raises(RuntimeError, match="dead end"):
+        state.finish([*engine.tokenizer.encode("a"), ASCII_VOCAB])
+    state = engine._grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
+    state.finish([*engine.tokenizer.encode("ab"), ASCII_VOCAB])  # complete: a true end
