@@ -108,7 +108,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
 
 def _check_settings(args: argparse.Namespace) -> None:
     """Make every config the flags describe, so that a bad combination of values (an overlap
-    past the chunk size, a branch longer than the drafts) is refused before anything loads."""
+    past the chunk size, drafts too short for the Jacobi n-grams) is refused before anything loads."""
     if hasattr(args, "decoding_length"):
         lookahead_config(args)
     if hasattr(args, "top_k"):

@@ -2,7 +2,8 @@
 
 A markdown document is first cut into sections at its headings: no chunk straddles a heading,
 and each chunk keeps the path of headings above it (``("textwrap", "textwrap.dedent")``), which
-is indexed with its text and shown with its source. Within a section (or a whole plain-text
+is indexed with its text and shown with its source; a heading with no text under it (a title, a
+FAQ written as headings) is the text of its own chunk. Within a section (or a whole plain-text
 document) whole blocks are packed first (paragraphs, lists, tables; fenced code blocks are never
 cut unless one alone is longer than a chunk, then at its lines), then whole sentences, and a
 sentence longer than a chunk is cut between tokens.
