@@ -6,18 +6,34 @@ its message must hold. After each one the engine still answers, and no call's br
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import hashlib
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie
+from rag_lookahead.cli import main
 from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.rag import (
+    DEFAULT_EMBEDDER,
+    ChunkingConfig,
+    Document,
+    DocumentIndex,
+    chunking,
+    split_document,
+)
+from rag_lookahead.rag.embedding import default_embedder_path
 from rag_lookahead.structured import Grammar
 from rag_lookahead.testing import (
     ASCII_VOCAB,
@@ -273,6 +289,254 @@ def test_finish_reason_is_none_until_the_stream_ends(engine) -> None:
     unstarted = engine.stream(PROMPT, max_new_tokens=N)
     unstarted.close()
     assert unstarted.stats.finish_reason == "abandoned"
+
+
+# ------------------------------------------------------------------ indexing and the CLI (issue 26)
+
+
+class HashEmbedder:
+    """The default embedder's name and tokenizer with vectors from a hash of each text: the index
+    and the CLI as they are, without loading the model."""
+
+    name = DEFAULT_EMBEDDER
+    dimension = 8
+
+    def __init__(self) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(default_embedder_path())
+        self.embedded: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.embedded.extend(texts)
+        seeds = [int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) for text in texts]
+        rows = np.stack([np.random.default_rng(seed).normal(size=self.dimension) for seed in seeds])
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def hash_embedder() -> HashEmbedder:
+    return HashEmbedder()
+
+
+@pytest.fixture
+def fake_models(monkeypatch, hash_embedder) -> HashEmbedder:
+    """The CLI gets `hash_embedder` for every embedder; no model or saved index may load."""
+    hash_embedder.embedded.clear()
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model or an index was loaded")
+
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: hash_embedder)
+    monkeypatch.setattr("rag_lookahead.cli.setup.make_embedder", refuse)
+    monkeypatch.setattr("rag_lookahead.cli.setup.make_engine", refuse)
+    monkeypatch.setattr("rag_lookahead.cli.setup.DocumentIndex.load", refuse)
+    monkeypatch.setattr("rag_lookahead.cli.benchmark.make_engine", refuse)
+    monkeypatch.setattr("rag_lookahead.cli.benchmark.load_qa_records", refuse)
+    return hash_embedder
+
+
+def _folder(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "bees.txt").write_text("Bees make honey from nectar.\n")
+    (tmp_path / "elsewhere.txt").write_text("The vault code is 9431.\n")
+    return docs
+
+
+def _link(target: Callable[[Path], Path]) -> Callable[[Path], Path]:
+    def make(tmp_path: Path) -> Path:
+        docs = _folder(tmp_path)
+        (docs / "link.txt").symlink_to(target(tmp_path))
+        return docs
+
+    return make
+
+
+def _linked_folder(tmp_path: Path) -> Path:
+    docs = _folder(tmp_path)
+    (docs / "sub").mkdir()
+    (docs / "sub" / "deep.md").symlink_to(tmp_path / "elsewhere.txt")
+    return docs
+
+
+# (case, a folder to index) -> one file of it is a link out of it, skipped with the reason
+LINK_OUT_CASES: list[tuple[str, Callable[[Path], Path]]] = [
+    ("a link to a file beside the folder", _link(lambda d: d / "elsewhere.txt")),
+    ("a link to a system file", _link(lambda d: Path("/etc/passwd"))),
+    ("a relative link up and out", _link(lambda d: Path("..") / "elsewhere.txt")),
+    ("a link in a subfolder", _linked_folder),
+]
+
+
+@pytest.mark.parametrize(("case", "make"), LINK_OUT_CASES, ids=[c[0] for c in LINK_OUT_CASES])
+def test_an_index_stays_inside_its_folder(tmp_path, hash_embedder, case, make) -> None:
+    docs = make(tmp_path)
+    index, skipped = DocumentIndex.build([docs], hash_embedder)
+    assert list(index.sources) == [str(docs / "bees.txt")]
+    assert [s.reason for s in skipped if "a link out of" in s.reason and "--follow-symlinks" in s.reason]
+    assert all(hit.chunk.source.endswith("bees.txt") for hit in index.search("vault code root", k=5))
+    followed, _ = DocumentIndex.build([docs], hash_embedder, follow_symlinks=True)
+    assert len(followed.sources) == 2  # the opt-in reads it
+
+
+# (case, markdown whose text is only in headings, words each a chunk must index)
+HEADING_ONLY_CASES: list[tuple[str, str, list[str]]] = [
+    ("a heading-only file", "# Rotating the signing keys\n", ["Rotating the signing keys"]),
+    (
+        "a FAQ written as headings",
+        "# FAQ\n\n## How do I rotate the keys?\n\n## How do I reset a password?\n",
+        ["rotate the keys", "reset a password"],
+    ),
+    ("a final heading with no body", "# Setup\n\nInstall it.\n\n## Troubleshooting\n", ["Troubleshooting"]),
+    ("a setext title", "Descaling a kettle\n==================\n", ["Descaling a kettle"]),
+    ("an empty heading between", "# Vaults\n\n##\n", ["Vaults"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "words"), HEADING_ONLY_CASES, ids=[c[0] for c in HEADING_ONLY_CASES]
+)
+def test_heading_text_is_indexed(hash_embedder, case, text, words) -> None:
+    chunks = split_document(Document("notes.md", text), ChunkingConfig(), hash_embedder.tokenizer)
+    assert all(text[c.start : c.end] == c.text for c in chunks)
+    for phrase in words:
+        assert any(phrase in chunk.indexed_text for chunk in chunks), (phrase, chunks)
+
+
+def _a_file(tmp_path: Path) -> Path:
+    (tmp_path / "notes.txt").write_text("keep me")
+    return tmp_path / "notes.txt"
+
+
+def _a_folder_of_other_things(tmp_path: Path) -> Path:
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    return tmp_path / "photos"
+
+
+# (case, an --out that is not an index, words of the error): refused before anything is embedded
+INDEX_OUT_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("--out an existing file", _a_file, "is not a directory"),
+    ("--out a folder of other things", _a_folder_of_other_things, "is not a rag-lookahead index"),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "words"), INDEX_OUT_CASES, ids=[c[0] for c in INDEX_OUT_CASES])
+def test_index_refuses_an_out_that_is_not_an_index_before_embedding(
+    tmp_path, capsys, monkeypatch, case, make, words
+) -> None:
+    out = make(tmp_path)
+    before = sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in [out, *out.glob("*")])
+    docs = _folder(tmp_path)
+    loaded: list[str] = []
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: loaded.append("embedder"))
+    assert main(["index", str(docs), "--out", str(out)]) == 2
+    assert words in capsys.readouterr().err and loaded == []
+    assert sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in [out, *out.glob("*")]) == before
+
+
+def test_two_concurrent_index_runs_lose_neither(tmp_path, monkeypatch, hash_embedder) -> None:
+    """Each run waits in its first embedding for the other to get there too: without a lock
+    both load the same old index and the later save drops the other's documents."""
+    out = tmp_path / "index"
+    folders = []
+    for name in ("a", "b"):
+        folders.append(tmp_path / name)
+        folders[-1].mkdir()
+        (folders[-1] / f"{name}.txt").write_text(f"Document {name} is about topic {name}.\n")
+    meeting = threading.Barrier(2)
+
+    class Waiting(HashEmbedder):
+        def __init__(self) -> None:
+            self.tokenizer, self.embedded = hash_embedder.tokenizer, []
+
+        def embed(self, texts: Sequence[str]) -> np.ndarray:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meeting.wait(timeout=5)  # holding the lock, the first run waits in vain
+            return super().embed(texts)
+
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: Waiting())
+    argv = [["index", str(folder), "--out", str(out), "--embedder", "hash"] for folder in folders]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(main, argv)) == [0, 0]
+    assert sorted(DocumentIndex.load(out, hash_embedder).sources) == [
+        str(f / f"{f.name}.txt") for f in folders
+    ]
+
+
+def test_a_line_of_megabytes_is_warned_about_and_not_tokenized_whole(
+    tmp_path, capsys, monkeypatch, fake_models
+) -> None:
+    line = " ".join(f"w{i % 977}" for i in range(30_000))  # no sentence ends, past LONG_LINE
+    (tmp_path / "dump.txt").write_text(line)
+    tokenizer = fake_models.tokenizer
+    longest: list[int] = []
+
+    class Measuring:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tokenizer, name)
+
+        def __call__(self, text: Any, **kwargs: Any) -> Any:
+            longest.append(max(map(len, [text] if isinstance(text, str) else text)))
+            return tokenizer(text, **kwargs)
+
+    monkeypatch.setattr(fake_models, "tokenizer", Measuring())
+    monkeypatch.setattr(chunking, "_BLOCK_CHARS", 10_000)
+    assert main(["index", str(tmp_path / "dump.txt"), "--out", str(tmp_path / "index")]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and f"dump.txt has a line of {len(line):,} characters" in err
+    assert max(longest) <= 10_000  # counted by its first block, then cut by blocks
+    assert fake_models.embedded  # and indexed all the same
+
+
+def _cli(*argv: str) -> list[str]:
+    return list(argv)
+
+
+# (case, command line, words of the error): refused while parsing, before anything loads
+CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
+    ("--top-k -3", _cli("ask", "q", "--index", "i", "--top-k", "-3"), "--top-k: must be a positive integer"),
+    (
+        "--max-new-tokens 0",
+        _cli("ask", "q", "--index", "i", "--max-new-tokens", "0"),
+        "--max-new-tokens: must",
+    ),
+    ("--min-score nan", _cli("chat", "--index", "i", "--min-score", "nan"), "--min-score: must be a finite"),
+    ("--min-score 2", _cli("ask", "q", "--index", "i", "--min-score", "2"), "--min-score: must be a cosine"),
+    (
+        "--port 99999",
+        _cli("serve", "--backend", "vllm", "--model", "m", "--port", "99999"),
+        "--port: must be",
+    ),
+    ("--port 0", _cli("serve", "--backend", "vllm", "--model", "m", "--port", "0"), "from 1 to 65535"),
+    ("--threads 0", _cli("ask", "q", "--index", "i", "--threads", "0"), "--threads: must be a positive"),
+    ("--threads -2", _cli("eval-retrieval", "--data", "d", "--threads", "-2"), "--threads: must be"),
+    ("--decoding-length 0", _cli("ask", "q", "--index", "i", "--decoding-length", "0"), "--decoding-length"),
+    ("--branch-length -1", _cli("chat", "--index", "i", "--branch-length", "-1"), "--branch-length: must"),
+    ("--decoding-length 2", _cli("ask", "q", "--index", "i", "--decoding-length", "2"), "ngram_size"),
+    ("--top-k 2.5", _cli("ask", "q", "--index", "i", "--top-k", "2.5"), "--top-k: must be an integer"),
+    ("--limit 0", _cli("bench", "--data", "bundled", "--limit", "0"), "--limit: must be a positive"),
+    ("--limit -1", _cli("eval-retrieval", "--data", "d", "--limit", "-1"), "--limit: must be a positive"),
+    ("--concurrency 1,x", _cli("bench", "--data", "d", "--concurrency", "1,x"), "--concurrency: must be"),
+    ("--concurrency 0", _cli("bench", "--data", "d", "--concurrency", "0"), "--concurrency: must be"),
+    ("--arrival-rate inf", _cli("bench", "--data", "d", "--arrival-rate", "inf"), "--arrival-rate: must"),
+    ("--arrival-rate 0", _cli("bench", "--data", "d", "--arrival-rate", "0"), "--arrival-rate: must"),
+    ("--chunk-size 0", _cli("index", "d", "--out", "o", "--chunk-size", "0"), "--chunk-size: must be"),
+    ("--chunk-overlap -1", _cli("index", "d", "--out", "o", "--chunk-overlap", "-1"), "--chunk-overlap"),
+]
+
+
+@pytest.mark.parametrize(("case", "argv", "words"), CLI_VALUE_CASES, ids=[c[0] for c in CLI_VALUE_CASES])
+def test_a_bad_cli_value_is_refused_before_anything_loads(capsys, fake_models, case, argv, words) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own refusal
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ grammars no answer can end (issue 26)
 
 
 def grammar_engine() -> LookaheadEngine:

@@ -185,6 +185,19 @@ def test_huge_documents_are_tokenized_in_blocks_without_changing_chunks(embedder
     assert split_document(doc, SMALL, embedder.tokenizer) == whole
 
 
+@pytest.mark.parametrize("block", [97, 400])
+def test_sentences_longer_than_a_block_are_counted_without_changing_chunks(
+    embedder, monkeypatch, block
+) -> None:
+    # Counted by their first block when that alone is over the size (400), else in full (97).
+    words = " ".join(f"w{i % 97}" for i in range(600))  # one sentence, no breaks
+    doc = Document("long.txt", f"Bees dance. {words}\n\nStarters need flour. {words[:300]} and water.")
+    config = ChunkingConfig(size=48, overlap=12, unit="sentences")
+    whole = split_document(doc, config, embedder.tokenizer)
+    monkeypatch.setattr(chunking, "_BLOCK_CHARS", block)
+    assert split_document(doc, config, embedder.tokenizer) == whole
+
+
 def test_sentence_chunks_pack_whole_sentences(embedder) -> None:
     doc = load_documents([CORPUS / "honeybees.txt"])[0][0]
     config = ChunkingConfig(size=40, overlap=15, unit="sentences")

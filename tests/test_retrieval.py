@@ -481,9 +481,8 @@ def test_eval_retrieval_reports_recall_and_times_per_mode(tmp_path: Path, capsys
         ("\n\n", [], "holds no records"),
         (json.dumps(RECORDS[0]) + "\n", ["--modes", "dense,bm25"], "retrieval mode must be one of"),
         (json.dumps(RECORDS[0]) + "\n", ["--modes", ","], "no retrieval mode to evaluate"),
-        (json.dumps(RECORDS[0]) + "\n", ["--limit", "0"], "--limit must be a positive integer"),
     ],
-    ids=["not-object", "no-context", "question-int", "bad-json", "empty", "bad-mode", "no-mode", "limit-0"],
+    ids=["not-object", "no-context", "question-int", "bad-json", "empty", "bad-mode", "no-mode"],
 )
 def test_eval_retrieval_refuses_bad_input_clearly(tmp_path: Path, capsys, content, args, words) -> None:
     data = tmp_path / "tiny.jsonl"

@@ -14,6 +14,15 @@ from rag_lookahead.bench.run import METHODS
 from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
 from rag_lookahead.cli.benchmark import run_bench, run_eval_retrieval
 from rag_lookahead.cli.serve import run_serve
+from rag_lookahead.cli.setup import chunking_config, lookahead_config, retrieval_config
+from rag_lookahead.cli.values import (
+    client_counts,
+    cosine,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
 from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
@@ -42,7 +51,9 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         choices=["float32", "float16", "bfloat16"],
         help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
     )
-    group.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    group.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
+    )
     group.add_argument(
         "--trust-remote-code", action="store_true", help="run model code shipped with the checkpoint"
     )
@@ -80,19 +91,30 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     )
     look.add_argument(
         "--decoding-length",
-        type=int,
+        type=positive_int,
         default=defaults.decoding_length,
         help=f"most draft tokens verified per forward (default: {defaults.decoding_length})",
     )
     look.add_argument(
         "--branch-length",
-        type=int,
+        type=positive_int,
         default=defaults.branch_length,
         help=f"deepest draft branch (default: {defaults.branch_length})",
     )
     parser.add_argument(
-        "--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)"
+        "--max-new-tokens", type=positive_int, default=128, help="most tokens per answer (default: 128)"
     )
+
+
+def _check_settings(args: argparse.Namespace) -> None:
+    """Make every config the flags describe, so that a bad combination of values (an overlap
+    past the chunk size, drafts too short for the Jacobi n-grams) is refused before anything loads."""
+    if hasattr(args, "decoding_length"):
+        lookahead_config(args)
+    if hasattr(args, "top_k"):
+        retrieval_config(args)
+    if hasattr(args, "chunk_size"):
+        chunking_config(args)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -131,13 +153,13 @@ def _retrieval_flags(parser: argparse.ArgumentParser, *, bench: bool = False) ->
         )
     group.add_argument(
         "--top-k",
-        type=int,
+        type=positive_int,
         default=defaults.top_k,
         help=f"chunks retrieved per question (default: {defaults.top_k})",
     )
     group.add_argument(
         "--min-score",
-        type=float,
+        type=cosine,
         default=defaults.min_score,
         help="least cosine similarity of a relevant chunk (dense and hybrid; a keyword hit needs a "
         f"shared word) (default: {defaults.min_score})",
@@ -149,13 +171,13 @@ def _index_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("indexing")
     group.add_argument(
         "--chunk-size",
-        type=int,
+        type=positive_int,
         default=defaults.size,
         help=f"chunk size in --chunk-unit (default: {defaults.size}; the default embedder reads 256 tokens)",
     )
     group.add_argument(
         "--chunk-overlap",
-        type=int,
+        type=non_negative_int,
         default=defaults.overlap,
         help=f"tokens repeated between neighbouring chunks (default: {defaults.overlap})",
     )
@@ -184,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--out", required=True, type=Path, help="the index directory")
     index.add_argument(
         "--text-field", default="text", help="the text field of .jsonl records (default: text)"
+    )
+    index.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="also index files of a folder that are links to files outside it (default: skipped, "
+        "and listed as skipped)",
     )
     _index_flags(index)
     index.set_defaults(run=run_index)
@@ -221,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSONL with 'question' and 'context', or 'bundled': the demo's corpus and questions, "
         "answered from retrieved chunks",
     )
-    bench.add_argument("--limit", type=int, default=None, help="use the first N records")
+    bench.add_argument("--limit", type=positive_int, default=None, help="use the first N records")
     bench.add_argument("--json", default=None, help="write the summary here")
     bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
     bench.add_argument(
@@ -233,13 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--concurrency",
+        type=client_counts,
         default=None,
         help="comma-separated numbers of concurrent clients, e.g. 1,8: compare serialised and batched "
         "serving with transformers' static and continuous batching",
     )
     bench.add_argument(
         "--arrival-rate",
-        type=float,
+        type=positive_float,
         default=None,
         help="with --concurrency: questions arrive as a Poisson process at this rate per second "
         "(default: all at once)",
@@ -268,14 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
         "first 1 and 4 chunks, with the time to build the index and to query it.",
     )
     evaluate.add_argument("--data", required=True, type=Path, help="JSONL with 'question' and 'context'")
-    evaluate.add_argument("--limit", type=int, default=None, help="ask the first N questions")
+    evaluate.add_argument("--limit", type=positive_int, default=None, help="ask the first N questions")
     evaluate.add_argument("--json", default=None, type=Path, help="write the results here")
     evaluate.add_argument(
         "--modes",
         default=",".join(RETRIEVAL_MODES),
         help=f"comma-separated retrieval modes (default: {','.join(RETRIEVAL_MODES)})",
     )
-    evaluate.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    evaluate.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
+    )
     _index_flags(evaluate)
     evaluate.set_defaults(run=run_eval_retrieval)
 
@@ -285,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--backend", required=True, choices=BACKENDS, help="the serving engine")
     serve.add_argument("--model", required=True, help="the model directory (or hub id) to serve")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    serve.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument(
         "--python",
         default="python",
@@ -302,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_settings(args)
         return int(args.run(args))
     except (ValueError, FileNotFoundError, FileExistsError, IndexFormatError) as err:
         print(f"rag-lookahead: error: {err}", file=sys.stderr)

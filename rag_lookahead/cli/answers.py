@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
+from filelock import Timeout
+
 from rag_lookahead.cli.setup import (
     bundled_index,
     bundled_questions,
+    chunking_config,
     make_embedder,
     make_engine,
     make_pipeline,
@@ -18,45 +24,106 @@ from rag_lookahead.cli.setup import (
     retrieval_config,
 )
 from rag_lookahead.interface import Engine
-from rag_lookahead.rag import AnswerStream, ChunkingConfig, DocumentIndex, IndexFormatError, RagPipeline
+from rag_lookahead.rag import (
+    AnswerStream,
+    ChunkingConfig,
+    DocumentIndex,
+    IndexFormatError,
+    RagPipeline,
+    Skipped,
+    load_documents,
+)
+from rag_lookahead.rag.chunking import long_lines
 from rag_lookahead.rag.pipeline import Answer, source_label
-from rag_lookahead.rag.store import META_FILE
+from rag_lookahead.rag.store import META_FILE, refuse_foreign
 
 __all__ = ["run_ask", "run_chat", "run_demo", "run_index"]
 
 
 def run_index(args: argparse.Namespace) -> int:
-    """Build the index at ``--out``, or bring an existing one in line with the paths."""
-    config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
+    """Build the index at ``--out``, or bring an existing one in line with the paths.
+
+    One run at a time per index: a second waits for the first to save, then updates its result.
+    """
+    config = chunking_config(args)
     out = Path(args.out)
-    if (out / META_FILE).is_file():
-        try:
-            index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
-        except IndexFormatError as err:  # e.g. an older format: `index` cannot update it
-            raise IndexFormatError(f"{err} (to rebuild it there, remove {out} first)") from None
-        if index.config != config:
-            print(f"note: keeping the index's chunking {index.config}; rebuild it elsewhere to change it")
-        report = index.update(args.paths, progress("embedding"), text_field=args.text_field)
-        skipped = report.skipped
-        print(
-            f"updated {out}: {report.added} sources added or changed, {report.removed} removed or "
-            f"changed, {report.unchanged} unchanged ({report.chunks_added} chunks in, "
-            f"{report.chunks_removed} out)"
-        )
-    else:
-        index, skipped_list = DocumentIndex.build(
+    refuse_foreign(out)  # before anything is embedded
+    with _locked(out):
+        index, skipped = _index_paths(args, out, config)
+        for item in skipped:
+            print(f"skipped {item.source}: {item.reason}")
+        index.save(out)
+    return 0
+
+
+def _index_paths(
+    args: argparse.Namespace, out: Path, config: ChunkingConfig
+) -> tuple[DocumentIndex, tuple[Skipped, ...]]:
+    links = args.follow_symlinks
+    if not (out / META_FILE).is_file():
+        _warn_long_lines(args, {})
+        embedder = make_embedder(args.embedder)
+        index, skipped = DocumentIndex.build(
             args.paths,
-            make_embedder(args.embedder),
+            embedder,
             config,
             progress("embedding"),
             text_field=args.text_field,
+            follow_symlinks=links,
         )
-        skipped = tuple(skipped_list)
         print(f"built {out}: {len(index.sources)} sources, {len(index)} chunks")
-    for item in skipped:
-        print(f"skipped {item.source}: {item.reason}")
-    index.save(out)
-    return 0
+        return index, tuple(skipped)
+    try:
+        index = DocumentIndex.load(out, make_embedder(args.embedder) if args.embedder else None)
+    except IndexFormatError as err:  # e.g. an older format: `index` cannot update it
+        raise IndexFormatError(f"{err} (to rebuild it there, remove {out} first)") from None
+    if index.config != config:
+        print(f"note: keeping the index's chunking {index.config}; rebuild it elsewhere to change it")
+    _warn_long_lines(args, index.sources)
+    report = index.update(
+        args.paths, progress("embedding"), text_field=args.text_field, follow_symlinks=links
+    )
+    print(
+        f"updated {out}: {report.added} sources added or changed, {report.removed} removed or "
+        f"changed, {report.unchanged} unchanged ({report.chunks_added} chunks in, "
+        f"{report.chunks_removed} out)"
+    )
+    return index, report.skipped
+
+
+def _warn_long_lines(args: argparse.Namespace, indexed: Mapping[str, str]) -> None:
+    """Say so before a file with a line of megabytes is chunked and embedded (a minified or
+    binary-like file, mostly), which takes long; unchanged ones are not embedded again."""
+    documents, _ = load_documents(
+        args.paths, text_field=args.text_field, follow_symlinks=args.follow_symlinks
+    )
+    fresh = [
+        doc for doc in documents if indexed.get(doc.source) != hashlib.sha256(doc.text.encode()).hexdigest()
+    ]
+    for source, length in long_lines(fresh):
+        print(
+            f"warning: {source} has a line of {length:,} characters: with no sentence breaks it is "
+            "cut into chunks by tokens, and embedding them all takes a while",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold the lock of the index at `out`, saying so when another run holds it first."""
+    lock = DocumentIndex.lock(out)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(
+            f"waiting for another `rag-lookahead index` to finish with {out} ...", file=sys.stderr, flush=True
+        )
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def run_ask(args: argparse.Namespace) -> int:

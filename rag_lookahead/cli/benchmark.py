@@ -18,13 +18,14 @@ from rag_lookahead.bench.run import BenchInput, format_table, gold_inputs, load_
 from rag_lookahead.cli.setup import (
     bundled_index,
     bundled_questions,
+    chunking_config,
     make_embedder,
     make_engine,
     progress,
     retrieval_config,
 )
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.rag import ChunkingConfig, Document, DocumentIndex, RagPipeline
+from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
 from rag_lookahead.rag.index import check_mode
 
 __all__ = ["BUNDLED", "run_bench", "run_eval_retrieval"]
@@ -63,7 +64,7 @@ def run_eval_retrieval(args: argparse.Namespace) -> int:
     modes = [check_mode(mode) for mode in _names(args.modes)]
     if not modes:
         raise ValueError("no retrieval mode to evaluate")
-    config = ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
+    config = chunking_config(args)
     records = load_qa_records(args.data, args.limit)  # before the embedder loads
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,11 +84,7 @@ def run_eval_retrieval(args: argparse.Namespace) -> int:
 
 
 def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:
-    levels = [int(n) for n in _names(args.concurrency)]
-    if not levels or min(levels) < 1:
-        raise ValueError(f"--concurrency takes positive numbers of clients, got {args.concurrency!r}")
-    if args.arrival_rate is not None and not args.arrival_rate > 0:
-        raise ValueError(f"--arrival-rate must be > 0, got {args.arrival_rate}")
+    levels = args.concurrency  # parsed and checked with the other flags (rag_lookahead.cli.values)
     methods = _names(args.methods) if args.methods else list(CONCURRENCY_METHODS)
     summary = run_concurrency(engine, inputs, args.max_new_tokens, levels, methods, args.arrival_rate)
     return _report(args, summary, format_concurrency, "plot_concurrency")

@@ -14,12 +14,20 @@ import torch
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+from rag_lookahead.rag import (
+    ChunkingConfig,
+    DocumentIndex,
+    RagPipeline,
+    RetrievalConfig,
+    SentenceTransformerEmbedder,
+)
 from rag_lookahead.rag.index import check_mode
 
 __all__ = [
     "bundled_index",
     "bundled_questions",
+    "chunking_config",
+    "lookahead_config",
     "make_embedder",
     "make_engine",
     "make_pipeline",
@@ -32,14 +40,9 @@ def make_engine(args: argparse.Namespace) -> LookaheadEngine:
     """The engine the model and lookahead flags describe (measuring its cost curve first)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = LookaheadConfig(
-        mode="off" if getattr(args, "no_lookahead", False) else args.mode,
-        decoding_length=args.decoding_length,
-        branch_length=args.branch_length,
-    )
     engine = LookaheadEngine.from_pretrained(
         args.model,
-        config=config,
+        config=lookahead_config(args),
         device=args.device,
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
@@ -51,6 +54,20 @@ def make_engine(args: argparse.Namespace) -> LookaheadEngine:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.
         engine.measure_costs()
     return engine
+
+
+def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:
+    """The lookahead flags' settings."""
+    return LookaheadConfig(
+        mode="off" if getattr(args, "no_lookahead", False) else args.mode,
+        decoding_length=args.decoding_length,
+        branch_length=args.branch_length,
+    )
+
+
+def chunking_config(args: argparse.Namespace) -> ChunkingConfig:
+    """The indexing flags' chunking settings."""
+    return ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
 
 
 def make_embedder(path: str | None) -> SentenceTransformerEmbedder:

@@ -2,7 +2,8 @@
 
 A markdown document is first cut into sections at its headings: no chunk straddles a heading,
 and each chunk keeps the path of headings above it (``("textwrap", "textwrap.dedent")``), which
-is indexed with its text and shown with its source. Within a section (or a whole plain-text
+is indexed with its text and shown with its source; a heading with no text under it (a title, a
+FAQ written as headings) is the text of its own chunk. Within a section (or a whole plain-text
 document) whole blocks are packed first (paragraphs, lists, tables; fenced code blocks are never
 cut unless one alone is longer than a chunk, then at its lines), then whole sentences, and a
 sentence longer than a chunk is cut between tokens.
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Literal
 
 from rag_lookahead.rag.documents import Document
 
-__all__ = ["Chunk", "ChunkingConfig", "split_document"]
+__all__ = ["LONG_LINE", "Chunk", "ChunkingConfig", "long_lines", "split_document"]
 
 Unit = Literal["tokens", "sentences"]
 Span = tuple[int, int]  # [start, end) character offsets
@@ -46,6 +47,9 @@ MARKDOWN_SUFFIXES = (".md", ".markdown")
 # Where a chunk may end, strongest first: between blocks, between sentences, between tokens.
 _BLOCK, _SENTENCE, _TOKEN = 0, 1, 2
 _SENTENCE_BATCH = 512
+# Characters of a line past which it is no paragraph of prose (minified code, base64, a whole
+# log on one line): with no sentence breaks it is cut by tokens into many chunks, slow to embed.
+LONG_LINE = 100_000
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,8 @@ class _Block:
 class _Section:
     headings: tuple[str, ...]
     blocks: tuple[_Block, ...]
+    level: int = 0  # of the heading that opens it (0: the text before the first heading)
+    heading: _Block | None = None  # the heading's own line(s)
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,17 @@ def split_document(doc: Document, config: ChunkingConfig, tokenizer: Any) -> lis
     return chunks
 
 
+def long_lines(documents: Iterable[Document], limit: int = LONG_LINE) -> list[tuple[str, int]]:
+    """The source of every document with a line longer than `limit` characters, and its length."""
+    found = []
+    for doc in documents:
+        if len(doc.text) > limit:
+            longest = max(map(len, _NEWLINE.split(doc.text)))
+            if longest > limit:
+                found.append((doc.source, longest))
+    return found
+
+
 def is_markdown(source: str) -> bool:
     """Whether a document of this source is split at its markdown headings."""
     return source.lower().endswith(MARKDOWN_SUFFIXES)
@@ -199,22 +216,38 @@ def _markdown_sections(text: str) -> list[_Section]:
     sections: list[_Section] = []
     path: list[tuple[int, str]] = []  # (level, heading) of the open headings
     blocks: list[_Block] = []
+    opened: tuple[int, _Block | None] = (0, None)  # level and lines of the current section's heading
     tokens = _parser().parse(text)
     for i, token in enumerate(tokens):
         if token.map is None or not _is_block(token):
             continue
         if token.type == "heading_open":
-            sections.append(_Section(tuple(h for _, h in path if h), tuple(blocks)))
+            sections.append(_Section(tuple(h for _, h in path if h), tuple(blocks), *opened))
             depth = int(token.tag[1:])
             path = [(level, h) for level, h in path if level < depth]
             path.append((depth, tokens[i + 1].content.strip()))
             blocks = []
+            opened = (depth, _line_block(text, lines, token.map, code=False) if path[-1][1] else None)
             continue
         block = _line_block(text, lines, token.map, code=token.type in ("fence", "code_block"))
         if block is not None:
             blocks.append(block)
-    sections.append(_Section(tuple(h for _, h in path if h), tuple(blocks)))
-    return sections
+    sections.append(_Section(tuple(h for _, h in path if h), tuple(blocks), *opened))
+    return _with_bare_headings(sections)
+
+
+def _with_bare_headings(sections: list[_Section]) -> list[_Section]:
+    """A heading with no text under it is its own section's text (a FAQ of headings, a title),
+    else its words would be in no chunk; unless the next section is deeper and has text, whose
+    chunks carry the heading in their path already."""
+    kept: list[_Section] = []
+    for section in reversed(sections):
+        after = kept[-1] if kept else None
+        covered = after is not None and after.level > section.level and bool(after.blocks)
+        if not section.blocks and section.heading is not None and not covered:
+            section = replace(section, blocks=(section.heading,))
+        kept.append(section)
+    return kept[::-1]
 
 
 def _is_block(token: Any) -> bool:
@@ -257,7 +290,7 @@ def _atoms(text: str, blocks: tuple[_Block, ...], config: ChunkingConfig, tokeni
         (block, list(_lines(text, block) if block.code else _sentences(text, block.start, block.end)))
         for block in blocks
     ]
-    counts = iter(_count(text, [span for _, spans in pieces for span in spans], tokenizer))
+    counts = iter(_count(text, [span for _, spans in pieces for span in spans], tokenizer, config.size))
     atoms: list[_Atom] = []
     for block, spans in pieces:
         counted = [(span, next(counts)) for span in spans]
@@ -356,7 +389,18 @@ def _lines(text: str, block: _Block) -> Iterator[Span]:
     yield from _stripped(text, at, block.end)
 
 
-def _count(text: str, spans: list[Span], tokenizer: Any) -> Iterator[int]:
+def _count(text: str, spans: list[Span], tokenizer: Any, size: int) -> Iterator[int]:
+    """Token counts of `spans`, or for a span longer than a block, of its first block when that
+    alone is over `size`: all such a count decides is that the span is cut by tokens, so a line of
+    megabytes is not tokenized once more just to learn that."""
+    heads = [next(_blocks(text, start, end)) for start, end in spans]
+    for span, head, count in zip(spans, heads, _batch_count(text, heads, tokenizer), strict=True):
+        if head != span and count <= size:
+            count = sum(_batch_count(text, list(_blocks(text, *span)), tokenizer))
+        yield count
+
+
+def _batch_count(text: str, spans: list[Span], tokenizer: Any) -> Iterator[int]:
     """Token counts of `spans`, tokenized in batches (one call per sentence is slow)."""
     for first in range(0, len(spans), _SENTENCE_BATCH):
         batch = spans[first : first + _SENTENCE_BATCH]

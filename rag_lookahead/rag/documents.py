@@ -3,6 +3,10 @@
 Unreadable inputs (empty, binary, not UTF-8, a broken JSON line) are reported as `Skipped`
 rather than raised, so one bad file never stops indexing a folder; mistakes in what the caller
 named (a missing path, an unsupported file) raise, because they are not about the data.
+
+A folder is read only within itself: a file in it that is a symbolic link to somewhere outside
+(another project, ``/etc/passwd``) is skipped with the reason, unless ``follow_symlinks`` is set,
+so pointing the index at a folder never puts files from elsewhere into the answers.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ class Skipped:
 
 
 def load_documents(
-    paths: Sequence[str | Path], *, text_field: str = "text"
+    paths: Sequence[str | Path], *, text_field: str = "text", follow_symlinks: bool = False
 ) -> tuple[list[Document], list[Skipped]]:
     """Read documents from files and folders (recursively), in a deterministic order.
 
@@ -60,6 +64,8 @@ def load_documents(
         paths: Files or folders. Folders are walked in sorted order and only their ``.txt``,
             ``.md`` and ``.jsonl`` files are read; a file reached twice is read once.
         text_field: The key holding the text in each ``.jsonl`` record.
+        follow_symlinks: Also read files of a folder that are links to files outside it
+            (otherwise they are skipped). Files named explicitly are always read.
 
     Returns:
         The documents, and the inputs that were skipped with their reasons.
@@ -73,10 +79,15 @@ def load_documents(
     documents: list[Document] = []
     skipped: list[Skipped] = []
     seen: set[Path] = set()
-    for file in _files(paths):
-        if file.resolve() in seen:
+    for file, folder in _files(paths):
+        resolved = file.resolve()
+        if folder is not None and not follow_symlinks and not resolved.is_relative_to(folder):
+            reason = f"a link out of {folder}, to {resolved}"
+            skipped.append(Skipped(str(file), f"{reason} (read with follow_symlinks / --follow-symlinks)"))
             continue
-        seen.add(file.resolve())
+        if resolved in seen:
+            continue
+        seen.add(resolved)
         loaded, bad = _read_file(file, text_field)
         documents.extend(loaded)
         skipped.extend(bad)
@@ -88,16 +99,19 @@ def is_supported(path: Path) -> bool:
     return path.suffix.lower() in SUPPORTED_SUFFIXES
 
 
-def _files(paths: Sequence[str | Path]) -> Iterator[Path]:
+def _files(paths: Sequence[str | Path]) -> Iterator[tuple[Path, Path | None]]:
+    """Each file to read, with the resolved folder it was found in (``None``: named explicitly)."""
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise FileNotFoundError(f"no such file or folder: {str(raw)!r}")
         if path.is_dir():
+            folder = path.resolve()
             # Sorting full paths keeps the order stable across file systems and runs.
-            yield from sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p))
+            for file in sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p)):
+                yield file, folder
         elif is_supported(path):
-            yield path
+            yield path, None
         else:
             raise ValueError(
                 f"{str(raw)!r} has an unsupported extension {path.suffix!r}; "

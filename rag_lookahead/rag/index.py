@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 
 import faiss
 import numpy as np
+from filelock import FileLock
 
 from rag_lookahead.rag import store
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
@@ -142,7 +143,8 @@ class _Batch:
 class DocumentIndex:
     """Chunks of documents, their vectors, and the content hash of every indexed source.
 
-    Build one with `build`, or `load` a saved one. Not safe for concurrent mutation.
+    Build one with `build`, or `load` a saved one. Not safe for concurrent mutation (across
+    processes, see `lock`).
     """
 
     def __init__(self, embedder: Embedder, config: ChunkingConfig = ChunkingConfig()) -> None:
@@ -163,26 +165,33 @@ class DocumentIndex:
         progress: Progress | None = None,
         *,
         text_field: str = "text",
+        follow_symlinks: bool = False,
     ) -> tuple[DocumentIndex, list[Skipped]]:
         """Index the documents under `paths` (see `load_documents`); also return what was skipped."""
         index = cls(embedder, config)
-        documents, skipped = load_documents(paths, text_field=text_field)
+        documents, skipped = load_documents(paths, text_field=text_field, follow_symlinks=follow_symlinks)
         index._apply(index._embed_documents(documents, progress), stale=set())
         return index, skipped
 
     def update(
-        self, paths: Sequence[str | Path], progress: Progress | None = None, *, text_field: str = "text"
+        self,
+        paths: Sequence[str | Path],
+        progress: Progress | None = None,
+        *,
+        text_field: str = "text",
+        follow_symlinks: bool = False,
     ) -> UpdateReport:
         """Re-read `paths` and bring the index in line with them.
 
         Sources under `paths` whose text changed, or that are gone or now unreadable, lose all
         their chunks; changed and new sources are embedded; unchanged ones are kept as they are
         (not re-embedded). Sources outside `paths` are left alone. A path that no longer
-        exists raises `FileNotFoundError`: update its parent folder to drop it.
+        exists raises `FileNotFoundError`: update its parent folder to drop it. A link out of a
+        folder is skipped (and its chunks dropped) unless `follow_symlinks` is set.
         """
         if isinstance(paths, (str, Path)):
             paths = [paths]
-        documents, skipped = load_documents(paths, text_field=text_field)
+        documents, skipped = load_documents(paths, text_field=text_field, follow_symlinks=follow_symlinks)
         scope = [_absolute(p) for p in paths]
         current = {doc.source: _sha256(doc.text) for doc in documents}
         in_scope = [s for s in self._sources if s in current or _is_under(s, scope)]
@@ -277,6 +286,16 @@ class DocumentIndex:
         index._keyword = store.read_keyword(Path(directory), meta, len(index._chunks))
         index._sources = dict(meta["sources"])
         return index
+
+    @staticmethod
+    def lock(directory: str | Path) -> FileLock:
+        """A lock, across processes, on the index saved at `directory`.
+
+        Hold it (``with DocumentIndex.lock(d):``) from `load` to `save` wherever another process
+        may update the same index: saving is atomic, but without the lock the later save would
+        drop the other's changes. Its file, ``.NAME.lock``, lies beside the directory.
+        """
+        return store.lock(Path(directory))
 
     def __len__(self) -> int:
         """The number of chunks."""

@@ -20,6 +20,10 @@ The keyword files are fixed by their digests in meta.json, so they too come from
 wrote chunks.jsonl, and their arrays are checked against the number of chunks before use.
 The digests guard against accidents and mismatched files, not a forger: nothing is secret.
 
+Saving is atomic, but an update is load, change, save: two processes updating the same index
+at once would each save their own change over the other's. `lock` is a lock file beside the
+directory (``.NAME.lock``) that such writers hold from load to save.
+
 No pickle: every file is plain JSON or FAISS's own format, safe to read from anywhere.
 """
 
@@ -39,13 +43,14 @@ from typing import Any
 
 import faiss
 import numpy as np
+from filelock import FileLock
 
 from rag_lookahead.rag import keyword
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
 from rag_lookahead.rag.keyword import KeywordIndex
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "META_FILE", "IndexFormatError"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "META_FILE", "IndexFormatError", "lock", "refuse_foreign"]
 
 FORMAT = "rag-lookahead-index"
 # 2: chunks bound to their FAISS rows, chunks.jsonl to meta.json;
@@ -95,7 +100,7 @@ def save(
         raise ValueError(
             f"cannot save {index.ntotal} vectors and {keywords.rows} keyword rows with {len(chunks)} chunks"
         )
-    _refuse_foreign(target)
+    refuse_foreign(target)
     lines = "".join(
         _chunk_line(chunk, row, digest)
         for row, (chunk, digest) in enumerate(zip(chunks, _row_digests(index), strict=True))
@@ -121,14 +126,26 @@ def save(
         shutil.rmtree(scratch, ignore_errors=True)  # gone already after a successful swap
 
 
-def _refuse_foreign(target: Path) -> None:
-    # Replacing the target deletes it, so it had better be an index (or nothing at all).
+def refuse_foreign(target: Path) -> None:
+    """Refuse a `target` that `save` would not replace: a file, or a folder with other things in it.
+
+    Replacing the target deletes it, so it had better be an index (or nothing at all); callers
+    check first to refuse before any embedding.
+    """
     if not target.exists():
         return
     if not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a directory; choose another index path")
     if any(target.iterdir()) and _format_of(target) != FORMAT:
         raise FileExistsError(f"{target} exists and is not a rag-lookahead index; refusing to replace it")
+
+
+def lock(target: Path) -> FileLock:
+    """The inter-process lock of the index at `target` (its file is beside it: the directory
+    itself is replaced on every save). Creates `target`'s parent folder."""
+    path = Path(os.path.abspath(target))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path.with_name(f".{path.name}.lock"))
 
 
 def _swap(scratch: Path, target: Path) -> None:
