@@ -124,7 +124,8 @@ class LookaheadConfig:
 class GenerationParams:
     """How each token is chosen and when generation stops (the common `model.generate` knobs).
 
-    ``None`` for ``eos_token_id`` means the model's own end-of-sequence token(s). A ``seed``
+    ``None`` for ``eos_token_id`` means the model's own end-of-sequence token(s).
+    ``temperature=0`` means greedy, whatever ``do_sample`` says (see `sampling`). A ``seed``
     makes sampling repeat exactly, with lookahead or without (see `TokenChooser`). A
     ``grammar`` constrains every token to those that keep the text within it (see `Grammar`).
     """
@@ -147,8 +148,8 @@ class GenerationParams:
         _positive("max_new_tokens", self.max_new_tokens)
         if not isinstance(self.do_sample, bool):
             raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
-        if not _real("temperature", self.temperature) > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not _real("temperature", self.temperature) >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k is not None:
             _positive("top_k", self.top_k)
         if not 0 < _real("top_p", self.top_p) <= 1:
@@ -164,6 +165,12 @@ class GenerationParams:
             raise TypeError(
                 f"grammar must be a rag_lookahead.structured.Grammar, got {type(self.grammar).__name__}"
             )
+
+    @property
+    def sampling(self) -> bool:
+        """Whether tokens are drawn: ``do_sample`` at a temperature above 0. Temperature 0 is
+        greedy, as in the OpenAI API, vLLM, Ollama and llama.cpp."""
+        return self.do_sample and self.temperature > 0
 
     def with_overrides(self, **overrides: object) -> GenerationParams:
         """A copy with the given fields replaced (``None`` values are ignored)."""

@@ -277,6 +277,8 @@ class LookaheadEngine:
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
+        # Tokenized here, in the caller's thread, not in the loop while every other row waits.
+        sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts else []
         call = Call(
             prompt_ids=prompt_ids,
             config=self.config,
@@ -292,7 +294,7 @@ class LookaheadEngine:
             ),
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
             context_window=self.context_window or 1 << 62,
-            make_drafter=functools.partial(self._drafter, prompt_ids, texts, scope) if drafts else None,
+            make_drafter=functools.partial(self._drafter, sequences, scope) if drafts else None,
             batchable=batchable,
             grammar=grammar,
         )
@@ -366,11 +368,10 @@ class LookaheadEngine:
         decodes plainly, alone."""
         return self.runner.tree_problem() is None
 
-    def _drafter(
-        self, prompt_ids: list[int], documents: list[str], scope: DocumentScope | None
-    ) -> ComposedDrafter:
-        doc_ids = [self._tokenize(d) for d in documents]
-        return build_drafter(self.config, self.trie, [prompt_ids, *doc_ids], scope)
+    def _drafter(self, sequences: list[list[int]], scope: DocumentScope | None) -> ComposedDrafter:
+        """The call's drafter over its prompt's and documents' token ids (inserted into the trie
+        once its prefill is under way)."""
+        return build_drafter(self.config, self.trie, sequences, scope)
 
     def _tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)

@@ -94,7 +94,7 @@ ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exceptio
     ("seed past 64 bits", complete(do_sample=True, seed=2**70), ValueError, "seed must be an integer"),
     ("negative seed", complete(do_sample=True, seed=-1), ValueError, "seed must be an integer"),
     ("seed True", complete(seed=True), ValueError, "seed must be an integer"),
-    ("temperature 0", complete(temperature=0), ValueError, "temperature must be > 0"),
+    ("temperature below 0", complete(temperature=-0.5), ValueError, "temperature must be >= 0"),
     ("temperature a string", complete(temperature="hot"), ValueError, "temperature must be a finite number"),
     ("top_p 0", complete(top_p=0.0), ValueError, "top_p must be in"),
     ("top_p NaN", complete(top_p=float("nan")), ValueError, "top_p must be a finite number"),

@@ -93,9 +93,9 @@ def test_a_drafter_that_fails_ends_its_call_alone() -> None:
     engine = engine_for()
     build = engine._drafter
 
-    def drafter(prompt_ids: list[int], documents: list[str], scope: Any) -> Any:
-        made = build(prompt_ids, documents, scope)
-        if prompt_ids == FAILING_PROMPT:
+    def drafter(sequences: list[list[int]], scope: Any) -> Any:
+        made = build(sequences, scope)
+        if sequences[0] == FAILING_PROMPT:
             made.propose = _raises(LookupError("the drafter broke"))
         return made
 
@@ -131,7 +131,7 @@ def test_a_text_that_fails_to_decode_ends_its_call_alone() -> None:
     assert_neighbours_unchanged(engine, neighbours, alone)
 
 
-def test_a_document_the_tokenizer_refuses_ends_its_call_alone() -> None:
+def test_a_document_the_tokenizer_refuses_fails_its_call_before_any_work() -> None:
     alone = solo()
     engine = engine_for()
     tokenize = engine._tokenize
@@ -142,10 +142,13 @@ def test_a_document_the_tokenizer_refuses_ends_its_call_alone() -> None:
         return tokenize(text)
 
     engine._tokenize = refusing  # type: ignore[method-assign]
-    neighbours, failed = beside_neighbours(
-        engine, lambda: engine.stream(FAILING_PROMPT, max_new_tokens=N, documents=["poison"])
-    )
-    assert isinstance(failed, ValueError) and "cannot take this document" in str(failed), failed
+
+    def failing() -> TextStream:
+        with pytest.raises(ValueError, match="cannot take this document"):  # in the caller's thread
+            engine.stream(FAILING_PROMPT, max_new_tokens=N, documents=["poison"])
+        return engine.stream(FAILING_PROMPT, max_new_tokens=N)
+
+    neighbours, _ = beside_neighbours(engine, failing)
     assert_neighbours_unchanged(engine, neighbours, alone)
 
 

@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import CharTokenizer, tiny_model
+from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
 VOCAB = 5
 PROMPT = [1, 2, 3]
@@ -102,3 +102,11 @@ def test_a_seeded_call_samples_the_same_tokens_whatever_the_trie_holds(family: s
     assert sum(second.stats.accepted_per_step) > 0  # the drafts were verified, and kept
     other = engine.complete(prompt, params.with_overrides(seed=8))
     assert other.token_ids != plain.token_ids
+
+
+def test_temperature_zero_is_greedy_even_when_sampling_is_asked_for() -> None:
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    params = GenerationParams(max_new_tokens=12, do_sample=True, temperature=0, top_p=0.5, seed=3)
+    assert not params.sampling
+    assert engine.complete(PROMPT, params).token_ids == greedy_reference(model, PROMPT, 12)

@@ -72,11 +72,11 @@ class TokenChooser:
     """
 
     def __init__(self, params: GenerationParams) -> None:
-        self.do_sample = params.do_sample
+        self.do_sample = params.sampling
         steps: list = []
         if params.repetition_penalty != 1.0:
             steps.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
-        if params.do_sample:
+        if self.do_sample:
             if params.temperature != 1.0:
                 steps.append(TemperatureLogitsWarper(params.temperature))
             if params.top_k is not None:
@@ -86,7 +86,7 @@ class TokenChooser:
         self.processors = LogitsProcessorList(steps)
         self.needs_prefix = params.repetition_penalty != 1.0
         seed = params.seed
-        if params.do_sample and seed is None:
+        if self.do_sample and seed is None:
             seed = int(torch.randint(0, 1 << 62, (1,)).item())
         self.key = _mix(seed if seed is not None else 0)
 
