@@ -20,13 +20,15 @@ from typing import Any
 import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.constraint import GrammarCompiler
+from rag_lookahead.decoding.constraint import GrammarCompiler, GrammarState
 from rag_lookahead.decoding.costs import CostCurve, model_digest
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.verify import TokenChooser
-from rag_lookahead.drafting.compose import ComposedDrafter, build_drafter
+from rag_lookahead.drafting.compose import build_drafter
+from rag_lookahead.drafting.constrained import GrammarDrafter
+from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.models import default_cache_dir
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
@@ -294,7 +296,7 @@ class LookaheadEngine:
             ),
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
             context_window=self.context_window or 1 << 62,
-            make_drafter=functools.partial(self._drafter, sequences, scope) if drafts else None,
+            make_drafter=functools.partial(self._drafter, sequences, scope, grammar) if drafts else None,
             batchable=batchable,
             grammar=grammar,
         )
@@ -368,10 +370,13 @@ class LookaheadEngine:
         decodes plainly, alone."""
         return self.runner.tree_problem() is None
 
-    def _drafter(self, sequences: list[list[int]], scope: DocumentScope | None) -> ComposedDrafter:
+    def _drafter(
+        self, sequences: list[list[int]], scope: DocumentScope | None, grammar: GrammarState | None
+    ) -> Drafter:
         """The call's drafter over its prompt's and documents' token ids (inserted into the trie
-        once its prefill is under way)."""
-        return build_drafter(self.config, self.trie, sequences, scope)
+        once its prefill is under way), under its grammar if it has one."""
+        drafter = build_drafter(self.config, self.trie, sequences, scope)
+        return drafter if grammar is None else GrammarDrafter(drafter, grammar)
 
     def _tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)

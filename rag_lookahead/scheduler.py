@@ -46,7 +46,7 @@ from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser, accept
-from rag_lookahead.drafting.compose import ComposedDrafter
+from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import StreamChunk
@@ -74,7 +74,7 @@ class Call:
     stopping: Stopping
     recorder: StepRecorder
     context_window: int
-    make_drafter: Callable[[], ComposedDrafter] | None  # None: decode plainly
+    make_drafter: Callable[[], Drafter] | None  # None: decode plainly (under its grammar if any)
     batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
     grammar: GrammarState | None = None  # the grammar every token keeps to, if any
     outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
@@ -83,7 +83,7 @@ class Call:
     ids: list[int] = field(default_factory=list)
     cache: Any = None  # its own cache, while prefilling (and for calls outside the batch)
     prefilled: int = 0
-    drafter: ComposedDrafter | None = None
+    drafter: Drafter | None = None
     side: list[int] = field(default_factory=list)  # the model's predictions at the side rows
 
     def __post_init__(self) -> None:
@@ -355,18 +355,7 @@ class Scheduler:
         budget = min(call.config.decoding_length, call.stopping.room() - 1)
         if call.drafter is None or budget <= 0:
             return StepDraft(DraftTree.root_only(call.ids[-1]))
-        if call.grammar is None:
-            return call.drafter.propose(call.ids, budget)
-        # What the grammar forces comes first; the drafters continue after it.
-        forced = call.grammar.forced(budget)
-        context, room = call.ids + forced, budget - len(forced)
-        draft = (
-            call.drafter.propose(context, room) if room > 0 else StepDraft(DraftTree.root_only(context[-1]))
-        )
-        if forced:
-            chain = DraftTree((call.ids[-1], *forced), tuple(range(-1, len(forced))), "grammar")
-            draft = StepDraft(chain.merge(draft.tree, at=len(forced)))  # side rows: root-relative
-        return StepDraft(call.grammar.admitted(draft.tree), draft.side)
+        return call.drafter.propose(call.ids, budget)
 
     def _plan(
         self, calls: list[Call], proposals: list[StepDraft], costs: Callable[[int, int], float] | None
