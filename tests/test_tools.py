@@ -476,6 +476,7 @@ class Address(BaseModel):
 class Person(BaseModel):
     """A model nesting another: pydantic writes Address once, in $defs, and refers to it."""
 
+    model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=4)
     address: Address
     previous: list[Address] = Field(default=[], max_length=2)

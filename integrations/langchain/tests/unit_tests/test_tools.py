@@ -34,6 +34,7 @@ class Address(BaseModel):
 class Person(BaseModel):
     """A person to save."""
 
+    model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=4)
     address: Address
     previous: list[Address] = Field(default=[], max_length=2)
