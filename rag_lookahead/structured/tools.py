@@ -269,7 +269,8 @@ class ToolFormat:
 
         The arguments take only the parameters the tool declares unless its schema says
         otherwise (``additionalProperties``): small models otherwise copy the prompt's example
-        arguments into a forced call.
+        arguments into a forced call. The parameters' definitions (``$defs``, ``definitions``:
+        pydantic's nested models) move to the call schema's root, where their refs point.
         """
         function = tool["function"]
         parameters, definitions = _nested(
@@ -291,7 +292,8 @@ class ToolFormat:
     def grammar(self, tools: Sequence[Mapping[str, Any]], name: str | None = None) -> Grammar:
         """What a reply must be to call tool ``name``, or any of ``tools`` when ``None``.
 
-        One call, in the model's own block: ``tool_choice="any"`` or a tool's name.
+        One call, in the model's own block: ``tool_choice="any"`` or a tool's name. Each tool's
+        call is a schema of its own, so tools whose definitions share a name keep their own.
         """
         checked = check_tools(tools)
         if not checked:
