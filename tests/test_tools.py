@@ -602,3 +602,20 @@ def test_structured_output_of_nested_models_decodes_to_a_valid_instance() -> Non
     completion = engine.complete(messages, grammar=grammar, max_new_tokens=300)
     assert completion.stats.finish_reason == "eos"
     Person.model_validate_json(completion.text)
+
+
+def test_only_refs_of_schemas_move_not_data_that_looks_like_one() -> None:
+    data = {"$ref": "#/properties/a"}
+    tool = {
+        "name": "f",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "object", "default": data, "examples": [data]},
+                "enum": {"$ref": "#/properties/a"},  # a property named as a keyword is a schema
+            },
+        },
+    }
+    arguments = LLAMA3.call_schema(check_tools([tool])[0])["properties"]["parameters"]["properties"]
+    assert arguments["a"]["default"] == data and arguments["a"]["examples"] == [data]
+    assert arguments["enum"] == {"$ref": "#/properties/parameters/properties/a"}
