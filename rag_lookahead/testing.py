@@ -24,11 +24,14 @@ from transformers import (
 )
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig, Mode
+from rag_lookahead.decoding.constraint import to_lark
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.streaming.stream import Completion, TextStream
+from rag_lookahead.structured.grammar import Grammar
 
 __all__ = [
     "ASCII_VOCAB",
+    "BYTE_VOCAB",
     "FAMILIES",
     "SLIDING_FAMILIES",
     "SLIDING_WINDOW",
@@ -36,6 +39,8 @@ __all__ = [
     "AsciiTokenizer",
     "CharTokenizer",
     "ascii_fast_tokenizer",
+    "byte_fast_tokenizer",
+    "grammar_accepts",
     "greedy_reference",
     "run_together",
     "save_tiny_model",
@@ -44,6 +49,7 @@ __all__ = [
     "tiny_config",
     "tiny_engine",
     "tiny_model",
+    "tiny_tool_engine",
 ]
 
 VOCAB = 96
@@ -247,6 +253,62 @@ def ascii_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
+
+
+BYTE_VOCAB = 256  # token i is byte i
+
+
+def byte_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
+    """A Hugging Face fast tokenizer of one byte per token, then ``<eos>`` (id `BYTE_VOCAB`),
+    with ``chat_template``: unlike `ascii_fast_tokenizer`, it writes new lines, which the
+    tool-call formats' markers hold."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # GPT-2's byte alphabet, as byte-level vocabularies write bytes: the printable ones as
+    # themselves, the others as the characters from U+0100 on, in order.
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    characters = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    vocab = {characters[b]: b for b in range(BYTE_VOCAB)} | {"<eos>": BYTE_VOCAB}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
+
+
+def tiny_tool_engine(chat_template: str, mode: Mode = "trie") -> LookaheadEngine:
+    """A fresh engine over the tiny Llama with `byte_fast_tokenizer` and ``chat_template`` (one
+    that renders tools: forced calls then decode under the tool format's grammar)."""
+    tokenizer = byte_fast_tokenizer(chat_template)
+    return LookaheadEngine(_tool_model(), tokenizer, LookaheadConfig(mode=mode, min_query_length=1))
+
+
+@cache
+def _tool_model() -> Any:
+    # One byte a token: a prompt with tools in it runs to thousands of tokens.
+    torch.manual_seed(0)
+    config = tiny_config("llama", BYTE_VOCAB + 1, max_position_embeddings=8192)
+    return _sharpened(AutoModelForCausalLM.from_config(config).eval())
+
+
+def grammar_accepts(grammar: Grammar, text: str) -> bool:
+    """Whether ``text`` is a whole answer under ``grammar`` (read a byte a token by llguidance,
+    as constrained decoding reads it); a grammar llguidance refuses is a `ValueError`."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(_byte_view(), to_lark(grammar))
+    if matcher.is_error():
+        raise ValueError(f"the grammar cannot be used: {matcher.get_error()}")
+    tokens = list(text.encode("utf-8"))
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+
+@cache
+def _byte_view() -> Any:
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(byte_fast_tokenizer(), n_vocab=BYTE_VOCAB + 1, eos_token=[BYTE_VOCAB])
 
 
 def save_tiny_model(directory: Path, family: str = "llama") -> Path:

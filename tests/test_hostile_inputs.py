@@ -34,12 +34,13 @@ from rag_lookahead.rag import (
     split_document,
 )
 from rag_lookahead.rag.embedding import default_embedder_path
-from rag_lookahead.structured import Grammar
+from rag_lookahead.structured import Grammar, ToolFormat, ToolFormatName
 from rag_lookahead.testing import (
     ASCII_VOCAB,
     VOCAB,
     CharTokenizer,
     ascii_fast_tokenizer,
+    grammar_accepts,
     greedy_reference,
     tiny_model,
 )
@@ -585,3 +586,112 @@ def test_an_end_of_sequence_at_a_dead_end_is_an_error_not_eos() -> None:
         state.finish([*engine.tokenizer.encode("a"), ASCII_VOCAB])
     state = engine._grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
     state.finish([*engine.tokenizer.encode("ab"), ASCII_VOCAB])  # complete: a true end
+
+
+# ---------------------------------------------------------------------------- nested tool schemas
+
+_ADDRESS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 5}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+def _defs(properties: dict[str, Any], key: str = "$defs") -> dict[str, Any]:
+    """Tool parameters as pydantic writes a model nesting ``Address``: defined once, referred to."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": sorted(properties),
+        key: {"Address": _ADDRESS},
+    }
+
+
+_REF = {"$ref": "#/$defs/Address"}
+
+# (case, a tool's parameters, arguments that keep to them, arguments that do not): each forces
+# a call in every tool format, by name and among other tools.
+NESTED_TOOL_SCHEMA_CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
+    ("a nested model", _defs({"home": _REF}), {"home": {"city": "Caen"}}, {"home": {"town": "Caen"}}),
+    (
+        "a list of nested models",
+        _defs({"homes": {"type": "array", "items": _REF}}),
+        {"homes": [{"city": "Caen"}, {"city": "Bayeu"}]},
+        {"homes": [{"city": "Rouen!"}]},
+    ),
+    (
+        "an Optional nested model",
+        _defs({"home": {"anyOf": [_REF, {"type": "null"}]}}),
+        {"home": None},
+        {"home": {}},
+    ),
+    (
+        "draft-07 definitions",
+        _defs({"home": {"$ref": "#/definitions/Address"}}, "definitions"),
+        {"home": {"city": "Caen"}},
+        {"home": {"city": 14}},
+    ),
+    (
+        "a ref to the root",
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "parts": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["name"],
+        },
+        {"name": "a", "parts": [{"name": "b", "parts": []}]},
+        {"name": "a", "parts": [{"parts": []}]},
+    ),
+    (
+        "a ref into the root's properties",
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}},
+        {"a": 1, "b": 2},
+        {"a": 1, "b": "2"},
+    ),
+]
+
+
+def _call_text(fmt: ToolFormat, name: str, arguments: dict[str, Any]) -> str:
+    call = json.dumps({"name": name, fmt.arguments_key: arguments})
+    return {
+        "smollm2": f"<tool_call>[\n{call}\n]</tool_call>",
+        "hermes": f"<tool_call>\n{call}\n</tool_call>",
+    }.get(fmt.name, call)
+
+
+@pytest.mark.parametrize(
+    ("case", "parameters", "good", "bad"),
+    NESTED_TOOL_SCHEMA_CASES,
+    ids=[c[0] for c in NESTED_TOOL_SCHEMA_CASES],
+)
+@pytest.mark.parametrize("format_name", ["smollm2", "hermes", "llama3"])
+def test_a_tool_of_nested_schemas_forces_a_call_in_every_format(
+    format_name: ToolFormatName,
+    case: str,
+    parameters: dict[str, Any],
+    good: dict[str, Any],
+    bad: dict[str, Any],
+) -> None:
+    fmt = ToolFormat.named(format_name)
+    tools = [{"name": "other", "parameters": _defs({"x": _REF})}, {"name": "f", "parameters": parameters}]
+    for choice in ("f", None):
+        grammar = fmt.grammar(tools, choice)
+        assert grammar_accepts(grammar, _call_text(fmt, "f", good)), choice
+        assert not grammar_accepts(grammar, _call_text(fmt, "f", bad)), choice
+
+
+# (case, a tool's parameters, error, words of its message)
+TOOL_SCHEMA_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("$defs as a list", {"type": "object", "$defs": [_ADDRESS]}, TypeError, "'$defs' is a mapping of"),
+    ("definitions as text", {"type": "object", "definitions": "Address"}, TypeError, "'definitions' is a"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "parameters", "error", "words"), TOOL_SCHEMA_CASES, ids=[c[0] for c in TOOL_SCHEMA_CASES]
+)
+def test_a_hostile_tool_schema_is_refused(case, parameters, error, words) -> None:
+    tool = {"name": "f", "parameters": parameters}
+    with pytest.raises(error) as raised:
+        ToolFormat.named("hermes").grammar([tool], "f")
+    assert words in str(raised.value) and "tool 'f'" in str(raised.value), str(raised.value)

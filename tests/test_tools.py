@@ -6,6 +6,7 @@ from importlib import resources
 from itertools import count
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from rag_lookahead.prompts import check_chat_template_kwargs, encode_prompt
 from rag_lookahead.server import ServerEngine
@@ -17,7 +18,13 @@ from rag_lookahead.structured import (
     detect_tool_format,
 )
 from rag_lookahead.structured.tools import template_messages, tool_choice
-from rag_lookahead.testing import TINY_CHAT_TEMPLATE, ascii_fast_tokenizer, tiny_engine
+from rag_lookahead.testing import (
+    TINY_CHAT_TEMPLATE,
+    ascii_fast_tokenizer,
+    grammar_accepts,
+    tiny_engine,
+    tiny_tool_engine,
+)
 
 WEATHER = {
     "type": "function",
@@ -454,3 +461,161 @@ def test_tool_choice_in_every_spelling_of_the_ecosystems(choice: object, expecte
 def test_a_hostile_tool_choice_is_refused(choice: object, names: list[str], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         tool_choice(choice, names)
+
+
+# ---------------------------------------------------------------------------- nested models
+
+
+class Address(BaseModel):
+    # Closed and short: a tiny random model under the grammar then ends its call in few tokens.
+    model_config = ConfigDict(extra="forbid")
+    street: str = Field(max_length=4)
+    city: str = Field(max_length=4)
+
+
+class Person(BaseModel):
+    """A model nesting another: pydantic writes Address once, in $defs, and refers to it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=4)
+    address: Address
+    previous: list[Address] = Field(default=[], max_length=2)
+    billing: Address | None = None
+
+
+SAVE = {"name": "save_person", "description": "Save a person.", "parameters": Person.model_json_schema()}
+CAEN = {"street": "Rue", "city": "Caen"}
+ANN = {"name": "Ann", "address": CAEN, "previous": [CAEN, CAEN], "billing": None}
+FORMATS = [SMOLLM2, HERMES, LLAMA3]
+
+
+def call_text(fmt: ToolFormat, name: str, arguments: dict) -> str:
+    """A call as the model writes it in ``fmt`` (JSON laid out as the grammar lays it out)."""
+    call = json.dumps({"name": name, fmt.arguments_key: arguments})
+    if fmt.name == "smollm2":
+        return f"<tool_call>[\n{call}\n]</tool_call>"
+    return f"<tool_call>\n{call}\n</tool_call>" if fmt.name == "hermes" else call
+
+
+def test_pydantic_writes_the_nested_model_as_a_ref() -> None:
+    assert "Address" in SAVE["parameters"]["$defs"]  # type: ignore[index]
+    assert SAVE["parameters"]["properties"]["address"] == {"$ref": "#/$defs/Address"}  # type: ignore[index]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("name", ["save_person", None], ids=["by name", "any"])
+def test_a_forced_call_to_a_tool_of_nested_models_keeps_to_them(fmt: ToolFormat, name: str | None) -> None:
+    grammar = fmt.grammar([WEATHER, SAVE], name)
+    assert grammar_accepts(grammar, call_text(fmt, "save_person", ANN))
+    assert grammar_accepts(grammar, call_text(fmt, "save_person", {**ANN, "billing": CAEN}))
+    assert grammar_accepts(grammar, call_text(fmt, "save_person", {"name": "Bo", "address": CAEN}))
+    for wrong in [
+        {**ANN, "address": {"street": "Rue"}},  # the nested model's required field
+        {**ANN, "previous": [{"street": "Rue", "city": 3}]},  # a list item's field type
+        {**ANN, "billing": {**CAEN, "zip": "1"}},  # the Optional model is still closed
+        {**ANN, "address": {**CAEN, "city": "Rouen"}},  # a nested field's bound
+    ]:
+        assert not grammar_accepts(grammar, call_text(fmt, "save_person", wrong)), wrong
+    assert grammar_accepts(grammar, call_text(fmt, "get_weather", {"city": "Caen"})) == (name is None)
+
+
+def test_a_call_schema_lifts_the_definitions_to_its_root() -> None:
+    schema = HERMES.call_schema(check_tools([SAVE])[0])
+    assert schema["$defs"] == Person.model_json_schema()["$defs"]
+    arguments = schema["properties"]["arguments"]
+    assert "$defs" not in arguments and arguments["properties"]["address"] == {"$ref": "#/$defs/Address"}
+    assert SAVE["parameters"]["$defs"]  # type: ignore[index]  # the tool itself is left as it was
+
+
+def test_two_tools_with_a_same_named_definition_keep_their_own() -> None:
+    class Place(BaseModel):  # another "Address": a post code, no city
+        model_config = ConfigDict(extra="forbid")
+        code: str
+
+    class Parcel(BaseModel):
+        address: Place
+
+    schema = Parcel.model_json_schema()
+    schema["$defs"] = {"Address": schema["$defs"].pop("Place")}
+    schema["properties"]["address"] = {"$ref": "#/$defs/Address"}
+    send = {"name": "send_parcel", "parameters": schema}
+    for fmt in FORMATS:
+        grammar = fmt.grammar([SAVE, send])
+        assert grammar_accepts(grammar, call_text(fmt, "save_person", ANN))
+        assert grammar_accepts(grammar, call_text(fmt, "send_parcel", {"address": {"code": "14000"}}))
+        assert not grammar_accepts(grammar, call_text(fmt, "send_parcel", {"address": CAEN}))
+        assert not grammar_accepts(grammar, call_text(fmt, "save_person", {**ANN, "address": {"code": "1"}}))
+
+
+TREE = {  # draft-07 style: `definitions`, a ref to the root, and one into the root's properties
+    "name": "plant",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "label": {"type": "string", "maxLength": 3},
+            "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+            "twin": {"$ref": "#/properties/label"},
+            "soil": {"$ref": "#/definitions/Soil"},
+        },
+        "required": ["label", "soil"],
+        "definitions": {"Soil": {"enum": ["clay", "sand"]}},
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_refs_to_the_root_and_its_properties_follow_the_parameters(fmt: ToolFormat) -> None:
+    grammar = fmt.grammar([TREE], "plant")
+    leaf = {"label": "b", "soil": "sand"}
+    assert grammar_accepts(
+        grammar, call_text(fmt, "plant", {"label": "a", "children": [leaf], "soil": "clay"})
+    )
+    assert grammar_accepts(grammar, call_text(fmt, "plant", {"label": "a", "twin": "bb", "soil": "clay"}))
+    assert not grammar_accepts(grammar, call_text(fmt, "plant", {"label": "a", "soil": "loam"}))
+    assert not grammar_accepts(grammar, call_text(fmt, "plant", {"label": "a", "twin": 3, "soil": "clay"}))
+    assert not grammar_accepts(
+        grammar, call_text(fmt, "plant", {"label": "a", "children": [{"label": "b"}], "soil": "clay"})
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "name"),
+    [(SMOLLM2_TEMPLATE, "save_person"), (HERMES_TEMPLATE, None), (LLAMA3_TEMPLATE, "save_person")],
+)
+def test_a_forced_call_of_nested_models_decodes_to_a_valid_call(template: str, name: str | None) -> None:
+    engine = tiny_tool_engine(template)
+    fmt = detect_tool_format(engine.tokenizer)
+    messages = [{"role": "user", "content": "Save Ann, of Caen."}]
+    completion = engine.complete(
+        messages, tools=[SAVE], grammar=fmt.grammar([SAVE], name), max_new_tokens=400
+    )
+    assert completion.stats.finish_reason == "eos"
+    (call,) = fmt.parse(completion.text).calls
+    assert call.name == "save_person"
+    Person.model_validate(call.arguments)
+
+
+def test_structured_output_of_nested_models_decodes_to_a_valid_instance() -> None:
+    engine = tiny_tool_engine(SMOLLM2_TEMPLATE)
+    messages = [{"role": "user", "content": "Ann, of Caen."}]
+    grammar = Grammar.json_schema(Person.model_json_schema())
+    completion = engine.complete(messages, grammar=grammar, max_new_tokens=300)
+    assert completion.stats.finish_reason == "eos"
+    Person.model_validate_json(completion.text)
+
+
+def test_only_refs_of_schemas_move_not_data_that_looks_like_one() -> None:
+    data = {"$ref": "#/properties/a"}
+    tool = {
+        "name": "f",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "object", "default": data, "examples": [data]},
+                "enum": {"$ref": "#/properties/a"},  # a property named as a keyword is a schema
+            },
+        },
+    }
+    arguments = LLAMA3.call_schema(check_tools([tool])[0])["properties"]["parameters"]["properties"]
+    assert arguments["a"]["default"] == data and arguments["a"]["examples"] == [data]
+    assert arguments["enum"] == {"$ref": "#/properties/parameters/properties/a"}

@@ -269,10 +269,13 @@ class ToolFormat:
 
         The arguments take only the parameters the tool declares unless its schema says
         otherwise (``additionalProperties``): small models otherwise copy the prompt's example
-        arguments into a forced call.
+        arguments into a forced call. The parameters' definitions (``$defs``, ``definitions``:
+        pydantic's nested models) move to the call schema's root, where their refs point.
         """
         function = tool["function"]
-        parameters = dict(function["parameters"])
+        parameters, definitions = _nested(
+            function["parameters"], f"/properties/{self.arguments_key}", f"tool {function['name']!r}"
+        )
         if parameters.get("type", "object") == "object":
             parameters.setdefault("additionalProperties", False)
         return {
@@ -283,12 +286,14 @@ class ToolFormat:
             },
             "required": ["name", self.arguments_key],
             "additionalProperties": False,
+            **definitions,
         }
 
     def grammar(self, tools: Sequence[Mapping[str, Any]], name: str | None = None) -> Grammar:
         """What a reply must be to call tool ``name``, or any of ``tools`` when ``None``.
 
-        One call, in the model's own block: ``tool_choice="any"`` or a tool's name.
+        One call, in the model's own block: ``tool_choice="any"`` or a tool's name. Each tool's
+        call is a schema of its own, so tools whose definitions share a name keep their own.
         """
         checked = check_tools(tools)
         if not checked:
@@ -415,6 +420,53 @@ class ToolFormat:
 
 
 _PYTHON_TAG = "<|python_tag|>"
+
+
+def _nested(schema: Mapping[str, Any], pointer: str, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``schema`` as the subschema at ``pointer`` of a new root, and the definitions it lifts there.
+
+    A tool's parameters are a whole schema whose refs are read from its root (pydantic writes a
+    nested model as ``{"$ref": "#/$defs/Address"}``); inside a call schema that root is the
+    call's. Its ``$defs`` / ``definitions`` move up to the new root, where their refs already
+    point; any other local pointer (``#``, ``#/properties/...``) gets ``pointer`` in front.
+    """
+    for key in _DEFINITIONS:
+        if key in schema and not isinstance(schema[key], Mapping):
+            kind = type(schema[key]).__name__
+            raise TypeError(f"{what}'s parameters: {key!r} is a mapping of named schemas, got {kind}")
+    rebased = _rebased(schema, pointer)
+    body = {k: v for k, v in rebased.items() if k not in _DEFINITIONS}
+    return body, {k: v for k, v in rebased.items() if k in _DEFINITIONS}
+
+
+_DEFINITIONS = ("$defs", "definitions")
+# Keywords whose values are instances, not schemas: a {"$ref": ...} there is data; and those
+# whose values map names (of properties, say, which may be "enum") to schemas.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+_NAMED_SCHEMAS = frozenset({*_DEFINITIONS, "properties", "patternProperties", "dependentSchemas"})
+
+
+def _rebased(value: Any, pointer: str) -> Any:
+    if isinstance(value, list):
+        return [_rebased(v, pointer) for v in value]
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = item
+        elif key in _NAMED_SCHEMAS and isinstance(item, Mapping):
+            out[key] = {name: _rebased(sub, pointer) for name, sub in item.items()}
+        else:
+            out[key] = _rebased(item, pointer)
+    ref = out.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and not _into_definitions(ref):
+        out["$ref"] = f"#{pointer}{ref[1:]}"
+    return out
+
+
+def _into_definitions(ref: str) -> bool:
+    return ref.startswith(tuple(f"#/{key}/" for key in _DEFINITIONS))
 
 
 def _looks_like_call(body: str) -> bool:

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from langchain_core.messages import AIMessageChunk, ToolCallChunk
+from langchain_core.exceptions import OutputParserException
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolCallChunk
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGenerationChunk
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.json import parse_partial_json
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -185,7 +186,7 @@ def structured_output(model: Any, schema: Any, method: str, include_raw: bool) -
     if method == "function_calling":
         name = convert_to_openai_tool(schema)["function"]["name"]
         llm = model.bind_tools([schema], tool_choice=name, ls_structured_output_format=traced)
-        parser = (
+        parser = RunnableLambda(_forced_call(name)) | (
             PydanticToolsParser(tools=[schema], first_tool_only=True)
             if pydantic
             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
@@ -206,3 +207,25 @@ def structured_output(model: Any, schema: Any, method: str, include_raw: bool) -
     parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
     failed = RunnablePassthrough.assign(parsed=lambda _: None)
     return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
+
+
+def _forced_call(name: str) -> Callable[[BaseMessage], BaseMessage]:
+    """A check that a forced call's reply holds a whole call to ``name``.
+
+    LangChain's tool parsers read a reply without one as no answer (``None``); LangChain's own
+    chat models raise `OutputParserException` for a call cut by ``max_tokens`` (in
+    ``parsing_error`` with ``include_raw=True``), and so does this.
+    """
+
+    def check(message: BaseMessage) -> BaseMessage:
+        if isinstance(message, AIMessage) and any(call["name"] == name for call in message.tool_calls):
+            return message
+        metadata = message.response_metadata
+        cut = " (cut by max_tokens: raise it)" if metadata.get("finish_reason") == "length" else ""
+        errors = metadata.get("tool_call_errors")
+        reason = f": {'; '.join(errors)}" if errors else ""
+        raise OutputParserException(
+            f"the reply holds no complete call to {name!r}{cut}{reason}", llm_output=message.text
+        )
+
+    return check
