@@ -92,8 +92,9 @@ class LookaheadEngine:
                 f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
-        self.planner = StepPlanner(self.config, cost_curve)
         self.runner = ModelRunner(model)
+        self.runner.costs.curve = cost_curve
+        self.planner = StepPlanner(self.config, self.runner.costs)
         self.scheduler = _new_scheduler(self.runner, self.config)
         self._cache_dir = cache_dir
         self._grammars = GrammarCompiler(tokenizer, self.vocab_size)
@@ -223,10 +224,9 @@ class LookaheadEngine:
         cfg = self.config
         self.runner.tree_problem()  # the one-off probe, here rather than in a first answer
         size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
-        curve = self.runner.measure_costs(size, self._cache_dir)
-        self.planner.cost_curve = curve
+        curve = self.runner.measure_costs(size, self._cache_dir)  # every variant plans with it
         width = min(_BATCH_WIDTH, cfg.decoding_length + 1)
-        self.planner.batch_costs = self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir)
+        self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir)
         # What drafts of each source the model accepted in earlier processes: a fresh engine
         # plans its first questions with it rather than with a guess.
         directory = (self._cache_dir or default_cache_dir()) / "acceptance"

@@ -39,7 +39,7 @@ import torch
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.batch import BatchCache, batch_inputs
 from rag_lookahead.decoding.constraint import GrammarState
-from rag_lookahead.decoding.costs import BatchCosts, Calibration
+from rag_lookahead.decoding.costs import Calibration
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.planner import StepPlanner, plan_batch
 from rag_lookahead.decoding.prefix import PrefixCache
@@ -316,7 +316,7 @@ class Scheduler:
     def _forward(self, calls: list[Call], proposals: list[StepDraft]) -> tuple[list[StepDraft], torch.Tensor]:
         """Plan the rows' drafts jointly and verify them in one forward; the drafts and their
         logits ``[B, T, V]``."""
-        costs = _batch_costs(calls) if len(calls) > 1 else None
+        costs = self.runner.costs.batched() if len(calls) > 1 else None
         drafts = self._plan(calls, proposals, costs)
         batch = self._batch
         if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
@@ -425,18 +425,3 @@ def _choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
     """The model's token at each node of ``tree`` (``logits`` [n, V]), within the call's grammar."""
     allowed = call.grammar.allowed(tree) if call.grammar is not None else None
     return call.chooser.choose(logits, call.ids, tree, allowed)
-
-
-def _batch_costs(calls: list[Call]) -> Callable[[int, int], float] | None:
-    """Seconds of a batched forward by rows and width: as measured (every auto engine of one
-    model measures the same), else a row's curve over all the batch's tokens (the calibration
-    corrects it), else nothing to plan with."""
-    measured: BatchCosts | None = next(
-        (c.planner.batch_costs for c in calls if c.planner.batch_costs is not None), None
-    )
-    if measured is not None:
-        return measured
-    curve = next((c.planner.cost_curve for c in calls if c.planner.cost_curve is not None), None)
-    if curve is None:
-        return None
-    return lambda rows, width: curve(rows * width)

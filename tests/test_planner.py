@@ -5,7 +5,14 @@ import json
 import pytest
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import BatchCosts, Calibration, CostCurve, cached_curve, measure_curve
+from rag_lookahead.decoding.costs import (
+    BatchCosts,
+    Calibration,
+    CostCurve,
+    CostModel,
+    cached_curve,
+    measure_curve,
+)
 from rag_lookahead.decoding.planner import AcceptanceModel, StepPlanner, plan_batch, plan_draft, rank_draft
 from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 
@@ -51,7 +58,7 @@ def test_the_step_planner_needs_no_curve_outside_auto_mode() -> None:
     for mode in ("trie", "jacobi"):
         planner = StepPlanner(LookaheadConfig(mode=mode))  # no curve: never consulted
         assert planner.plan(StepDraft(TREE, SIDE), FAR) == StepDraft(TREE, SIDE)
-    auto = StepPlanner(LookaheadConfig(), CostCurve((1, 2), (1.0, 50.0)))
+    auto = StepPlanner(LookaheadConfig(), CostModel(CostCurve((1, 2), (1.0, 50.0))))
     assert auto.plan(StepDraft(TREE, SIDE), FAR) == StepDraft(TREE.subtree([]), None)
     with pytest.raises(RuntimeError, match="measure_costs"):
         StepPlanner(LookaheadConfig()).plan(StepDraft(TREE), FAR)
@@ -61,9 +68,9 @@ def test_the_window_rides_along_in_auto_only_where_it_is_nearly_free() -> None:
     chain = TREE.subtree([1, 2, 3, 4])  # 5 tokens plus the window's 12 rows: 17 against 5
     nearly_flat = CostCurve((1, 32), (1.0, 1.04))
     cpu_like = CostCurve((1, 2, 32), (1.0, 1.6, 2.5))
-    flat_plan = StepPlanner(LookaheadConfig(), nearly_flat).plan(StepDraft(chain, SIDE), FAR)
+    flat_plan = StepPlanner(LookaheadConfig(), CostModel(nearly_flat)).plan(StepDraft(chain, SIDE), FAR)
     assert flat_plan.side == SIDE
-    assert StepPlanner(LookaheadConfig(), cpu_like).plan(StepDraft(chain, SIDE), FAR).side is None
+    assert StepPlanner(LookaheadConfig(), CostModel(cpu_like)).plan(StepDraft(chain, SIDE), FAR).side is None
 
 
 def test_side_rows_never_reach_past_the_context_window() -> None:
@@ -190,3 +197,15 @@ def test_a_batch_plan_widens_only_while_the_rate_grows() -> None:
     assert [len(t) for t in steep] == [1, 1]
     capped = plan_batch(ranked, lambda width: 1.0, max_tokens=4)
     assert [len(t) for t in capped] == [2, 2]
+
+
+def test_a_variant_made_before_a_measurement_plans_with_it() -> None:
+    from rag_lookahead import LookaheadEngine
+    from rag_lookahead.testing import CharTokenizer, tiny_model
+
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig())
+    variant = engine.with_config(LookaheadConfig(decoding_length=4))
+    curve = CostCurve((1, 4), (1.0, 1.5))
+    engine.runner.costs.curve = curve  # as measure_costs() leaves it
+    assert variant.cost_curve is curve and variant.planner.cost_curve is curve
+    assert engine.scheduler.runner.costs.batched() is not None  # the batch plans with it too

@@ -22,7 +22,7 @@ import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import gold_inputs, load_records
-from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.costs import CostCurve, CostModel
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.compose import build_drafter
@@ -61,7 +61,7 @@ def replay(
 ) -> dict[str, float]:
     """Decode-phase speedup over greedy and tokens per forward for ``policy`` (auto, trie, oracle)."""
     trie = TokenTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
-    planner = StepPlanner(config, curve)
+    planner = StepPlanner(config, CostModel(curve))
     plans: dict[str, Plan] = {
         "auto": lambda tree, answer: planner.plan(StepDraft(tree), room=1 << 62).tree,
         "trie": lambda tree, answer: tree,

@@ -23,6 +23,7 @@ __all__ = [
     "BatchCosts",
     "Calibration",
     "CostCurve",
+    "CostModel",
     "cached_curve",
     "curve_key",
     "measure_curve",
@@ -91,6 +92,26 @@ class BatchCosts:
             return low_curve(width) * max(rows, 1) / low if rows > high else low_curve(width)
         frac = (rows - low) / (high - low)
         return low_curve(width) + frac * (high_curve(width) - low_curve(width))
+
+
+@dataclass
+class CostModel:
+    """The forward costs of one model on its device, kept in one place: the `ModelRunner`
+    holds it (measuring writes it), every planner of the model and the scheduler read it, so
+    an engine variant made before a measurement plans with it too."""
+
+    curve: CostCurve | None = None  # one row, by new tokens
+    batch: BatchCosts | None = None  # several rows, by width
+
+    def batched(self) -> Callable[[int, int], float] | None:
+        """Seconds of a batched forward by rows and width: as measured, else one row's curve
+        over all the batch's tokens (a `Calibration` corrects it), else nothing to plan with."""
+        if self.batch is not None:
+            return self.batch
+        curve = self.curve
+        if curve is None:
+            return None
+        return lambda rows, width: curve(rows * width)
 
 
 class Calibration:

@@ -21,7 +21,7 @@ from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance, save_acceptance
-from rag_lookahead.decoding.costs import BatchCosts, CostCurve
+from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
 __all__ = ["AcceptanceModel", "RankedDraft", "StepPlanner", "plan_batch", "plan_draft", "rank_draft"]
@@ -122,21 +122,28 @@ class StepPlanner:
     learn into the same statistics, which persist on disk once `load_acceptance` was called.
     """
 
-    def __init__(
-        self,
-        config: LookaheadConfig,
-        cost_curve: CostCurve | None = None,
-        batch_costs: BatchCosts | None = None,
-    ) -> None:
+    def __init__(self, config: LookaheadConfig, costs: CostModel | None = None) -> None:
         self.config = config
         self.acceptance = AcceptanceModel()
-        self.cost_curve = cost_curve
-        self.batch_costs = batch_costs
+        self.costs = costs if costs is not None else CostModel()  # the runner's, shared
         self._lock = threading.Lock()
         self._store: _Store | None = None  # where the statistics persist, once loaded from there
 
+    @property
+    def cost_curve(self) -> CostCurve | None:
+        return self.costs.curve
+
+    @cost_curve.setter
+    def cost_curve(self, curve: CostCurve | None) -> None:
+        self.costs.curve = curve
+
+    @property
+    def batch_costs(self) -> BatchCosts | None:
+        return self.costs.batch
+
     def with_config(self, config: LookaheadConfig) -> StepPlanner:
-        """A planner for ``config`` that learns into the same statistics (and costs)."""
+        """A planner for ``config`` that learns into the same statistics and plans with the
+        same costs."""
         other = copy.copy(self)
         other.config = config
         return other

@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from rag_lookahead.decoding.attention import grouped_attention
-from rag_lookahead.decoding.costs import BatchCosts, CostCurve, cached_curve, curve_key, measure_curve
+from rag_lookahead.decoding.costs import (
+    BatchCosts,
+    CostCurve,
+    CostModel,
+    cached_curve,
+    curve_key,
+    measure_curve,
+)
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.threads import in_passing_thread
@@ -37,6 +44,7 @@ class ModelRunner:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self.costs = CostModel()  # what its forwards cost, once measured (or given)
         self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
         self.layer_masks = LayerMasks.of(model.config)
@@ -114,20 +122,24 @@ class ModelRunner:
         )
 
     def measure_costs(self, max_tokens: int, cache_dir: Path | None = None) -> CostCurve:
-        """Forward seconds by size up to ``max_tokens``: cached on disk, else measured now."""
+        """Forward seconds by size up to ``max_tokens``: cached on disk, else measured now;
+        `costs` holds them from now on."""
         from rag_lookahead.models import default_cache_dir
 
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
         context = min(256, window // 2)
         key = curve_key(self.model, self.device, max_tokens)
         directory = (cache_dir or default_cache_dir()) / "costs"
-        return cached_curve(directory, key, lambda: measure_curve(self.chain_timer(context), max_tokens))
+        curve = cached_curve(directory, key, lambda: measure_curve(self.chain_timer(context), max_tokens))
+        self.costs.curve = curve
+        return curve
 
     def measure_batch_costs(
         self, max_rows: int, max_width: int, cache_dir: Path | None = None
     ) -> BatchCosts | None:
         """Batched forward seconds by width for 2, 4, 8, ... rows up to ``max_rows`` (cached on
-        disk, else measured now); ``None`` when no batch has two rows."""
+        disk, else measured now; `costs` holds them from now on); ``None`` when no batch has
+        two rows."""
         from rag_lookahead.models import default_cache_dir
 
         directory = (cache_dir or default_cache_dir()) / "costs"
@@ -138,7 +150,8 @@ class ModelRunner:
             measure = functools.partial(self._measure_batch, rows, max_width)
             curves.append((rows, cached_curve(directory, key, measure)))
             rows *= 2
-        return BatchCosts(tuple(curves)) if curves else None
+        self.costs.batch = BatchCosts(tuple(curves)) if curves else None
+        return self.costs.batch
 
     def _measure_batch(self, rows: int, max_width: int) -> CostCurve:
         return measure_curve(self._batch_timer(rows), max_width)
