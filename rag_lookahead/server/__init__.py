@@ -6,7 +6,7 @@ plugs into `RagPipeline` and the LangChain and LlamaIndex adapters through ``eng
 `server_command` prints the command that starts such a server with speculative settings for RAG.
 """
 
-from rag_lookahead.server.call import ReadLimits, ServerError, ServerTimeout
+from rag_lookahead.server.call import ServerError, ServerTimeout
 from rag_lookahead.server.config import KINDS, ServerConfig, ServerKind
 from rag_lookahead.server.corpus import CorpusError, CorpusWarning
 from rag_lookahead.server.engine import ServerEngine
@@ -19,7 +19,6 @@ __all__ = [
     "KINDS",
     "CorpusError",
     "CorpusWarning",
-    "ReadLimits",
     "ServerConfig",
     "ServerEngine",
     "ServerError",
