@@ -13,9 +13,17 @@ import pytest
 
 from rag_lookahead import GenerationParams
 from rag_lookahead.interface import Engine
-from rag_lookahead.server import CorpusError, ServerConfig, ServerEngine, ServerError, server_command
+from rag_lookahead.server import (
+    CorpusError,
+    CorpusWarning,
+    ServerConfig,
+    ServerEngine,
+    ServerError,
+    ServerTimeout,
+    server_command,
+)
 from rag_lookahead.server.metrics import parse_speculation_counters
-from rag_lookahead.server.testing import Answer, Failure, StubServer, stub_server
+from rag_lookahead.server.testing import Answer, Events, Failure, StubServer, stub_server
 from rag_lookahead.structured import Grammar
 from rag_lookahead.testing import tiny_engine
 
@@ -407,6 +415,12 @@ BAD_CONFIGS: list[tuple[dict[str, Any], str]] = [
     ({"timeout": math.inf}, "timeout"),
     ({"timeout": True}, "timeout"),
     ({"timeout": "10"}, "timeout"),
+    ({"deadline": 0}, "deadline"),
+    ({"deadline": -1.0}, "deadline"),
+    ({"deadline": math.nan}, "deadline"),
+    ({"deadline": math.inf}, "deadline"),
+    ({"deadline": True}, "deadline"),
+    ({"deadline": "10"}, "deadline"),
     ({"max_retries": -1}, "max_retries"),
     ({"max_retries": 1.5}, "max_retries"),
     ({"max_retries": True}, "max_retries"),
@@ -467,3 +481,197 @@ def test_serve_prints_or_launches(capsys: Any, monkeypatch: pytest.MonkeyPatch) 
     assert launched == [server_command("sglang", "/m", python="/venv/bin/python")]
     with pytest.raises(SystemExit):
         cli.main(["serve", "--backend", "tgi", "--model", "/m"])
+
+
+# ---------------------------------------------------------------------------- hostile servers
+# A server that ignores what the request asked for, or breaks the stream: the answer is cut where
+# the request said it ends, or the call fails with an error naming the server. After each, the
+# engine still answers.
+
+
+class VocabTokenizer:
+    """Only what the engine reads of a tokenizer to bound a call's text: its vocabulary."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"a": 0, "Ġhello": 1, "xyz": 2}
+
+
+def event(*choices: dict[str, Any]) -> str:
+    chunk = {"id": "e", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    return "data: " + json.dumps({**chunk, "choices": list(choices)}) + "\n\n"
+
+
+def said(index: int, text: str, finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": {"content": text}, "finish_reason": finish}
+
+
+THIRTY_MB = Answer(("x" * 1000,) * 30_000)
+KEEP_ALIVE = Events((": keep-alive\n\n",) * 2000, pause=0.005)  # 10 s at most, cut long before
+
+# (case, what the server sends, engine settings, call settings, the text or the error, the
+# finish reason or words of the error's message)
+HOSTILE_SERVERS: list[tuple[str, Answer | Events, dict[str, Any], dict[str, Any], Any, str]] = [
+    ("30 MB for 5 tokens", THIRTY_MB, {}, {"max_new_tokens": 5}, "x" * 5 * 1024, "length"),
+    # The longest entry, "Ġhello", is 6 characters: 7 with a space between tokens.
+    (
+        "30 MB, tokenizer known",
+        THIRTY_MB,
+        {"tokenizer": VocabTokenizer()},
+        {"max_new_tokens": 5},
+        "x" * 35,
+        "length",
+    ),
+    (
+        "a stop string ignored",
+        Answer(("Hello, wor", "ld###and more", " leaked"), finish="length"),
+        {},
+        {"stop_strings": ["###"]},
+        "Hello, world",
+        "stop_string",
+    ),
+    (
+        "a stop string over three chunks",
+        Answer(("ab#", "#", "#cd")),
+        {},
+        {"stop_strings": "###"},
+        "ab",
+        "stop_string",
+    ),
+    (
+        "the earliest of two stop strings",
+        Answer(("one<END>two\n\n",)),
+        {},
+        {"stop_strings": ["\n\n", "<END>"]},
+        "one",
+        "stop_string",
+    ),
+    ("a held prefix that is no stop", Answer(("a#", "#b")), {}, {"stop_strings": "###"}, "a##b", "eos"),
+    ("a stop's prefix at the end", Answer(("a", "##")), {}, {"stop_strings": "###"}, "a##", "eos"),
+    (
+        "a stop past the budget",
+        Answer(("x" * 5000 + "###",)),
+        {},
+        {"max_new_tokens": 2, "stop_strings": "###"},
+        "x" * 2048,
+        "length",
+    ),
+    ("keep-alive comments only", KEEP_ALIVE, {"deadline": 0.2}, {}, ServerTimeout, "deadline of 0.2 s"),
+    (
+        "text past the deadline",
+        Answer(("tok ",) * 2000, pause=0.005),
+        {"deadline": 0.2},
+        {},
+        ServerTimeout,
+        "deadline",
+    ),
+    ("no answer by the deadline", Answer(stall=3.0), {"deadline": 0.2}, {}, ServerTimeout, "deadline"),
+    (
+        "a malformed event",
+        Events(('data: {"choices": [\n\n',)),
+        {},
+        {},
+        ServerError,
+        "malformed server-sent event",
+    ),
+    (
+        "text that is not a string",
+        Events((event({"index": 0, "delta": {"content": 5}}),)),
+        {},
+        {},
+        ServerError,
+        "not a string",
+    ),
+    (
+        "two choices in one chunk",
+        Events(
+            (
+                event(said(0, "A"), said(1, "B")),
+                event(said(1, "D", "length"), said(0, "C", "stop")),
+                "data: [DONE]\n\n",
+            )
+        ),
+        {},
+        {},
+        "AC",
+        "eos",
+    ),
+    ("no finish", Answer(finish=None), {}, {}, ServerError, "ended the stream before"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reply", "settings", "call", "expected", "words"),
+    HOSTILE_SERVERS,
+    ids=[c[0] for c in HOSTILE_SERVERS],
+)
+def test_a_hostile_server_is_cut_or_named(
+    stub: StubServer, case, reply, settings, call, expected, words
+) -> None:
+    server = engine(stub, **settings)
+    stub.reply(reply)
+    if isinstance(expected, str):
+        completion = server.complete(CHAT, **call)
+        assert completion.text == expected
+        assert completion.stats.finish_reason == words
+        assert completion.stats.new_tokens <= call.get("max_new_tokens", GenerationParams().max_new_tokens)
+    else:
+        with pytest.raises(expected) as raised:
+            server.complete(CHAT, **call)
+        assert words in str(raised.value) and stub.base_url in str(raised.value), str(raised.value)
+    assert server.complete(CHAT).text == "Hello, world"  # and the engine still answers
+
+
+def test_text_past_the_budget_is_not_read(stub: StubServer) -> None:
+    stub.reply(THIRTY_MB)
+    stream = engine(stub).stream(CHAT, max_new_tokens=5)
+    assert all(len(text) <= 1000 for text in stream)
+    assert stub.disconnected.wait(10)
+    assert stub.pieces_sent < 30_000
+
+
+def test_text_is_held_back_only_while_it_could_begin_a_stop(stub: StubServer) -> None:
+    stub.reply(Answer(("ab#", "#", "c#", "d###e")))
+    assert list(engine(stub).stream(CHAT, stop_strings="###")) == ["ab", "##c", "#d"]
+
+
+def test_a_deadline_ends_a_stream_of_keep_alive_comments(stub: StubServer) -> None:
+    stub.reply(KEEP_ALIVE)
+    stream = engine(stub, deadline=0.2).stream(CHAT)
+    with pytest.raises(ServerTimeout) as raised:
+        stream.complete()
+    assert isinstance(raised.value, TimeoutError)
+    assert stub.disconnected.wait(10) and stub.pieces_sent < 2000
+    assert stream.stats.finish_reason == "abandoned"
+
+
+def test_a_failed_removal_keeps_the_answer_and_is_retried(stub: StubServer) -> None:
+    server = engine(stub, "sglang")
+    stub.fail_corpus.add("remove_external_corpus")
+    with pytest.warns(CorpusWarning, match="the answer stands"):
+        assert server.complete("q", documents=["a passage"]).text == "Hello, world"
+    with pytest.warns(CorpusWarning), server.scope(["doc"]) as scope:
+        assert server.complete("q", scope=scope).text == "Hello, world"
+    assert len(stub.corpora) == 2
+    stub.fail_corpus.clear()
+    with server.scope(["another"]):
+        pass
+    assert stub.corpora == {}  # both retried when the next scope closed
+
+
+def test_a_failed_removal_from_a_dropped_stream_is_no_unraisable_error(
+    stub: StubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unraisable: list[Any] = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    server = engine(stub, "sglang")
+    stub.reply(Answer(("tok ",) * 5000, pause=0.005))
+    stub.fail_corpus.add("remove_external_corpus")
+    stream = server.stream("q", documents=["a passage"])
+    next(stream)
+    with pytest.warns(CorpusWarning):
+        del stream
+        gc.collect()
+    assert not unraisable
+    stub.fail_corpus.clear()
+    server.complete("q")
+    assert stub.corpora == {}  # retried when the next call ended

@@ -6,9 +6,9 @@ plugs into `RagPipeline` and the LangChain and LlamaIndex adapters through ``eng
 `server_command` prints the command that starts such a server with speculative settings for RAG.
 """
 
-from rag_lookahead.server.call import ServerError
+from rag_lookahead.server.call import ServerError, ServerTimeout
 from rag_lookahead.server.config import KINDS, ServerConfig, ServerKind
-from rag_lookahead.server.corpus import CorpusError
+from rag_lookahead.server.corpus import CorpusError, CorpusWarning
 from rag_lookahead.server.engine import ServerEngine
 from rag_lookahead.server.launch import BACKENDS, server_command
 from rag_lookahead.server.metrics import SpeculationCounters
@@ -18,11 +18,13 @@ __all__ = [
     "BACKENDS",
     "KINDS",
     "CorpusError",
+    "CorpusWarning",
     "ServerConfig",
     "ServerEngine",
     "ServerError",
     "ServerKind",
     "ServerScope",
+    "ServerTimeout",
     "SpeculationCounters",
     "server_command",
 ]

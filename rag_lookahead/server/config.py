@@ -29,6 +29,11 @@ class ServerConfig:
         api_key: Sent as a bearer token; ``None`` sends a placeholder (servers started without
             a key ignore it). Never read from the environment.
         timeout: Seconds to wait for a connection and between two streamed chunks.
+        deadline: Seconds one call may take in all, from sending the request to the answer's
+            last chunk, or ``None`` for no bound beyond ``timeout``. ``timeout`` alone never
+            ends a server that keeps sending keep-alive comments (or anything) without
+            finishing; past the deadline the call ends with `ServerTimeout`. Each of the
+            request's retries waits at most this long for the answer to start.
         max_retries: Retries of a request answered 408, 409, 429 or 5xx, or not answered at
             all, with the ``openai`` client's backoff (it honours ``Retry-After``).
         append_documents_to_prompt: On vLLM and plain servers a call's ``documents=`` must
@@ -44,6 +49,7 @@ class ServerConfig:
     kind: ServerKind = "openai"
     api_key: str | None = field(default=None, repr=False)
     timeout: float = 600.0
+    deadline: float | None = None
     max_retries: int = 2
     append_documents_to_prompt: bool = False
     context_window: int | None = None
@@ -58,11 +64,9 @@ class ServerConfig:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key must be a non-empty string or None")
-        timeout = self.timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
-            raise ValueError(f"timeout must be a number of seconds, got {timeout!r}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0, got {timeout}")
+        _check_seconds("timeout", self.timeout)
+        if self.deadline is not None:
+            _check_seconds("deadline", self.deadline)
         retries = self.max_retries
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= _MAX_RETRIES:
             raise ValueError(f"max_retries must be an integer from 0 to {_MAX_RETRIES}, got {retries!r}")
@@ -76,6 +80,13 @@ class ServerConfig:
     def root_url(self) -> str:
         """The server's root: ``base_url`` without a trailing ``/v1``."""
         return self.base_url.removesuffix("/v1")
+
+
+def _check_seconds(name: str, seconds: object) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a number of seconds, got {seconds!r}")
+    if seconds <= 0:
+        raise ValueError(f"{name} must be > 0, got {seconds}")
 
 
 def _is_http_url(url: str) -> bool:

@@ -10,15 +10,21 @@ every request on the server may draft from it while it is loaded.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CorpusClient", "CorpusError"]
+__all__ = ["CorpusClient", "CorpusError", "CorpusWarning"]
 
 
 class CorpusError(RuntimeError):
     """The server refused or failed a corpus operation."""
+
+
+class CorpusWarning(UserWarning):
+    """A corpus the server did not remove: what was answered is kept, the removal retried later."""
 
 
 class CorpusClient:
@@ -28,6 +34,13 @@ class CorpusClient:
     def __init__(self, client: Any, root_url: str) -> None:
         self._client = client
         self._root = root_url
+        self._stranded: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def stranded(self) -> tuple[str, ...]:
+        """Corpora whose removal failed, retried at the next `remove_all`."""
+        return tuple(self._stranded)
 
     def add(self, documents: Sequence[str]) -> str:
         """Load ``documents`` as a new corpus; returns its id."""
@@ -38,6 +51,35 @@ class CorpusClient:
 
     def remove(self, corpus_id: str) -> None:
         self._call("post", "remove_external_corpus", {"corpus_id": corpus_id})
+
+    def remove_all(self, corpus_ids: Sequence[str]) -> Exception | None:
+        """Remove ``corpus_ids`` and retry the stranded ones; returns the first failure among
+        ``corpus_ids`` (a stranded one failing again was reported before).
+
+        Every removal is tried, and each that fails is kept as stranded, to be retried at the
+        next call: a server that was briefly unreachable does not keep a corpus for good.
+        """
+        with self._lock:
+            retried, self._stranded = self._stranded, []
+        failure: Exception | None = None
+        for corpus_id in [*corpus_ids, *retried]:
+            try:
+                self.remove(corpus_id)
+            except Exception as err:
+                with self._lock:
+                    self._stranded.append(corpus_id)
+                if failure is None and corpus_id not in retried:
+                    failure = err
+        return failure
+
+    def warn(self, failure: Exception, what: str) -> None:
+        """Report a failed removal that must not cost ``what`` its answer (or its caller's)."""
+        warnings.warn(
+            f"the server at {self._root} did not remove the corpus of {what} ({failure}); the "
+            f"answer stands, and the removal is retried when the next call or scope ends",
+            CorpusWarning,
+            stacklevel=3,
+        )
 
     def list(self) -> dict[str, int]:
         """Loaded corpora and their token counts."""

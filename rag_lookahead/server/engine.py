@@ -15,7 +15,7 @@ from typing import Any
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.scope import document_texts
-from rag_lookahead.server.call import ServerCall
+from rag_lookahead.server.call import ReadLimits, ServerCall
 from rag_lookahead.server.config import ServerConfig, ServerKind
 from rag_lookahead.server.corpus import CorpusClient
 from rag_lookahead.server.metrics import SpeculationCounters, parse_speculation_counters
@@ -35,6 +35,10 @@ __all__ = ["ServerEngine"]
 _INSTALL_HINT = "pip install 'rag-lookahead[server]'"
 # Servers started without --api-key accept any bearer token; the client insists on one.
 _NO_KEY = "EMPTY"
+# The most characters a token may decode to when the served model's tokenizer is not given: far
+# above the longest token of any vocabulary in use, and a call's text is cut only when its
+# tokens average more than this (real text averages a few characters).
+_FALLBACK_CHARS_PER_TOKEN = 1024
 # Tools would need the served model's tool parser and a grammar on the server's side.
 _NO_TOOLS = (
     "tools are not supported on a server engine yet: the server would render and parse them "
@@ -60,6 +64,7 @@ class ServerEngine:
         *,
         api_key: str | None = None,
         timeout: float = 600.0,
+        deadline: float | None = None,
         max_retries: int = 2,
         append_documents_to_prompt: bool = False,
         context_window: int | None = None,
@@ -69,7 +74,9 @@ class ServerEngine:
 
         ``tokenizer``, the served model's (an object, or a local directory to load offline),
         is needed only for token-id prompts with documents and for `RagPipeline`, which fits
-        its sources to the context window in tokens.
+        its sources to the context window in tokens. Its longest token also bounds the text
+        read for a call: a server that sends more than ``max_new_tokens`` tokens can hold is
+        cut there (finish reason ``"length"``).
         """
         self.config = ServerConfig(
             base_url=base_url,
@@ -77,11 +84,13 @@ class ServerEngine:
             kind=kind,
             api_key=api_key,
             timeout=timeout,
+            deadline=deadline,
             max_retries=max_retries,
             append_documents_to_prompt=append_documents_to_prompt,
             context_window=context_window,
         )
         self._tokenizer = _load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self._chars_per_token = _chars_per_token(self._tokenizer)
         self._client = _openai_client(self.config)
         self._corpus = CorpusClient(self._client, self.config.root_url) if kind == "sglang" else None
 
@@ -148,7 +157,9 @@ class ServerEngine:
         The request is sent now: an HTTP error (after the client's retries) is raised here,
         an error in the middle of the stream while it is read. Closing the stream (or
         dropping it) closes the HTTP response, which the server takes as a cancellation.
-        Chunks carry no token ids (the API sends text).
+        Chunks carry no token ids (the API sends text). The answer is checked as it is read
+        (stop strings, the text ``max_new_tokens`` can hold, the config's ``deadline``), since
+        a server may ignore what it was asked; see `ServerCall`.
         """
         if tools:
             raise NotImplementedError(_NO_TOOLS)
@@ -161,13 +172,17 @@ class ServerEngine:
             server_prompt = self._documents_in_prompt(server_prompt, shown)
             texts = []
         request = build_request(self.config, server_prompt, params)
+        limits = self._limits(params)
         corpus_id = self._corpus.add(texts) if texts and self._corpus is not None else None
-        call = ServerCall(StepRecorder(prompt_tokens=0), functools.partial(self._release, corpus_id))
+        call = ServerCall(StepRecorder(prompt_tokens=0), functools.partial(self._release, corpus_id), limits)
         try:
             create = self._client.chat.completions if request.endpoint == "chat" else self._client.completions
-            call.response = create.create(**request.kwargs)
-        except BaseException:
+            call.response = create.create(**request.kwargs, **self._request_timeout())
+            call.check_deadline()
+        except BaseException as err:
             call.end()
+            if isinstance(err, Exception):
+                call.check_deadline()  # a deadline passed while waiting is the error to raise
             raise
         steps = call.steps()
         # A stream dropped, read or not, ends its request there and then.
@@ -235,9 +250,28 @@ class ServerEngine:
             )
         return with_documents(prompt, missing, self._tokenizer)
 
+    def _limits(self, params: GenerationParams) -> ReadLimits:
+        return ReadLimits(
+            server=self.config.base_url,
+            max_new_tokens=params.max_new_tokens,
+            chars_per_token=self._chars_per_token,
+            stop_strings=tuple(params.stop_strings),
+            deadline=self.config.deadline,
+        )
+
+    def _request_timeout(self) -> dict[str, float]:
+        """Each try of the request waits at most the deadline for the answer to start."""
+        deadline = self.config.deadline
+        return {} if deadline is None else {"timeout": min(self.config.timeout, deadline)}
+
     def _release(self, corpus_id: str | None) -> None:
-        if corpus_id is not None and self._corpus is not None:
-            self._corpus.remove(corpus_id)
+        """Remove the call's corpus, and retry earlier ones that failed. Never raises: the call
+        ends here (after its answer, or from a finaliser), and a failure is retried later."""
+        if self._corpus is None or (corpus_id is None and not self._corpus.stranded):
+            return
+        failure = self._corpus.remove_all([corpus_id] if corpus_id is not None else [])
+        if failure is not None:
+            self._corpus.warn(failure, "a call")
 
 
 def _openai_client(config: ServerConfig) -> Any:
@@ -251,6 +285,21 @@ def _openai_client(config: ServerConfig) -> Any:
         timeout=config.timeout,
         max_retries=config.max_retries,
     )
+
+
+def _chars_per_token(tokenizer: Any) -> int:
+    """The most characters one token can add to decoded text.
+
+    A vocabulary entry spells its token with at least one character per character of text
+    (byte-level BPE spells each byte as a character, and a UTF-8 character is one byte or
+    more; SentencePiece's "▁" is one space; a byte-fallback entry is six characters for one
+    byte); one more covers the space a decoder may put between tokens.
+    """
+    vocab = getattr(tokenizer, "get_vocab", None)
+    entries = vocab() if callable(vocab) else None
+    if not isinstance(entries, Mapping) or not entries:
+        return _FALLBACK_CHARS_PER_TOKEN
+    return max(len(str(entry)) for entry in entries) + 1
 
 
 def _load_tokenizer(path: str) -> Any:

@@ -50,28 +50,32 @@ class ServerScope:
 
     def close(self) -> None:
         """Remove every corpus this scope loaded (idempotent). Each removal is tried even when
-        an earlier one fails; the first failure is raised afterwards."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            ids, self._corpus_ids = self._corpus_ids, []
-        failure: BaseException | None = None
-        for corpus_id in ids:
-            try:
-                assert self._corpus is not None
-                self._corpus.remove(corpus_id)
-            except Exception as err:
-                failure = failure or err
+        an earlier one fails; the first failure is raised afterwards, and the corpora that
+        failed are retried when the engine's next call or scope ends."""
+        failure = self._remove()
         if failure is not None:
             raise failure
+
+    def _remove(self) -> Exception | None:
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            ids, self._corpus_ids = self._corpus_ids, []
+        if self._corpus is None:
+            return None
+        return self._corpus.remove_all(ids)
 
     def __enter__(self) -> ServerScope:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        # A warning, not an error: the block's answer (or its own error) is what the caller
+        # wants, and the failed removals are retried later.
+        failure = self._remove()
+        if failure is not None and self._corpus is not None:
+            self._corpus.warn(failure, "a document scope")
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
-            self.close()
+            self.__exit__(None, None, None)

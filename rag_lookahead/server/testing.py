@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Answer", "Failure", "Recorded", "StubServer", "stub_server"]
+__all__ = ["Answer", "Events", "Failure", "Recorded", "StubServer", "stub_server"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,16 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class Events:
+    """A stream written as it is given, as a broken or hostile server sends it: each item
+    (server-sent-event text, e.g. ``": keep-alive\n\n"`` or ``"data: {...}\n\n"``), then
+    ``pause`` seconds; nothing is added, not even ``[DONE]``."""
+
+    items: Sequence[str]
+    pause: float = 0.0
+
+
+@dataclass(frozen=True)
 class Failure:
     """An HTTP error answer."""
 
@@ -61,7 +71,7 @@ class StubServer:
 
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
-        self.replies: deque[Answer | Failure] = deque()
+        self.replies: deque[Answer | Events | Failure] = deque()
         self.corpora: dict[str, list[str]] = {}
         self.fail_corpus: set[str] = set()  # endpoint names that answer 400
         self.metrics_text = ""
@@ -77,7 +87,7 @@ class StubServer:
         host, port = self._http.server_address[:2]
         return f"http://{host!s}:{port}/v1"
 
-    def reply(self, *replies: Answer | Failure) -> None:
+    def reply(self, *replies: Answer | Events | Failure) -> None:
         """Answer the next completion requests with these, in order."""
         self.replies.extend(replies)
 
@@ -95,7 +105,7 @@ class StubServer:
 
     # ------------------------------------------------------------------ answering
 
-    def _next_reply(self) -> Answer | Failure:
+    def _next_reply(self) -> Answer | Events | Failure:
         with self._lock:
             return self.replies.popleft() if self.replies else Answer()
 
@@ -149,19 +159,18 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
             if isinstance(reply, Failure):
                 self._json(reply.status, {"error": {"message": reply.message}}, reply.headers)
                 return
-            time.sleep(reply.stall)
+            if isinstance(reply, Answer):
+                time.sleep(reply.stall)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
             try:
-                for chunk in _chunks(reply, body.get("model", ""), chat):
-                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                for item in _stream(reply, body.get("model", ""), chat):  # finite: the reply's own
+                    self.wfile.write(item)
                     self.wfile.flush()
                     stub.pieces_sent += 1
                     time.sleep(reply.pause)
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 stub.disconnected.set()
 
@@ -178,6 +187,15 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
     return Handler
+
+
+def _stream(reply: Answer | Events, model: str, chat: bool) -> Iterator[bytes]:
+    if isinstance(reply, Events):
+        yield from (item.encode() for item in reply.items)
+        return
+    for chunk in _chunks(reply, model, chat):
+        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def _chunks(reply: Answer, model: str, chat: bool) -> Iterator[dict[str, Any]]:

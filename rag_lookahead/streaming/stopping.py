@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from rag_lookahead.streaming.stats import FinishReason
 from rag_lookahead.streaming.text import TextAssembler
 
-__all__ = ["Released", "Stopping", "truncate_step"]
+__all__ = ["Released", "Stopping", "find_stop", "held_back", "truncate_step"]
 
 
 class Released(NamedTuple):
@@ -74,9 +74,7 @@ class Stopping:
 
     def _find_stop(self, text: str) -> int | None:
         # Released text never ends in a stop string's prefix, so no stop starts before it.
-        emitted = self.assembler.emitted
-        hits = [i for s in self.stop_strings if (i := text.find(s, emitted)) != -1]
-        return min(hits) if hits else None
+        return find_stop(text, self.stop_strings, self.assembler.emitted)
 
     def _stop_token(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` to keep: up to the one that completes the first stop string."""
@@ -88,14 +86,25 @@ class Stopping:
 
     def _held(self, text: str, end: int) -> int:
         """Characters before ``end`` that could still begin a stop string."""
-        emitted = self.assembler.emitted
-        held = 0
-        for stop in self.stop_strings:
-            for k in range(min(len(stop) - 1, end - emitted), held, -1):
-                if text[end - k : end] == stop[:k]:
-                    held = k
-                    break
-        return held
+        return held_back(text, self.stop_strings, self.assembler.emitted, end)
+
+
+def find_stop(text: str, stop_strings: Sequence[str], start: int = 0) -> int | None:
+    """Where the first stop string found in ``text`` from ``start`` on begins, if any does."""
+    hits = [i for s in stop_strings if (i := text.find(s, start)) != -1]
+    return min(hits) if hits else None
+
+
+def held_back(text: str, stop_strings: Sequence[str], start: int, end: int) -> int:
+    """How many characters of ``text[start:end]``, at its end, could still begin a stop string:
+    they are held back until the text that follows decides."""
+    held = 0
+    for stop in stop_strings:
+        for k in range(min(len(stop) - 1, end - start), held, -1):
+            if text[end - k : end] == stop[:k]:
+                held = k
+                break
+    return held
 
 
 def truncate_step(
