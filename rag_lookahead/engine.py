@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,13 +29,14 @@ from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.constrained import GrammarDrafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.interface import EngineBase
 from rag_lookahead.models import default_cache_dir
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
 from rag_lookahead.scheduler import Call, Scheduler
 from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
-from rag_lookahead.streaming.stream import Completion, TextStream
+from rag_lookahead.streaming.stream import TextStream
 
 __all__ = ["LookaheadEngine"]
 
@@ -47,7 +47,7 @@ _BATCH_WIDTH = 6
 _SAVE_EVERY = 256
 
 
-class LookaheadEngine:
+class LookaheadEngine(EngineBase):
     """Lossless lookahead decoding for a Hugging Face decoder-only model.
 
     The engine owns a token trie shared by all calls: each call's prompt and documents are
@@ -151,6 +151,11 @@ class LookaheadEngine:
         if _batch_settings(config) != _batch_settings(self.config):
             other.scheduler = _new_scheduler(self.runner, config)
         return other
+
+    @property
+    def supports_plain(self) -> bool:
+        """Always: `plain` is this engine without drafts."""
+        return True
 
     def plain(self) -> LookaheadEngine:
         """This engine decoding plainly (``mode="off"``), the reference: see `with_config`."""
@@ -301,25 +306,9 @@ class LookaheadEngine:
             grammar=grammar,
         )
         steps = self.scheduler.chunks(call)
-        cancel = functools.partial(self.scheduler.cancel, call)
-        # A stream dropped, read or not, ends its call there and then: CPython frees it at once.
-        weakref.finalize(steps, cancel).atexit = False
+        stream = TextStream(steps, call.recorder, cancel=functools.partial(self.scheduler.cancel, call))
         self.scheduler.submit(call)
-        return TextStream(steps, call.recorder, cancel=cancel)
-
-    def complete(
-        self,
-        prompt: Prompt,
-        params: GenerationParams | None = None,
-        *,
-        documents: Iterable[str] = (),
-        scope: DocumentScope | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> Completion:
-        """Blocking `stream`: the whole new text, its token ids and the stats."""
-        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
-        return stream.complete()
+        return stream
 
     def scope(self, documents: Iterable[str] = ()) -> DocumentScope:
         """Documents for several calls: insert them now, eliminate them when the scope closes.

@@ -2,7 +2,8 @@
 
 `LookaheadEngine` (one process) and `rag_lookahead.server.ServerEngine` (a vLLM, SGLang or other
 OpenAI-compatible server) both have this surface, so `RagPipeline` and the LangChain and
-LlamaIndex adapters take either through ``engine=`` without knowing which it is.
+LlamaIndex adapters take either through ``engine=`` without knowing which it is. Both derive
+from `EngineBase`, which gives them what is the same: `complete` over `stream`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.streaming.stream import Completion, TextStream
 
-__all__ = ["Engine", "Scope"]
+__all__ = ["Engine", "EngineBase", "Scope"]
 
 
 @runtime_checkable
@@ -85,6 +86,42 @@ class Engine(Protocol):
 
     def scope(self, documents: Iterable[str] = ()) -> Any: ...
 
-    def plain(self) -> Engine:
-        """The same model decoding without drafts (the reference), where the engine can."""
+    @property
+    def supports_plain(self) -> bool:
+        """Whether `plain` gives the same model decoding without drafts (else it raises why)."""
         ...
+
+    def plain(self) -> Engine:
+        """The same model decoding without drafts (the reference), where `supports_plain`."""
+        ...
+
+
+class EngineBase:
+    """What every engine does the same way, over its own `stream`."""
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: Any = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> TextStream:
+        raise NotImplementedError
+
+    def complete(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: Any = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> Completion:
+        """Blocking `stream`: the whole new text, its token ids (where the engine has them)
+        and the stats."""
+        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
+        return stream.complete()

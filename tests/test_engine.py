@@ -214,7 +214,7 @@ def test_mode_off_is_plain_decoding() -> None:
         ([1] * 600, {}, ValueError),  # the tiny models' context window is 512
         ([1, 2], {"max_new_tokens": 0}, ValueError),
         ([1, 2], {"max_new_tokens": -3}, ValueError),
-        ([1, 2], {"temperature": 0.0}, ValueError),
+        ([1, 2], {"temperature": -1.0}, ValueError),  # 0 is greedy
         ([{"role": "user", "content": "hi"}], {}, ValueError),  # no chat template
         ([1.5, 2], {}, TypeError),
     ],

@@ -8,11 +8,11 @@ retries, and turns the answers back into `TextStream`s with `DecodeStats`.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
+from rag_lookahead.interface import EngineBase
 from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.scope import document_texts
 from rag_lookahead.server.call import ReadLimits, ServerCall
@@ -28,7 +28,7 @@ from rag_lookahead.server.requests import (
 )
 from rag_lookahead.server.scope import ServerScope
 from rag_lookahead.streaming.stats import StepRecorder
-from rag_lookahead.streaming.stream import Completion, TextStream
+from rag_lookahead.streaming.stream import TextStream
 
 __all__ = ["ServerEngine"]
 
@@ -46,7 +46,7 @@ _NO_TOOLS = (
 )
 
 
-class ServerEngine:
+class ServerEngine(EngineBase):
     """`stream`, `complete` and `scope` of `LookaheadEngine`, answered by a serving engine.
 
     ``kind`` says what the server does with documents: SGLang (``--speculative-algorithm
@@ -134,6 +134,11 @@ class ServerEngine:
         """The ``openai.OpenAI`` client every request goes through."""
         return self._client
 
+    @property
+    def supports_plain(self) -> bool:
+        """Never: the server decides its own speculative decoding (`plain` says what to do)."""
+        return False
+
     def plain(self) -> ServerEngine:
         raise ValueError(
             "a server decides its own speculative decoding: to compare with plain decoding, "
@@ -184,24 +189,7 @@ class ServerEngine:
             if isinstance(err, Exception):
                 call.check_deadline()  # a deadline passed while waiting is the error to raise
             raise
-        steps = call.steps()
-        # A stream dropped, read or not, ends its request there and then.
-        weakref.finalize(steps, call.end).atexit = False
-        return TextStream(steps, call.recorder, cancel=call.end)
-
-    def complete(
-        self,
-        prompt: Prompt,
-        params: GenerationParams | None = None,
-        *,
-        documents: Iterable[str] = (),
-        scope: ServerScope | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> Completion:
-        """Blocking `stream`: the whole new text and the stats (no token ids)."""
-        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
-        return stream.complete()
+        return TextStream(call.steps(), call.recorder, cancel=call.end)
 
     def scope(self, documents: Iterable[str] = ()) -> ServerScope:
         """Documents for several calls: on SGLang loaded into the server now and removed when

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -62,6 +63,10 @@ class TextStream(Iterator[str]):
         self._released = _Released()
         self._closed = False
         self._reading = threading.Lock()  # held by the thread advancing the steps
+        if cancel is not None:
+            # A stream dropped, read or not, ends its call there and then: CPython frees it at
+            # once (``cancel`` must not refer to the steps or the stream).
+            weakref.finalize(steps, cancel).atexit = False
 
     @property
     def text(self) -> str:
