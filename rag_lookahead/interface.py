@@ -15,7 +15,7 @@ from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.streaming.stream import Completion, TextStream
 
-__all__ = ["Engine", "EngineBase", "Scope"]
+__all__ = ["Engine", "EngineBase", "Scope", "scope_key"]
 
 
 @runtime_checkable
@@ -125,3 +125,11 @@ class EngineBase:
         and the stats."""
         stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
         return stream.complete()
+
+
+def scope_key(engine: Engine) -> Any:
+    """What a scope is tied to: a local engine's trie (shared with its variants, such as its
+    plain twin, whose calls may use one scope), or the engine itself for one without a trie (a
+    server). Every front end keeps a run's scopes by this key, so that two variants of one
+    engine in one run share a scope rather than insert its documents twice."""
+    return getattr(engine, "trie", engine)

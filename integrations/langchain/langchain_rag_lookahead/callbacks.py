@@ -29,7 +29,7 @@ from langchain_core.documents import Document
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 
-from rag_lookahead.interface import Engine, Scope
+from rag_lookahead.interface import Engine, Scope, scope_key
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]
 
@@ -48,7 +48,7 @@ class _EngineScope:
 class _TopRun:
     members: list[UUID] = field(default_factory=list)
     documents: list[str] = field(default_factory=list)
-    scopes: dict[int, _EngineScope] = field(default_factory=dict)  # by id(engine)
+    scopes: dict[int, _EngineScope] = field(default_factory=dict)  # by id(scope_key(engine))
 
 
 class LookaheadCallbackHandler(BaseCallbackHandler):
@@ -73,9 +73,10 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
             run = self._runs.get(top) if top is not None else None
             if run is None or not run.documents:
                 return None
-            entry = run.scopes.get(id(engine))
+            key = id(scope_key(engine))  # alive while the entry holds the engine
+            entry = run.scopes.get(key)
             if entry is None:
-                entry = run.scopes[id(engine)] = _EngineScope(engine, engine.scope())
+                entry = run.scopes[key] = _EngineScope(engine, engine.scope())
             # Under the lock so two calls of one run never insert the same documents twice.
             entry.scope.add(run.documents[entry.added :])
             entry.added = len(run.documents)

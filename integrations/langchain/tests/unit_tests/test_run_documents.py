@@ -203,3 +203,15 @@ def test_a_handler_on_an_inner_chain_scopes_to_that_chain(setup) -> None:
     assert outer.invoke(QUESTION) == reference.upper()
     assert recorder.scope_owners()
     assert handler.active_runs == 0 and engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_two_variants_of_one_engine_in_one_run_share_its_scope(setup) -> None:
+    engine, _, documents = setup
+    recorder = CallRecorder(engine)
+    variant = engine.with_config(LookaheadConfig(mode="trie", min_query_length=1, decoding_length=4))
+    first, second = ChatLookahead(engine=engine, max_tokens=8), ChatLookahead(engine=variant, max_tokens=8)
+    chain = rag_chain(first, documents) | second | StrOutputParser()
+    with_retrieved_documents(chain).invoke(QUESTION, config={"callbacks": [recorder]})
+    # One trie, one scope: the run's documents were inserted once, not once per variant.
+    assert len(recorder.stats) == 2 and len(recorder.scope_owners()) == 1
+    assert engine.trie.owners() <= {OUTPUT_OWNER}

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from rag_lookahead.interface import Engine, Scope
+from rag_lookahead.interface import Scope, scope_key
 
 __all__ = ["ActiveScope", "active_scope", "scope_key", "use_scope"]
 
@@ -32,12 +32,6 @@ class ActiveScope(NamedTuple):
 
 
 _ACTIVE: ContextVar[ActiveScope | None] = ContextVar("rag_lookahead_scope", default=None)
-
-
-def scope_key(engine: Engine) -> Any:
-    """What a scope is tied to: a local engine's trie (shared with its variants, such as its
-    plain twin), or the engine itself for one without a trie (a server)."""
-    return getattr(engine, "trie", engine)
 
 
 def active_scope(trie: Any | None = None) -> Scope | None:
