@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ __all__ = [
     "byte_fast_tokenizer",
     "grammar_accepts",
     "greedy_reference",
+    "nested_person",
+    "packaged_template",
     "run_together",
     "save_tiny_model",
     "sliding_config",
@@ -275,6 +278,36 @@ def byte_fast_tokenizer(chat_template: str = TINY_CHAT_TEMPLATE) -> Any:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", chat_template=chat_template)
+
+
+def nested_person() -> Any:
+    """A pydantic model nesting another, as LangChain's and LlamaIndex's tools carry it: an
+    ``Address`` (written once, in ``$defs``, and referred to), a list of them, an optional one.
+    Closed and short, so that a tiny random model under its grammar ends a call in few tokens.
+    For the nested-schema tests of all three suites; needs pydantic."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Address(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        street: str = Field(max_length=4)
+        city: str = Field(max_length=4)
+
+    class Person(BaseModel):
+        """A person to save."""
+
+        model_config = ConfigDict(extra="forbid")
+        name: str = Field(max_length=4)
+        address: Address
+        previous: list[Address] = Field(default=[], max_length=2)
+        billing: Address | None = None
+
+    return Person
+
+
+def packaged_template(name: str = "smollm2-tools.jinja") -> str:
+    """A chat template shipped in ``rag_lookahead/data/chat_templates`` (the default model's
+    tool-capable one by default)."""
+    return (resources.files("rag_lookahead") / "data" / "chat_templates" / name).read_text(encoding="utf-8")
 
 
 def tiny_tool_engine(chat_template: str, mode: Mode = "trie") -> LookaheadEngine:

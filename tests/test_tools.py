@@ -6,7 +6,7 @@ from importlib import resources
 from itertools import count
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from rag_lookahead.prompts import check_chat_template_kwargs, encode_prompt
 from rag_lookahead.server import ServerEngine
@@ -22,6 +22,7 @@ from rag_lookahead.testing import (
     TINY_CHAT_TEMPLATE,
     ascii_fast_tokenizer,
     grammar_accepts,
+    nested_person,
     tiny_engine,
     tiny_tool_engine,
 )
@@ -466,21 +467,7 @@ def test_a_hostile_tool_choice_is_refused(choice: object, names: list[str], word
 # ---------------------------------------------------------------------------- nested models
 
 
-class Address(BaseModel):
-    # Closed and short: a tiny random model under the grammar then ends its call in few tokens.
-    model_config = ConfigDict(extra="forbid")
-    street: str = Field(max_length=4)
-    city: str = Field(max_length=4)
-
-
-class Person(BaseModel):
-    """A model nesting another: pydantic writes Address once, in $defs, and refers to it."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=4)
-    address: Address
-    previous: list[Address] = Field(default=[], max_length=2)
-    billing: Address | None = None
+Person = nested_person()
 
 
 SAVE = {"name": "save_person", "description": "Save a person.", "parameters": Person.model_json_schema()}

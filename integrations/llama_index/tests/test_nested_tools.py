@@ -6,40 +6,22 @@ name, ``"required"`` and ``tool_required``, a function-calling program, structur
 from __future__ import annotations
 
 import asyncio
-from importlib import resources
 from typing import Any
 
 import pytest
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
-from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field
 from llama_index.core.program import FunctionCallingProgram
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
-from rag_lookahead.testing import tiny_tool_engine
+from rag_lookahead.testing import nested_person, packaged_template, tiny_tool_engine
 
-TEMPLATE = (resources.files("rag_lookahead") / "data" / "chat_templates" / "smollm2-tools.jinja").read_text(
-    encoding="utf-8"
-)
+TEMPLATE = packaged_template()
 QUESTION = "Save Ann, of Caen."
 
 
-class Address(BaseModel):
-    # Closed and short: the tiny random model under the grammar then ends its call in few tokens.
-    model_config = ConfigDict(extra="forbid")
-    street: str = Field(max_length=4)
-    city: str = Field(max_length=4)
-
-
-class Person(BaseModel):
-    """A person to save."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=4)
-    address: Address
-    previous: list[Address] = Field(default=[], max_length=2)
-    billing: Address | None = None
+Person = nested_person()
 
 
 def save_person(**person: Any) -> str:

@@ -3,7 +3,6 @@ model with the default model's tool template: forced calls (by name, ``"any"``,
 ``"required"``), ``with_structured_output``, a LangGraph agent, and a forced call cut by
 ``max_tokens``."""
 
-from importlib import resources
 from typing import Any
 
 import pytest
@@ -16,29 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_rag_lookahead import ChatLookahead
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.testing import tiny_tool_engine
+from rag_lookahead.testing import nested_person, packaged_template, tiny_tool_engine
 
-TEMPLATE = (resources.files("rag_lookahead") / "data" / "chat_templates" / "smollm2-tools.jinja").read_text(
-    encoding="utf-8"
-)
+TEMPLATE = packaged_template()
 QUESTION = "Save Ann, of Caen."
 
 
-class Address(BaseModel):
-    # Closed and short: the tiny random model under the grammar then ends its call in few tokens.
-    model_config = ConfigDict(extra="forbid")
-    street: str = Field(max_length=4)
-    city: str = Field(max_length=4)
-
-
-class Person(BaseModel):
-    """A person to save."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=4)
-    address: Address
-    previous: list[Address] = Field(default=[], max_length=2)
-    billing: Address | None = None
+Person = nested_person()
+Address = Person.model_fields["address"].annotation
 
 
 class Place(BaseModel):  # another "Address", once renamed: a post code, no city
