@@ -31,6 +31,7 @@ from rag_lookahead.rag import (
     Document,
     DocumentIndex,
     chunking,
+    load_documents,
     split_document,
 )
 from rag_lookahead.rag.embedding import default_embedder_path
@@ -359,12 +360,29 @@ def _linked_folder(tmp_path: Path) -> Path:
     return docs
 
 
-# (case, a folder to index) -> one file of it is a link out of it, skipped with the reason
+def _folder_link(target: Callable[[Path], Path]) -> Callable[[Path], Path]:
+    def make(tmp_path: Path) -> Path:
+        docs = _folder(tmp_path)
+        (docs / "shelf").symlink_to(target(tmp_path), target_is_directory=True)
+        return docs
+
+    return make
+
+
+def _outside_folder(tmp_path: Path) -> Path:
+    (tmp_path / "vault").mkdir()
+    (tmp_path / "vault" / "code.md").write_text("The vault code is 9431.\n")
+    return tmp_path / "vault"
+
+
+# (case, a folder to index) -> one file or folder of it is a link out of it, skipped with the reason
 LINK_OUT_CASES: list[tuple[str, Callable[[Path], Path]]] = [
     ("a link to a file beside the folder", _link(lambda d: d / "elsewhere.txt")),
     ("a link to a system file", _link(lambda d: Path("/etc/passwd"))),
     ("a relative link up and out", _link(lambda d: Path("..") / "elsewhere.txt")),
     ("a link in a subfolder", _linked_folder),
+    ("a link to a folder outside", _folder_link(_outside_folder)),
+    ("a link to the folder above (a loop)", _folder_link(lambda d: Path(".."))),
 ]
 
 
@@ -377,6 +395,46 @@ def test_an_index_stays_inside_its_folder(tmp_path, hash_embedder, case, make) -
     assert all(hit.chunk.source.endswith("bees.txt") for hit in index.search("vault code root", k=5))
     followed, _ = DocumentIndex.build([docs], hash_embedder, follow_symlinks=True)
     assert len(followed.sources) == 2  # the opt-in reads it
+
+
+def _broken_link(tmp_path: Path) -> tuple[Path, str]:
+    docs = _folder(tmp_path)
+    (docs / "gone.md").symlink_to(tmp_path / "deleted.md")
+    return docs, "gone.md"
+
+
+def _link_loop(tmp_path: Path) -> tuple[Path, str]:
+    docs = _folder(tmp_path)
+    (docs / "a.md").symlink_to("b.md")
+    (docs / "b.md").symlink_to("a.md")
+    return docs, "a.md"
+
+
+def _index_inside(tmp_path: Path) -> tuple[Path, str]:
+    """`index docs --out docs/idx`, run again: its own chunk file is in the folder it reads."""
+    docs = _folder(tmp_path)
+    index, _ = DocumentIndex.build([docs], HashEmbedder())
+    index.save(docs / "idx")
+    return docs, "idx"
+
+
+# (case, a folder and the name in it that is listed as skipped, words of the reason): not read
+SKIPPED_ENTRY_CASES: list[tuple[str, Callable[[Path], tuple[Path, str]], str]] = [
+    ("a broken link", _broken_link, "a broken link"),
+    ("a link loop", _link_loop, "a broken link"),
+    ("an index inside the folder it indexes", _index_inside, "a rag-lookahead index"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "words"), SKIPPED_ENTRY_CASES, ids=[c[0] for c in SKIPPED_ENTRY_CASES]
+)
+def test_an_entry_that_is_no_document_is_listed_not_read(tmp_path, case, make, words) -> None:
+    docs, name = make(tmp_path)
+    for follow in (False, True):
+        documents, skipped = load_documents([docs], follow_symlinks=follow)
+        assert [doc.source for doc in documents] == [str(docs / "bees.txt")]
+        assert words in {Path(s.source).name: s.reason for s in skipped}.get(name, ""), skipped
 
 
 # (case, markdown whose text is only in headings, words each a chunk must index)

@@ -131,6 +131,22 @@ def test_bad_inputs_are_skipped_with_reasons(tmp_path: Path) -> None:
     assert len(skipped) == 10
 
 
+def test_a_file_that_cannot_be_read_is_skipped_not_fatal(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "locked.txt").write_text("Only its owner may read this.")
+    (tmp_path / "open.txt").write_text("Anyone may read this.")
+    read_bytes = Path.read_bytes
+
+    def refuse(path: Path) -> bytes:  # root reads every file, so a refusal is simulated
+        if path.name == "locked.txt":
+            raise PermissionError(13, "Permission denied")
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    documents, skipped = load_documents([tmp_path])
+    assert [doc.source for doc in documents] == [str(tmp_path / "open.txt")]
+    assert skipped == [Skipped(str(tmp_path / "locked.txt"), "unreadable (Permission denied)")]
+
+
 def test_named_files_must_exist_and_be_supported(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no such file or folder: .*nowhere"):
         load_documents([tmp_path / "nowhere"])

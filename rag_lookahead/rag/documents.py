@@ -4,15 +4,18 @@ Unreadable inputs (empty, binary, not UTF-8, a broken JSON line) are reported as
 rather than raised, so one bad file never stops indexing a folder; mistakes in what the caller
 named (a missing path, an unsupported file) raise, because they are not about the data.
 
-A folder is read only within itself: a file in it that is a symbolic link to somewhere outside
-(another project, ``/etc/passwd``) is skipped with the reason, unless ``follow_symlinks`` is set,
-so pointing the index at a folder never puts files from elsewhere into the answers.
+A folder is read only within itself: a file or folder in it that is a symbolic link to somewhere
+outside (another project, ``/etc/passwd``) is skipped with the reason, unless ``follow_symlinks``
+is set, so pointing the index at a folder never puts files from elsewhere into the answers. Broken
+links (and link loops) are listed as skipped, and so is a folder holding a rag-lookahead index
+(an ``--out`` inside the folder it indexes), whose chunk file would otherwise be read as records.
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,8 @@ __all__ = ["SUPPORTED_SUFFIXES", "Document", "Skipped", "load_documents"]
 SUPPORTED_SUFFIXES = (".jsonl", ".md", ".txt")
 # The same heuristic as git and grep: text files practically never hold a NUL byte.
 _BINARY_PROBE = 8192
+# What a rag-lookahead index directory (or a save's scratch copy of one) holds.
+_INDEX_FILES = ("index.faiss", "chunks.jsonl")
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,9 @@ def load_documents(
         paths: Files or folders. Folders are walked in sorted order and only their ``.txt``,
             ``.md`` and ``.jsonl`` files are read; a file reached twice is read once.
         text_field: The key holding the text in each ``.jsonl`` record.
-        follow_symlinks: Also read files of a folder that are links to files outside it
-            (otherwise they are skipped). Files named explicitly are always read.
+        follow_symlinks: Also read what links in a folder point to outside it: files, and
+            folders (each entered once, so a link loop ends); otherwise they are skipped. Files
+            named explicitly are always read.
 
     Returns:
         The documents, and the inputs that were skipped with their reasons.
@@ -79,11 +85,14 @@ def load_documents(
     documents: list[Document] = []
     skipped: list[Skipped] = []
     seen: set[Path] = set()
-    for file, folder in _files(paths):
+    for found in _files(paths, follow_symlinks):
+        if isinstance(found, Skipped):
+            skipped.append(found)
+            continue
+        file, folder = found
         resolved = file.resolve()
         if folder is not None and not follow_symlinks and not resolved.is_relative_to(folder):
-            reason = f"a link out of {folder}, to {resolved}"
-            skipped.append(Skipped(str(file), f"{reason} (read with follow_symlinks / --follow-symlinks)"))
+            skipped.append(_link_out(file, folder, resolved))
             continue
         if resolved in seen:
             continue
@@ -99,8 +108,11 @@ def is_supported(path: Path) -> bool:
     return path.suffix.lower() in SUPPORTED_SUFFIXES
 
 
-def _files(paths: Sequence[str | Path]) -> Iterator[tuple[Path, Path | None]]:
-    """Each file to read, with the resolved folder it was found in (``None``: named explicitly)."""
+def _files(
+    paths: Sequence[str | Path], follow_symlinks: bool
+) -> Iterator[tuple[Path, Path | None] | Skipped]:
+    """Each file to read, with the resolved folder it was found in (``None``: named explicitly),
+    and what was skipped on the way."""
     for raw in paths:
         path = Path(raw)
         if not path.exists():
@@ -108,8 +120,8 @@ def _files(paths: Sequence[str | Path]) -> Iterator[tuple[Path, Path | None]]:
         if path.is_dir():
             folder = path.resolve()
             # Sorting full paths keeps the order stable across file systems and runs.
-            for file in sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p)):
-                yield file, folder
+            for found in sorted(_walk(path, follow_symlinks), key=_path_of):
+                yield found if isinstance(found, Skipped) else (found, folder)
         elif is_supported(path):
             yield path, None
         else:
@@ -119,9 +131,57 @@ def _files(paths: Sequence[str | Path]) -> Iterator[tuple[Path, Path | None]]:
             )
 
 
+def _walk(root: Path, follow_symlinks: bool) -> Iterator[Path | Skipped]:
+    """The supported files under `root` (links to files included: `load_documents` checks where
+    they lead), and the entries skipped on the way. A link to a folder inside `root` adds nothing
+    (the folder is walked as itself); one to a folder outside is entered only with
+    `follow_symlinks`, once per real folder. FIFOs, devices and sockets are passed over unread."""
+    base = root.resolve()
+    entered = {base}
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        if folder != root and all((folder / name).is_file() for name in _INDEX_FILES):
+            yield Skipped(str(folder), "a rag-lookahead index (its chunks are not documents)")
+            continue
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as err:
+            yield Skipped(str(folder), f"unreadable folder ({err.strerror or err})")
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink() and not path.exists():  # exists() is False on a loop too
+                if is_supported(path):
+                    yield Skipped(str(path), f"a broken link, to {os.readlink(path)}")
+            elif not entry.is_dir():
+                if entry.is_file() and is_supported(path):
+                    yield path
+            elif not entry.is_symlink():
+                pending.append(path)
+            elif (target := path.resolve()) not in entered and not target.is_relative_to(base):
+                if follow_symlinks:
+                    entered.add(target)
+                    pending.append(path)
+                else:
+                    yield _link_out(path, base, target)
+
+
+def _path_of(found: Path | Skipped) -> Path:
+    return Path(found.source) if isinstance(found, Skipped) else found
+
+
+def _link_out(path: Path, folder: Path, target: Path) -> Skipped:
+    reason = f"a link out of {folder}, to {target} (read with follow_symlinks / --follow-symlinks)"
+    return Skipped(str(path), reason)
+
+
 def _read_file(path: Path, text_field: str) -> tuple[list[Document], list[Skipped]]:
     source = str(path)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:  # no permission, a file that vanished since the walk, an I/O error
+        return [], [Skipped(source, f"unreadable ({err.strerror or err})")]
     if b"\0" in data[:_BINARY_PROBE]:
         return [], [Skipped(source, "binary")]
     if path.suffix.lower() == ".jsonl":
