@@ -388,3 +388,77 @@ def test_concurrent_requests_answer_as_alone(client: openai.OpenAI, engine: Look
     assert results[:6] == alone
     assert all(isinstance(r, openai.APIError) and "dead end" in str(r) for r in results[6:]), results[6:]
     assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rag-lookahead serve --backend local` loads the model and hands uvicorn the app, with the
+    API key from the environment variable when no flag gives one."""
+    from rag_lookahead import cli
+
+    directory = save_tiny_model(tmp_path / "model")
+    ran: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: ran.update(app=app, **kwargs))
+    monkeypatch.setenv("RAG_LOOKAHEAD_API_KEY", KEY)
+    argv = ["serve", "--backend", "local", "--model", str(directory), "--port", "8123", "--mode", "trie"]
+    assert cli.main([*argv, "--max-running", "2", "--max-waiting", "0", "--max-body-bytes", "5000"]) == 0
+    assert (ran["host"], ran["port"]) == ("127.0.0.1", 8123)
+    state = ran["app"].state.lookahead
+    settings = state.settings
+    assert (settings.max_running, settings.max_waiting, settings.max_body_bytes) == (2, 0, 5000)
+    assert settings.api_key == KEY and state.model_name == str(directory)
+    assert state.engine.config.mode == "trie"
+
+    async def run() -> None:
+        async with asgi(ran["app"]) as http:
+            assert (await http.get("/v1/models")).status_code == 401
+            models = await http.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+            assert models.json()["data"][0]["id"] == str(directory)
+
+    asyncio.run(run())
+    assert cli.main([*argv, "--api-key", "flag-key"]) == 0
+    assert ran["app"].state.lookahead.settings.api_key == "flag-key"  # the flag wins
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "vllm"], "needs --model"),
+        (["--backend", "vllm", "--model", "m", "--api-key", "k"], "--api-key apply only to --backend local"),
+        (["--backend", "sglang", "--model", "m", "--max-running", "2"], "--max-running apply only"),
+        (["--backend", "local", "--launch"], "--launch apply only to --backend vllm and sglang"),
+        (["--backend", "local", "--python", "/x/python"], "--python apply only"),
+    ],
+)
+def test_serve_flags_belong_to_their_backend(argv: list[str], message: str, capsys: Any) -> None:
+    from rag_lookahead import cli
+
+    assert cli.main(["serve", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_empty_api_key_variable_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    from rag_lookahead import cli
+
+    monkeypatch.setenv("RAG_LOOKAHEAD_API_KEY", " ")
+    assert cli.main(["serve", "--backend", "local"]) == 2
+    assert "RAG_LOOKAHEAD_API_KEY is set but empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_running": 0}, "max_running"),
+        ({"max_waiting": -1}, "max_waiting"),
+        ({"max_body_bytes": True}, "max_body_bytes"),
+        ({"retry_after_s": 0}, "retry_after_s"),
+        ({"api_key": ""}, "api_key"),
+        ({"model_name": ""}, "model_name"),
+    ],
+)
+def test_settings_are_checked(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServeSettings(**settings)
+    assert "test-key" not in repr(ServeSettings(api_key=KEY))  # the key stays out of logs
