@@ -462,3 +462,74 @@ def test_settings_are_checked(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ServeSettings(**settings)
     assert "test-key" not in repr(ServeSettings(api_key=KEY))  # the key stays out of logs
+
+
+# ---------------------------------------------------------------------------- tools
+
+CITY = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+# A small template that writes calls as Llama 3.1 does, a bare JSON reply (the tiny ASCII
+# vocabulary cannot spell the new lines of the Hermes and SmolLM2 blocks; SmolLM2's own
+# template also outgrows the tiny model's 512-token window).
+LLAMA3_TEMPLATE = """{%- for message in messages %}
+{%- if message.role == 'user' and loop.first and tools %}user: Use these functions:
+{% for t in tools %}{{ t | tojson }}{% endfor %} {{ message.content }}{{ ' | ' }}
+{%- elif message.tool_calls %}assistant: {% set call = message.tool_calls[0].function %}
+{{- '{"name": "' + call.name + '", ' }}{{ '"parameters": ' }}{{ call.arguments | tojson }}{{ "}" }}{{ ' | ' }}
+{%- elif message.role == 'tool' %}ipython: {{ message.content }}{{ ' | ' }}
+{%- else %}{{ message.role }}: {{ message.content }} | {% endif %}
+{%- endfor %}{% if add_generation_prompt %}assistant: {% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def tool_server() -> Iterator[LiveServer]:
+    """The tiny model under a chat template with tool calls."""
+    model = tiny_model("llama", 0, ASCII_VOCAB + 1)
+    model.generation_config.eos_token_id = ASCII_VOCAB
+    engine = LookaheadEngine(model, ascii_fast_tokenizer(LLAMA3_TEMPLATE), LookaheadConfig(mode="trie"))
+    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL)))
+    yield server
+    server.stop()
+
+
+def test_a_forced_tool_call_comes_back_as_tool_calls(tool_server: LiveServer) -> None:
+    client = tool_server.client()
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [CITY],
+        "max_tokens": 80,
+    }
+    out = client.chat.completions.create(**ask, tool_choice="required")  # type: ignore[call-overload]
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in (
+        "Paris",
+        "Rome",
+    )
+    streamed = list(client.chat.completions.create(**ask, tool_choice="required", stream=True))  # type: ignore[call-overload]
+    calls = [c for chunk in streamed if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        ("get_weather", call.function.arguments)
+    ]
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+
+
+def test_tools_on_a_template_without_them_are_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[CITY])  # type: ignore[arg-type,list-item]
+    assert info.value.code == "tools_not_supported" and info.value.param == "tools"  # type: ignore[attr-defined]

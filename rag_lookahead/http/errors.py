@@ -78,6 +78,12 @@ def install_handlers(app: FastAPI) -> None:
         body = error_body(err.status_code, str(err.detail), code)
         return JSONResponse(body, status_code=err.status_code, headers=err.headers)
 
+    async def unexpected(_: Request, err: Exception) -> JSONResponse:
+        # A bug still answers in the shape clients parse; the traceback goes to the server's log.
+        message = f"internal error: {type(err).__name__}: {err}"
+        return JSONResponse(error_body(500, message, "internal_error"), status_code=500)
+
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestError, request_error)
     app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
