@@ -312,18 +312,17 @@ def test_a_full_queue_is_429_and_closing_is_503(engine: LookaheadEngine) -> None
 # ---------------------------------------------------------------------------- calls
 
 
-def test_a_client_that_leaves_mid_stream_ends_its_call() -> None:
-    """Each forward past the third waits until the call's stream is closed: only the server's
-    close on the client's disconnect lets the call go on (to its end, at the next step)."""
+def gated_engine() -> tuple[LookaheadEngine, list[TextStream], threading.Event]:
+    """An engine whose forwards past the third wait until its first call's stream is closed,
+    the streams its calls returned, and an event set if a forward gave up waiting."""
     engine = new_engine()
     streams: list[TextStream] = []
     stream, forward = engine.stream, engine.runner.forward
+    calls, gave_up = [0], threading.Event()
 
     def recording_stream(*args: Any, **kwargs: Any) -> TextStream:
         streams.append(stream(*args, **kwargs))
         return streams[-1]
-
-    calls, gave_up = [0], threading.Event()
 
     def gated_forward(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
@@ -331,21 +330,34 @@ def test_a_client_that_leaves_mid_stream_ends_its_call() -> None:
             deadline = time.monotonic() + _WAIT
             while not streams[0]._closed:
                 if time.monotonic() > deadline:
-                    gave_up.set()  # nothing closed the stream: the test fails below
+                    gave_up.set()  # nothing closed the stream: the test fails
                     break
                 time.sleep(0.001)
         return forward(*args, **kwargs)
 
     engine.stream = recording_stream  # type: ignore[method-assign]
     engine.runner.forward = gated_forward  # type: ignore[method-assign]
+    return engine, streams, gave_up
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_ends_its_call(stream: bool) -> None:
+    """Only the server's close on the client's disconnect lets the gated call go on (to its
+    end, at the next step): streamed, the client leaves after the first event; whole, it
+    stops waiting for the answer (the answer cannot come before the call is closed)."""
+    engine, streams, gave_up = gated_engine()
     app = create_app(engine, ServeSettings(model_name=MODEL))
     server = LiveServer(app)
     try:
-        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 400, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data:"))  # generating
-        wait_until(lambda: streams[0].stats.finish_reason is not None)
+        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 400, "stream": stream}
+        url = f"{server.url}/v1/completions"
+        if stream:
+            with httpx.stream("POST", url, json=body) as response:
+                assert next(line for line in response.iter_lines() if line.startswith("data:"))
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url, json=body, timeout=httpx.Timeout(_WAIT, read=0.5))
+        wait_until(lambda: bool(streams) and streams[0].stats.finish_reason is not None)
         wait_until(lambda: app.state.lookahead.admission.running == 0)
         assert not gave_up.is_set()
         assert streams[0].stats.finish_reason == "abandoned"

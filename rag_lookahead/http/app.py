@@ -5,11 +5,12 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
@@ -26,6 +27,9 @@ from rag_lookahead.interface import Engine
 __all__ = ["ServerState", "create_app"]
 
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# nginx's status for a request its client closed before the answer: logged, never received.
+_CLIENT_CLOSED = 499
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,13 +100,13 @@ def _api_routes(state: ServerState) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         started = time.perf_counter()
         body = await _json_body(request, state.settings.max_body_bytes)
-        return await _answer(state, plan_chat(body, state.engine, state.settings.defaults), started)
+        return await _answer(state, request, plan_chat(body, state.engine, state.settings.defaults), started)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         started = time.perf_counter()
         body = await _json_body(request, state.settings.max_body_bytes)
-        return await _answer(state, plan_completion(body, state.settings.defaults), started)
+        return await _answer(state, request, plan_completion(body, state.settings.defaults), started)
 
     @router.get("/metrics")
     async def metrics() -> Response:
@@ -111,18 +115,46 @@ def _api_routes(state: ServerState) -> APIRouter:
     return router
 
 
-async def _answer(state: ServerState, plan: CallPlan, started: float) -> Response:
+async def _answer(state: ServerState, request: Request, plan: CallPlan, started: float) -> Response:
     if plan.model is not None:
         _check_model(state, plan.model)
     header = ReplyHeader.new(plan.kind, state.model_name)
     if not plan.stream:
-        return JSONResponse(await state.caller.whole(plan, header, started))
+        whole = await _unless_disconnected(request, state.caller.whole(plan, header, started))
+        return JSONResponse(whole) if whole is not None else Response(status_code=_CLIENT_CLOSED)
     call = await state.caller.open(plan, started)
     # The events' own cleanup closes the call; the background task closes it too when the
     # client left before the events were ever read.
     return EventSourceResponse(
         state.caller.events(call, plan, header), background=BackgroundTask(call.close), sep="\n"
     )
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or ``None`` once the client has gone: the work is cancelled then, so a
+    whole reply nobody waits for stops generating (its call closes as a stream's does)."""
+    results: list[T] = []
+    failures: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            try:
+                results.append(await work)
+            except Exception as err:  # raised below, not as the task group's ExceptionGroup
+                failures.append(err)
+            group.cancel_scope.cancel()
+
+        async def watch() -> None:
+            # The body is read: what the server receives next is the client's disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        group.start_soon(watch)
+    if failures:
+        raise failures[0]
+    return results[0] if results else None
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
