@@ -18,6 +18,7 @@ from rag_lookahead.cli.setup import chunking_config, lookahead_config, retrieval
 from rag_lookahead.cli.values import (
     client_counts,
     cosine,
+    non_negative_float,
     non_negative_int,
     port,
     positive_float,
@@ -355,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help=f"largest request body, documents included; larger is 413 (default: {served.max_body_bytes})",
+    )
+    local.add_argument(
+        "--drain-seconds",
+        dest="drain_s",
+        type=non_negative_float,
+        default=None,
+        help="on SIGTERM or Ctrl-C, seconds running requests get to finish while new ones get 503 "
+        f"(default: {served.drain_s:g})",
     )
     local.add_argument(
         "--mode",

@@ -21,7 +21,9 @@ SERVE_BACKENDS = ("local", *BACKENDS)
 #: Where `--api-key` is read from when the flag is not given (here only, never in the library).
 API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
-_LOCAL_FLAGS = ("api_key", "max_running", "max_waiting", "max_body_bytes", "mode", "device", "dtype")
+_LOCAL_FLAGS = (
+    *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s", "mode", "device", "dtype"),
+)
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
 
@@ -36,9 +38,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _refuse(args: argparse.Namespace, flags: tuple[str, ...], backends: str) -> None:
-    given = [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name) not in (None, False)]
+    given = [_flag(name) for name in flags if getattr(args, name) not in (None, False)]
     if given:
         raise ValueError(f"{', '.join(given)} apply only to --backend {backends}, not {args.backend}")
+
+
+def _flag(dest: str) -> str:
+    return "--drain-seconds" if dest == "drain_s" else f"--{dest.replace('_', '-')}"
 
 
 def _run_backend(args: argparse.Namespace) -> int:
@@ -89,7 +95,7 @@ def _run_local(args: argparse.Namespace) -> int:
     return 0
 
 
-_SETTINGS = ("max_running", "max_waiting", "max_body_bytes")
+_SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s")
 
 
 def _api_key(flag: str | None) -> str | None:
@@ -102,19 +108,17 @@ def _api_key(flag: str | None) -> str | None:
 
 
 def _server() -> Callable[[Engine, ServeSettings, str, int], None]:
-    """What runs the app until it is stopped (Ctrl-C, SIGTERM), or a clear error without the
+    """What runs the app until a signal stops it (draining), or a clear error without the
     serve extra."""
     try:
-        import uvicorn
-
-        from rag_lookahead.http import create_app
+        from rag_lookahead.http import create_app, run_app
     except ImportError as err:
         raise ValueError(
             f"--backend local needs the serve extra: pip install 'rag-lookahead[serve]' ({err})"
         ) from None
 
     def serve(engine: Engine, settings: ServeSettings, host: str, port: int) -> None:
-        uvicorn.run(create_app(engine, settings), host=host, port=port, log_level="info")
+        run_app(create_app(engine, settings), host, port)
 
     return serve
 

@@ -16,13 +16,16 @@ from rag_lookahead.http.settings import ServeSettings
 if TYPE_CHECKING:
     from rag_lookahead.http.app import ServerState, create_app
     from rag_lookahead.http.errors import ApiError
+    from rag_lookahead.http.run import DrainingServer, run_app
 
-__all__ = ["ApiError", "ServeSettings", "ServerState", "create_app"]
+__all__ = ["ApiError", "DrainingServer", "ServeSettings", "ServerState", "create_app", "run_app"]
 
 _LAZY = {
     "create_app": "rag_lookahead.http.app",
     "ServerState": "rag_lookahead.http.app",
     "ApiError": "rag_lookahead.http.errors",
+    "DrainingServer": "rag_lookahead.http.run",
+    "run_app": "rag_lookahead.http.run",
 }
 
 

@@ -126,7 +126,10 @@ async def _answer(state: ServerState, request: Request, plan: CallPlan, started:
     # The events' own cleanup closes the call; the background task closes it too when the
     # client left before the events were ever read.
     return EventSourceResponse(
-        state.caller.events(call, plan, header), background=BackgroundTask(call.close), sep="\n"
+        state.caller.events(call, plan, header),
+        background=BackgroundTask(call.close),
+        sep="\n",
+        shutdown_grace_period=state.settings.drain_s,  # a stopping server lets it finish
     )
 
 

@@ -8,6 +8,8 @@ from rag_lookahead.config import GenerationParams
 
 __all__ = ["ServeSettings"]
 
+_MAX_DRAIN_S = 3600  # an hour: only there to refuse absurd values (and NaN)
+
 
 def _count(name: str, value: object, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -27,6 +29,8 @@ class ServeSettings:
         max_running: Most requests generating at once (the engine batches them).
         max_waiting: Most requests waiting for a running slot; one more is HTTP 429.
         retry_after_s: The ``Retry-After`` a 429 answer gives, in seconds.
+        drain_s: Seconds running requests get to finish once the server is told to stop
+            (`rag_lookahead.http.run_app`); ``0`` ends them at once.
         defaults: Generation settings of what a request leaves out (greedy by default).
     """
 
@@ -36,6 +40,7 @@ class ServeSettings:
     max_running: int = 8
     max_waiting: int = 64
     retry_after_s: int = 1
+    drain_s: float = 30.0
     defaults: GenerationParams = field(default_factory=GenerationParams)
 
     def __post_init__(self) -> None:
@@ -47,5 +52,8 @@ class ServeSettings:
         _count("max_running", self.max_running, 1)
         _count("max_waiting", self.max_waiting, 0)
         _count("retry_after_s", self.retry_after_s, 1)
+        drain = self.drain_s
+        if isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain <= _MAX_DRAIN_S:
+            raise ValueError(f"drain_s must be a number of seconds from 0 to {_MAX_DRAIN_S}, got {drain!r}")
         if not isinstance(self.defaults, GenerationParams):
             raise TypeError(f"defaults must be GenerationParams, got {type(self.defaults).__name__}")
