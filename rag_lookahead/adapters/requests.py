@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rag_lookahead.adapters.errors import RequestError
@@ -302,13 +302,9 @@ def _params(
         fields["stop_strings"] = _stops(body["stop"])  # a request's stops replace the defaults
     _check_n(body.get("n"))
     try:
-        return GenerationParams(**{**_fields_of(defaults), **fields})
+        return replace(defaults, **fields)
     except (TypeError, ValueError) as err:
         raise RequestError(str(err)) from None
-
-
-def _fields_of(params: GenerationParams) -> dict[str, Any]:
-    return {name: getattr(params, name) for name in params.__dataclass_fields__}
 
 
 def _max_tokens(max_tokens: object, max_completion_tokens: object) -> int | None:
