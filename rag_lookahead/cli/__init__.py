@@ -13,21 +13,22 @@ from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import METHODS
 from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
 from rag_lookahead.cli.benchmark import run_bench, run_eval_retrieval
-from rag_lookahead.cli.serve import run_serve
+from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS, run_serve
 from rag_lookahead.cli.setup import chunking_config, lookahead_config, retrieval_config
 from rag_lookahead.cli.values import (
     client_counts,
     cosine,
+    non_negative_float,
     non_negative_int,
     port,
     positive_float,
     positive_int,
 )
 from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
 from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
 from rag_lookahead.rag.index import RETRIEVAL_MODES
-from rag_lookahead.server.launch import BACKENDS
 
 __all__ = ["build_parser", "main"]
 
@@ -311,21 +312,82 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run=run_eval_retrieval)
 
     serve = sub.add_parser(
-        "serve", help="print (or run) the vLLM or SGLang server command with speculative settings for RAG"
+        "serve",
+        help="serve this engine over OpenAI's HTTP API (--backend local), or print (or run) the vLLM "
+        "or SGLang server command with speculative settings for RAG",
     )
-    serve.add_argument("--backend", required=True, choices=BACKENDS, help="the serving engine")
-    serve.add_argument("--model", required=True, help="the model directory (or hub id) to serve")
+    serve.add_argument(
+        "--backend",
+        required=True,
+        choices=SERVE_BACKENDS,
+        help="local: this engine behind an OpenAI-compatible server (needs the serve extra); "
+        "vllm or sglang: that serving engine's command",
+    )
+    serve.add_argument(
+        "--model",
+        default=None,
+        help=f"local: a built-in model ({', '.join(BUILTIN_MODELS)}) or a model directory (default: "
+        f"{DEFAULT_MODEL}); vllm and sglang: the model directory (or hub id) to serve (required)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
-    serve.add_argument(
+    local = serve.add_argument_group("local backend")
+    local.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_VARIABLE} "
+        "if set, else no key)",
+    )
+    served = ServeSettings()
+    local.add_argument(
+        "--max-running",
+        type=positive_int,
+        default=None,
+        help=f"most requests generating at once (default: {served.max_running})",
+    )
+    local.add_argument(
+        "--max-waiting",
+        type=non_negative_int,
+        default=None,
+        help=f"most requests waiting for a running slot; more get 429 (default: {served.max_waiting})",
+    )
+    local.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=None,
+        help=f"largest request body, documents included; larger is 413 (default: {served.max_body_bytes})",
+    )
+    local.add_argument(
+        "--drain-seconds",
+        dest="drain_s",
+        type=non_negative_float,
+        default=None,
+        help="on SIGTERM or Ctrl-C, seconds running requests get to finish while new ones get 503 "
+        f"(default: {served.drain_s:g})",
+    )
+    local.add_argument(
+        "--mode",
+        default=None,
+        choices=["auto", "trie", "jacobi", "off"],
+        help=f"drafting, as for `ask` (off: plain decoding) (default: {LookaheadConfig().mode})",
+    )
+    local.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")
+    local.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float16", "bfloat16"],
+        help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
+    )
+    remote = serve.add_argument_group("vllm and sglang backends")
+    remote.add_argument(
         "--python",
-        default="python",
+        default=None,
         help="interpreter of the environment the backend is installed in (default: python)",
     )
-    serve.add_argument(
+    remote.add_argument(
         "--no-speculation", action="store_true", help="the same server without drafting, to compare"
     )
-    serve.add_argument("--launch", action="store_true", help="run the command instead of printing it")
+    remote.add_argument("--launch", action="store_true", help="run the command instead of printing it")
     serve.set_defaults(run=run_serve)
     return parser
 

@@ -1,23 +1,60 @@
-"""`rag-lookahead serve`: the vLLM or SGLang command for a model, printed or run."""
+"""`rag-lookahead serve`: this engine over OpenAI's HTTP API (``--backend local``), or the vLLM
+or SGLang command for a model, printed or run."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import shlex
 import subprocess
+import sys
+from collections.abc import Callable
 
-from rag_lookahead.server.launch import server_command
+from rag_lookahead.http.settings import ServeSettings
+from rag_lookahead.interface import Engine
+from rag_lookahead.server.launch import BACKENDS, server_command
 
-__all__ = ["run_serve"]
+__all__ = ["API_KEY_VARIABLE", "SERVE_BACKENDS", "run_serve"]
+
+SERVE_BACKENDS = ("local", *BACKENDS)
+#: Where `--api-key` is read from when the flag is not given (here only, never in the library).
+API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
+
+_LOCAL_FLAGS = (
+    *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s", "mode", "device", "dtype"),
+)
+_REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.backend == "local":
+        _refuse(args, _REMOTE_FLAGS, "vllm and sglang")
+        return _run_local(args)
+    _refuse(args, _LOCAL_FLAGS, "local")
+    if not args.model:
+        raise ValueError(f"--backend {args.backend} needs --model: the model directory (or hub id) to serve")
+    return _run_backend(args)
+
+
+def _refuse(args: argparse.Namespace, flags: tuple[str, ...], backends: str) -> None:
+    given = [_flag(name) for name in flags if getattr(args, name) not in (None, False)]
+    if given:
+        raise ValueError(f"{', '.join(given)} apply only to --backend {backends}, not {args.backend}")
+
+
+def _flag(dest: str) -> str:
+    return "--drain-seconds" if dest == "drain_s" else f"--{dest.replace('_', '-')}"
+
+
+def _run_backend(args: argparse.Namespace) -> int:
+    python = args.python or "python"
     command = server_command(
         args.backend,
         args.model,
         host=args.host,
         port=args.port,
-        python=args.python,
+        python=python,
         speculative=not args.no_speculation,
     )
     print(shlex.join(command), flush=True)
@@ -29,6 +66,67 @@ def run_serve(args: argparse.Namespace) -> int:
         return subprocess.run(command, check=False).returncode
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"{args.python!r} was not found: pass --python with the interpreter of the "
+            f"{python!r} was not found: pass --python with the interpreter of the "
             f"environment {args.backend} is installed in"
         ) from None
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from rag_lookahead.config import LookaheadConfig
+    from rag_lookahead.engine import LookaheadEngine
+    from rag_lookahead.models import DEFAULT_MODEL
+
+    settings = ServeSettings(
+        model_name=args.model or DEFAULT_MODEL,
+        api_key=_api_key(args.api_key),
+        **{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None},
+    )
+    serve = _server()  # before a long load
+    config = LookaheadConfig(mode=args.mode) if args.mode is not None else None
+    engine = LookaheadEngine.from_pretrained(args.model, config=config, device=args.device, dtype=args.dtype)
+    if settings.api_key is None and not _loopback(args.host):
+        print(
+            f"rag-lookahead: warning: listening on {args.host} with no API key: anyone who reaches "
+            f"it may use it (pass --api-key or set {API_KEY_VARIABLE})",
+            file=sys.stderr,
+        )
+    print(f"serving {settings.model_name} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    serve(engine, settings, args.host, args.port)
+    return 0
+
+
+_SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s")
+
+
+def _api_key(flag: str | None) -> str | None:
+    if flag is not None:
+        return flag
+    value = os.environ.get(API_KEY_VARIABLE)
+    if value is not None and not value.strip():
+        raise ValueError(f"{API_KEY_VARIABLE} is set but empty: unset it, or give it the key")
+    return value
+
+
+def _server() -> Callable[[Engine, ServeSettings, str, int], None]:
+    """What runs the app until a signal stops it (draining), or a clear error without the
+    serve extra."""
+    try:
+        from rag_lookahead.http import create_app, run_app
+    except ImportError as err:
+        raise ValueError(
+            f"--backend local needs the serve extra: pip install 'rag-lookahead[serve]' ({err})"
+        ) from None
+
+    def serve(engine: Engine, settings: ServeSettings, host: str, port: int) -> None:
+        run_app(create_app(engine, settings), host, port)
+
+    return serve
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["client_counts", "cosine", "non_negative_int", "port", "positive_float", "positive_int"]
+__all__ = [
+    "client_counts",
+    "cosine",
+    "non_negative_float",
+    "non_negative_int",
+    "port",
+    "positive_float",
+    "positive_int",
+]
 
 
 def positive_int(text: str) -> int:
@@ -38,6 +46,14 @@ def positive_float(text: str) -> float:
     value = _float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number of at least 0 (seconds to wait)."""
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {text!r}")
     return value
 
 

@@ -1,0 +1,33 @@
+"""The one translation core between OpenAI-style requests and the engine.
+
+A request (a mapping, as a server or an adapter receives it) becomes one frozen `CallPlan`
+(`plan_chat`, `plan_completion`), or a `RequestError` naming the parameter at fault; the
+engine's text and `DecodeStats` become OpenAI's reply objects and stream chunks (`reply`,
+`ReplyStream`), as plain dicts. The core never imports this package.
+"""
+
+from rag_lookahead.adapters.errors import RequestError
+from rag_lookahead.adapters.replies import FINISH_REASONS, ReplyHeader, ReplyStream, reply, usage
+from rag_lookahead.adapters.requests import (
+    MAX_STOP_STRINGS,
+    CallKind,
+    CallPlan,
+    ToolPlan,
+    plan_chat,
+    plan_completion,
+)
+
+__all__ = [
+    "FINISH_REASONS",
+    "MAX_STOP_STRINGS",
+    "CallKind",
+    "CallPlan",
+    "ReplyHeader",
+    "ReplyStream",
+    "RequestError",
+    "ToolPlan",
+    "plan_chat",
+    "plan_completion",
+    "reply",
+    "usage",
+]

@@ -1,0 +1,21 @@
+"""The one error a request's translation raises: what was wrong, and with which parameter."""
+
+from __future__ import annotations
+
+__all__ = ["RequestError"]
+
+
+class RequestError(ValueError):
+    """A request that cannot be served as it is: a server answers it with HTTP 400.
+
+    Attributes:
+        message: What is wrong, for the client.
+        param: The request parameter at fault (``"messages[2].content"``), or ``None``.
+        code: A short machine-readable reason (``"unknown_parameter"``), or ``None``.
+    """
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code

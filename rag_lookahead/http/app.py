@@ -1,0 +1,214 @@
+"""The FastAPI app: OpenAI's chat and completion routes over one engine, health and metrics."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
+
+from rag_lookahead.adapters import CallPlan, ReplyHeader, plan_chat, plan_completion
+from rag_lookahead.http.admission import Admission
+from rag_lookahead.http.calls import Caller
+from rag_lookahead.http.errors import ApiError, install_handlers
+from rag_lookahead.http.metrics import ServerMetrics
+from rag_lookahead.http.settings import ServeSettings
+from rag_lookahead.interface import Engine
+
+__all__ = ["ServerState", "create_app"]
+
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# nginx's status for a request its client closed before the answer: logged, never received.
+_CLIENT_CLOSED = 499
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What an app serves with, at ``app.state.lookahead``."""
+
+    engine: Engine
+    settings: ServeSettings
+    model_name: str
+    admission: Admission
+    metrics: ServerMetrics
+    caller: Caller
+    created: int
+
+
+def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI:
+    """An OpenAI-compatible app serving ``engine``: ``GET /v1/models``, ``POST
+    /v1/chat/completions``, ``POST /v1/completions``, ``GET /metrics`` and ``GET /health``."""
+    settings = settings or ServeSettings()
+    state = _state(engine, settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.admission.close()  # requests arriving while the server stops are told so (503)
+
+    app = FastAPI(title="rag-lookahead", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.lookahead = state
+    install_handlers(app)
+    app.include_router(_api_routes(state))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.admission.closing:
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        return JSONResponse({"status": "ok"})
+
+    return app
+
+
+def _state(engine: Engine, settings: ServeSettings) -> ServerState:
+    metrics = ServerMetrics()
+    admission = Admission(settings.max_running, settings.max_waiting, settings.retry_after_s, metrics)
+    return ServerState(
+        engine=engine,
+        settings=settings,
+        model_name=settings.model_name or engine.model_name,
+        admission=admission,
+        metrics=metrics,
+        caller=Caller(engine, admission, metrics),
+        created=int(time.time()),
+    )
+
+
+def _api_routes(state: ServerState) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(_authorizer(state.settings.api_key))])
+
+    @router.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+    @router.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        _check_model(state, model)
+        return JSONResponse(_model_card(state))
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await _json_body(request, state.settings.max_body_bytes)
+        return await _answer(state, request, plan_chat(body, state.engine, state.settings.defaults), started)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await _json_body(request, state.settings.max_body_bytes)
+        return await _answer(state, request, plan_completion(body, state.settings.defaults), started)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=_METRICS_TYPE)
+
+    return router
+
+
+async def _answer(state: ServerState, request: Request, plan: CallPlan, started: float) -> Response:
+    if plan.model is not None:
+        _check_model(state, plan.model)
+    header = ReplyHeader.new(plan.kind, state.model_name)
+    if not plan.stream:
+        whole = await _unless_disconnected(request, state.caller.whole(plan, header, started))
+        return JSONResponse(whole) if whole is not None else Response(status_code=_CLIENT_CLOSED)
+    call = await state.caller.open(plan, started)
+    # The events' own cleanup closes the call; the background task closes it too when the
+    # client left before the events were ever read.
+    return EventSourceResponse(
+        state.caller.events(call, plan, header),
+        background=BackgroundTask(call.close),
+        sep="\n",
+        shutdown_grace_period=state.settings.drain_s,  # a stopping server lets it finish
+    )
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or ``None`` once the client has gone: the work is cancelled then, so a
+    whole reply nobody waits for stops generating (its call closes as a stream's does)."""
+    results: list[T] = []
+    failures: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            try:
+                results.append(await work)
+            except Exception as err:  # raised below, not as the task group's ExceptionGroup
+                failures.append(err)
+            group.cancel_scope.cancel()
+
+        async def watch() -> None:
+            # The body is read: what the server receives next is the client's disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        group.start_soon(watch)
+    if failures:
+        raise failures[0]
+    return results[0] if results else None
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "rag-lookahead"}
+
+
+def _check_model(state: ServerState, name: str) -> None:
+    if name != state.model_name:
+        raise ApiError(
+            404,
+            f"the model {name!r} is not served here; this server serves {state.model_name!r}",
+            code="model_not_found",
+            param="model",
+        )
+
+
+def _authorizer(api_key: str | None) -> Callable[[Request], None]:
+    """A dependency that lets a request through when it carries ``Bearer <api_key>``."""
+    expected = api_key.encode() if api_key is not None else None
+
+    def authorize(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # compare_digest takes as long whatever the token: no timing hint of the key.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise ApiError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return authorize
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (413 past it, 400 if not JSON)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:  # a body sent without (or lying about) its length
+            raise _too_large(limit)
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")

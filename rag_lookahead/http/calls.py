@@ -1,0 +1,117 @@
+"""One request's engine call: opened in a worker thread, read without blocking the loop,
+and closed from the loop when its client goes (the call ends, its branches leave the trie)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from rag_lookahead.adapters import CallPlan, ReplyHeader, ReplyStream, reply
+from rag_lookahead.http.admission import Admission, Slot
+from rag_lookahead.http.errors import ApiError, error_body
+from rag_lookahead.http.metrics import ServerMetrics
+from rag_lookahead.interface import Engine
+from rag_lookahead.streaming import aiterate
+from rag_lookahead.streaming.stream import TextStream
+
+__all__ = ["Caller", "OpenCall"]
+
+DONE = "[DONE]"
+
+
+class OpenCall:
+    """A started call with its running slot; `close` (idempotent) ends both."""
+
+    def __init__(self, stream: TextStream, slot: Slot, metrics: ServerMetrics, started: float) -> None:
+        self.stream = stream
+        self._slot = slot
+        self._metrics = metrics
+        self._started = started
+        self._first = True
+        self._closed = False
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The call's text as it is decided (timing its first piece)."""
+        async for chunk in aiterate(self.stream.chunks()):
+            if chunk.text and self._first:
+                self._first = False
+                self._metrics.time_to_first_token.observe(time.perf_counter() - self._started)
+            yield chunk.text
+
+    async def close(self) -> None:
+        """End the call from the event loop, even from a cancelled task, and free its slot."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with anyio.CancelScope(shield=True):  # a disconnect cancels the task that closes
+                await self.stream.aclose()
+        finally:
+            self._slot.release()
+            self._metrics.record(self.stream.stats)
+
+
+class Caller:
+    """Opens plans' calls on the engine and answers them, whole or as server-sent events."""
+
+    def __init__(self, engine: Engine, admission: Admission, metrics: ServerMetrics) -> None:
+        self._engine = engine
+        self._admission = admission
+        self._metrics = metrics
+
+    async def open(self, plan: CallPlan, started: float) -> OpenCall:
+        """Wait for a running slot, then start the call; a call refused at its start (a prompt
+        past the context window, a grammar that cannot be used) is HTTP 400."""
+        slot = await self._admission.enter()
+        try:
+            stream = await anyio.to_thread.run_sync(
+                functools.partial(self._engine.stream, plan.prompt, plan.params, **plan.stream_kwargs())
+            )
+        except (TypeError, ValueError) as err:
+            slot.release()
+            raise ApiError(400, str(err), code="invalid_request") from None
+        except BaseException:
+            slot.release()
+            raise
+        return OpenCall(stream, slot, self._metrics, started)
+
+    async def whole(self, plan: CallPlan, header: ReplyHeader, started: float) -> dict[str, Any]:
+        """The whole reply; a call that fails while generating is HTTP 500 with its error."""
+        call = await self.open(plan, started)
+        try:
+            text = "".join([piece async for piece in call.pieces()])
+        except Exception as err:
+            raise ApiError(500, f"generation failed: {err}", code="generation_failed") from None
+        finally:
+            await call.close()
+        return reply(plan, header, text, call.stream.stats)
+
+    async def events(
+        self, call: OpenCall, plan: CallPlan, header: ReplyHeader
+    ) -> AsyncIterator[dict[str, str]]:
+        """The reply's server-sent events, ``[DONE]`` last; a call that fails while generating
+        sends an error event (the headers are gone by then) and ``[DONE]``."""
+        out = ReplyStream(plan, header)
+        try:
+            try:
+                for chunk in out.start():
+                    yield _event(chunk)
+                async for piece in call.pieces():
+                    for chunk in out.add(piece):
+                        yield _event(chunk)
+                for chunk in out.end(call.stream.stats):
+                    yield _event(chunk)
+            except Exception as err:
+                yield _event(error_body(500, f"generation failed: {err}", "generation_failed"))
+            yield {"data": DONE}
+        finally:
+            await call.close()
+
+
+def _event(payload: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(payload, ensure_ascii=False)}
