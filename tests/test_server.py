@@ -358,6 +358,7 @@ def test_both_engines_have_the_engine_surface(stub: StubServer) -> None:
     assert isinstance(server, Engine) and isinstance(tiny_engine(), Engine)
     assert (server.model_name, server.context_window, server.chat) == ("served-model", 2048, True)
     assert server.drafts_from_documents and not engine(stub, "vllm").drafts_from_documents
+    assert tiny_engine().supports_plain and not server.supports_plain  # asked before plain()
     with pytest.raises(ValueError, match="second server"):
         server.plain()
 
