@@ -84,7 +84,7 @@ class Call:
     cache: Any = None  # its own cache, while prefilling (and for calls outside the batch)
     prefilled: int = 0
     drafter: Drafter | None = None
-    side: list[int] = field(default_factory=list)  # the model's predictions at the side rows
+    side_predictions: list[int] = field(default_factory=list)  # the model's argmax at the side rows
 
     def __post_init__(self) -> None:
         self.ids = list(self.prompt_ids)
@@ -335,7 +335,7 @@ class Scheduler:
         """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
         tree = draft.tree
         accepted = accept(tree, _choose(call, logits[: len(tree)], tree))
-        call.side = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
+        call.side_predictions = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
         call.planner.learn(tree, accepted.nodes)
         call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
         return accepted.tokens, accepted.nodes
@@ -382,7 +382,7 @@ class Scheduler:
             call.grammar.finish(released.token_ids)
         call.recorder.new_tokens += len(released.token_ids)
         if call.drafter is not None:
-            call.drafter.observe(released.token_ids, call.side)
+            call.drafter.observe(released.token_ids, call.side_predictions)
         call.outbox.put(StreamChunk(released.token_ids, released.text))
         if released.reason is None:
             return False

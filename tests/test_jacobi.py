@@ -76,6 +76,6 @@ def test_the_models_predictions_at_the_side_rows_advance_the_window() -> None:
     before = list(drafter.window.tokens)
     drafter.observe([6])  # the planner left the side rows out: the window stays
     assert drafter.window.tokens == before
-    drafter.observe([7], side=[90, 91, 92, 93])
+    drafter.observe([7], side_predictions=[90, 91, 92, 93])
     assert drafter.window.tokens == [*before[2:], 92, 93]
     assert (before[0], before[2], 92) in [(before[0], *c) for c in drafter.pool.candidates(before[0])]

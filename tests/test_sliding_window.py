@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.batch import batch_inputs
 from rag_lookahead.decoding.kv_cache import cache_kwarg
+from rag_lookahead.decoding.layer_masks import LayerMasks, cut_window
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
-from rag_lookahead.decoding.windows import LayerMasks, cut_window
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.testing import (
     SLIDING_FAMILIES,

@@ -28,10 +28,10 @@ from rag_lookahead.decoding.costs import (
     measure_curve,
 )
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
+from rag_lookahead.decoding.layer_masks import LayerMasks
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
-from rag_lookahead.decoding.windows import LayerMasks
 
 __all__ = ["ModelRunner"]
 

@@ -79,9 +79,9 @@ class ComposedDrafter:
                 side, self._side_owner = more.side, drafter
         return StepDraft(tree, side)
 
-    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
         for drafter in self.drafters:
-            drafter.observe(tokens, side if drafter is self._side_owner else ())
+            drafter.observe(tokens, side_predictions if drafter is self._side_owner else ())
 
     def close(self) -> None:
         for drafter in self.drafters:

@@ -31,8 +31,8 @@ class GrammarDrafter:
             draft = StepDraft(chain.merge(draft.tree, at=len(forced)))
         return StepDraft(self.grammar.admitted(draft.tree), draft.side)
 
-    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
-        self.inner.observe(tokens, side)
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
+        self.inner.observe(tokens, side_predictions)
 
     def close(self) -> None:
         self.inner.close()

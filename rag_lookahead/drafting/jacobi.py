@@ -147,9 +147,9 @@ class JacobiDrafter:
         side = SideRows(tuple(self.window.tokens), layout.offsets, layout.visible)
         return StepDraft(_with_frequencies(tree, branches), side)
 
-    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
-        if side:  # the window ran: advance it, and pool the n-grams its columns completed
-            for ngram in self.window.advance(side):
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
+        if side_predictions:  # the window ran: advance it, and pool the n-grams its columns completed
+            for ngram in self.window.advance(side_predictions):
                 self.pool.add(ngram)
         self._tail += [int(t) for t in tokens]
         self.pool.add_sequence(self._tail)

@@ -21,7 +21,7 @@ class Drafter(Protocol):
         any side rows the drafter wants forwarded with it (the Jacobi window)."""
         ...
 
-    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
         """The tokens the model emitted this step, in order, and its most likely next token at
         each side row of the last proposal (empty when the planner left them out)."""
         ...

@@ -45,7 +45,7 @@ class TrieDrafter:
         tree = DraftTree.from_draft(context[-1], draft.tokens, draft.parents, sources, draft.estimates)
         return StepDraft(tree)
 
-    def observe(self, tokens: Sequence[int], side: Sequence[int] = ()) -> None:
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
         self._outputs.extend(tokens)
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ class Completion:
 
 
 @dataclass
-class _Released:
+class _ReadSoFar:
     """The text and token ids a stream has released so far."""
 
     text: str = ""
@@ -60,7 +60,7 @@ class TextStream(Iterator[str]):
         self._steps = steps
         self._recorder = recorder
         self._cancel = cancel
-        self._released = _Released()
+        self._released = _ReadSoFar()
         self._closed = False
         self._reading = threading.Lock()  # held by the thread advancing the steps
         if cancel is not None:
