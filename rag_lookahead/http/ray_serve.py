@@ -9,8 +9,6 @@ Needs the ``ray`` extra (``ray[serve]``) besides ``serve``; nothing else imports
 from __future__ import annotations
 
 import signal
-import threading
-from types import FrameType
 from typing import Any
 
 import ray
@@ -114,24 +112,18 @@ def run_ray(
     choice, ``RAY_ADDRESS`` or a new local instance) until SIGTERM or Ctrl-C, then remove the
     application, letting running requests finish within ``settings.drain_s``."""
     app = ray_application(load, settings, replicas=replicas)  # checked before Ray starts
-    stop = threading.Event()
     ray.init(address=address)
     try:
+        # After ray.init, which installs handlers of its own: SIGTERM stops as Ctrl-C does,
+        # also while the replicas load.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.default_int_handler)
         serve.start(http_options={"host": host, "port": port})
-        serve.run(app, name=APP_NAME, route_prefix="/")
         try:
-            _wait_for_signal(stop)
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=True)
+        except KeyboardInterrupt:
+            pass
         finally:
             serve.delete(APP_NAME)  # this application only: others on the cluster stay
     finally:
         ray.shutdown()
-
-
-def _wait_for_signal(stop: threading.Event) -> None:
-    def handle(sig: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handle)
-    while not stop.wait(1.0):
-        pass
