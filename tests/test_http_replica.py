@@ -6,6 +6,7 @@ tested by ``make test-ray`` (tests_ray/)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import httpx
@@ -87,3 +88,12 @@ def test_loading_options_say_where_the_engine_runs() -> None:
 def test_a_replica_name_that_is_no_header_value_is_refused(name: Any) -> None:
     with pytest.raises(ValueError, match="replica must be"):
         replica_app(create_app(tiny_engine()), name)
+
+
+def test_serve_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    from rag_lookahead import cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where the ray extra is not installed
+    monkeypatch.delitem(sys.modules, "rag_lookahead.http.ray_serve", raising=False)
+    assert cli.main(["serve", "--backend", "ray", "--replicas", "2"]) == 2
+    assert "pip install 'rag-lookahead[ray,serve]'" in capsys.readouterr().err
