@@ -40,7 +40,7 @@ class _Replica:
 
 #: The deployment: `ray_application` sets its replicas and binds its loading options. The app
 #: is built late, in each replica, over that replica's own engine (no app given to ingress).
-LookaheadDeployment: Any = serve.deployment(serve.ingress()(_Replica))
+LookaheadDeployment: Any = serve.deployment(name="LookaheadReplica")(serve.ingress()(_Replica))
 
 
 def deployment(
@@ -66,8 +66,8 @@ def deployment(
         raise ValueError(f"device {load.device!r} needs a GPU per replica: gpus_per_replica must be above 0")
     return LookaheadDeployment.options(
         num_replicas=replicas,
-        # One more than a replica admits, so that the replica itself answers 429 (with
-        # Retry-After) when it is full, rather than Ray queueing without bound.
+        # One more than a replica admits: a full replica answers 429 (with Retry-After) itself,
+        # as the local server does, rather than Ray holding the request in a queue of its own.
         max_ongoing_requests=settings.max_running + settings.max_waiting + 1,
         graceful_shutdown_timeout_s=settings.drain_s,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus},
