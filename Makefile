@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: install test lint format demo bench clean vllm-install test-vllm
+.PHONY: install test lint format demo bench clean vllm-install test-vllm test-ray
 
 install: $(STAMP)
 
@@ -53,6 +53,17 @@ $(VLLM_STAMP):
 test-vllm: $(STAMP)
 	$(MAKE) vllm-install || echo "vLLM could not be installed in $(VLLM_VENV): its tests will be skipped"
 	$(PY) -m pytest -q tests_vllm --vllm-python $(VLLM_VENV)/bin/python
+
+# The server as Ray Serve replicas on a local Ray instance (tests_ray/), apart from `make test`:
+# the ray extra goes into the same environment first (it leaves torch as it is).
+RAY_STAMP := $(VENV)/.ray-stamp
+
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[ray]'
+	touch $@
+
+test-ray: $(RAY_STAMP)
+	$(PY) -m pytest -q tests_ray
 
 # One ruff and one mypy configuration, both in the root pyproject.toml (the integrations' ruff
 # configurations extend it); mypy checks the core and both integration packages in one run.

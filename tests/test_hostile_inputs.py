@@ -567,6 +567,7 @@ CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
         "--port: must be",
     ),
     ("--port 0", _cli("serve", "--backend", "vllm", "--model", "m", "--port", "0"), "from 1 to 65535"),
+    ("--replicas 0", _cli("serve", "--backend", "ray", "--replicas", "0"), "--replicas: must be a positive"),
     ("--threads 0", _cli("ask", "q", "--index", "i", "--threads", "0"), "--threads: must be a positive"),
     ("--threads -2", _cli("eval-retrieval", "--data", "d", "--threads", "-2"), "--threads: must be"),
     ("--decoding-length 0", _cli("ask", "q", "--index", "i", "--decoding-length", "0"), "--decoding-length"),

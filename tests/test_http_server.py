@@ -450,6 +450,13 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (["--backend", "local", "--launch"], "--launch apply only to --backend vllm and sglang"),
         (["--backend", "local", "--python", "/x/python"], "--python apply only"),
         (["--backend", "vllm", "--model", "m", "--drain-seconds", "3"], "--drain-seconds apply only"),
+        (["--backend", "local", "--replicas", "2"], "--replicas apply only to --backend ray"),
+        (["--backend", "local", "--ray-address", "auto"], "--ray-address apply only to --backend ray"),
+        (
+            ["--backend", "sglang", "--model", "m", "--replicas", "2"],
+            "--replicas apply only to --backend local and ray",
+        ),
+        (["--backend", "ray", "--launch"], "--launch apply only to --backend vllm and sglang, not ray"),
     ],
 )
 def test_serve_flags_belong_to_their_backend(argv: list[str], message: str, capsys: Any) -> None:

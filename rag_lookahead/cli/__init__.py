@@ -313,25 +313,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve",
-        help="serve this engine over OpenAI's HTTP API (--backend local), or print (or run) the vLLM "
-        "or SGLang server command with speculative settings for RAG",
+        help="serve this engine over OpenAI's HTTP API (--backend local, or ray for replicas under "
+        "Ray Serve), or print (or run) the vLLM or SGLang server command with speculative settings "
+        "for RAG",
     )
     serve.add_argument(
         "--backend",
         required=True,
         choices=SERVE_BACKENDS,
         help="local: this engine behind an OpenAI-compatible server (needs the serve extra); "
-        "vllm or sglang: that serving engine's command",
+        "ray: the same server as --replicas Ray Serve replicas, each with its own engine (needs "
+        "the ray and serve extras); vllm or sglang: that serving engine's command",
     )
     serve.add_argument(
         "--model",
         default=None,
-        help=f"local: a built-in model ({', '.join(BUILTIN_MODELS)}) or a model directory (default: "
+        help=f"local and ray: a built-in model ({', '.join(BUILTIN_MODELS)}) or a model directory (default: "
         f"{DEFAULT_MODEL}); vllm and sglang: the model directory (or hub id) to serve (required)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
-    local = serve.add_argument_group("local backend")
+    local = serve.add_argument_group("local and ray backends")
     local.add_argument(
         "--api-key",
         default=None,
@@ -377,6 +379,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         choices=["float32", "float16", "bfloat16"],
         help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
+    )
+    replicated = serve.add_argument_group("ray backend")
+    replicated.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=None,
+        help="replicas, each loading its own engine; requests carry their documents, and corpora "
+        "are refused (a corpus would live in one replica) (default: 1)",
+    )
+    replicated.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster to join from one of its nodes, e.g. auto or HEAD:6379 (default: "
+        "$RAY_ADDRESS if set, else a new local Ray instance)",
     )
     remote = serve.add_argument_group("vllm and sglang backends")
     remote.add_argument(

@@ -1,5 +1,5 @@
-"""`rag-lookahead serve`: this engine over OpenAI's HTTP API (``--backend local``), or the vLLM
-or SGLang command for a model, printed or run."""
+"""`rag-lookahead serve`: this engine over OpenAI's HTTP API (``--backend local``, or ``--backend
+ray`` for replicas under Ray Serve), or the vLLM or SGLang command for a model, printed or run."""
 
 from __future__ import annotations
 
@@ -11,27 +11,32 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.interface import Engine
 from rag_lookahead.server.launch import BACKENDS, server_command
 
 __all__ = ["API_KEY_VARIABLE", "SERVE_BACKENDS", "run_serve"]
 
-SERVE_BACKENDS = ("local", *BACKENDS)
+SERVE_BACKENDS = ("local", "ray", *BACKENDS)
 #: Where `--api-key` is read from when the flag is not given (here only, never in the library).
 API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
 _LOCAL_FLAGS = (
     *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s", "mode", "device", "dtype"),
 )
+_RAY_FLAGS = ("replicas", "ray_address")
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if args.backend == "local":
+    if args.backend in ("local", "ray"):
         _refuse(args, _REMOTE_FLAGS, "vllm and sglang")
+        if args.backend == "ray":
+            return _run_ray(args)
+        _refuse(args, _RAY_FLAGS, "ray")
         return _run_local(args)
-    _refuse(args, _LOCAL_FLAGS, "local")
+    _refuse(args, (*_LOCAL_FLAGS, *_RAY_FLAGS), "local and ray")
     if not args.model:
         raise ValueError(f"--backend {args.backend} needs --model: the model directory (or hub id) to serve")
     return _run_backend(args)
@@ -72,18 +77,48 @@ def _run_backend(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from rag_lookahead.config import LookaheadConfig
     from rag_lookahead.engine import LookaheadEngine
+
+    settings = _serve_settings(args)
+    serve = _server()  # before a long load
+    engine = LookaheadEngine.from_pretrained(
+        args.model, config=_config(args), device=args.device, dtype=args.dtype
+    )
+    _announce(args, settings)
+    serve(engine, settings, args.host, args.port)
+    return 0
+
+
+def _run_ray(args: argparse.Namespace) -> int:
+    settings = _serve_settings(args)
+    try:
+        from rag_lookahead.http.ray_serve import run_ray
+        from rag_lookahead.http.replica import EngineLoad
+    except ImportError as err:
+        raise ValueError(
+            f"--backend ray needs the ray and serve extras: pip install 'rag-lookahead[ray,serve]' ({err})"
+        ) from None
+    load = EngineLoad(model=args.model, device=args.device, dtype=args.dtype, config=_config(args))
+    _announce(args, settings)
+    run_ray(load, settings, args.host, args.port, replicas=args.replicas or 1, address=args.ray_address)
+    return 0
+
+
+def _serve_settings(args: argparse.Namespace) -> ServeSettings:
     from rag_lookahead.models import DEFAULT_MODEL
 
-    settings = ServeSettings(
+    return ServeSettings(
         model_name=args.model or DEFAULT_MODEL,
         api_key=_api_key(args.api_key),
         **{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None},
     )
-    serve = _server()  # before a long load
-    config = LookaheadConfig(mode=args.mode) if args.mode is not None else None
-    engine = LookaheadEngine.from_pretrained(args.model, config=config, device=args.device, dtype=args.dtype)
+
+
+def _config(args: argparse.Namespace) -> LookaheadConfig | None:
+    return LookaheadConfig(mode=args.mode) if args.mode is not None else None
+
+
+def _announce(args: argparse.Namespace, settings: ServeSettings) -> None:
     if settings.api_key is None and not _loopback(args.host):
         print(
             f"rag-lookahead: warning: listening on {args.host} with no API key: anyone who reaches "
@@ -91,8 +126,6 @@ def _run_local(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"serving {settings.model_name} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    serve(engine, settings, args.host, args.port)
-    return 0
 
 
 _SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s")

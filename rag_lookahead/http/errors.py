@@ -22,6 +22,8 @@ _TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    # A route this server does not offer (corpora on a replicated server): the client's to change.
+    501: "invalid_request_error",
     503: "service_unavailable",
 }
 
