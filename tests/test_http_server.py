@@ -24,6 +24,7 @@ import uvicorn
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
+from rag_lookahead.http.testing import DEAD_END_FORMAT as DEAD_END
 from rag_lookahead.http.testing import WAIT_S, LiveServer, served_engine, wait_until
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
@@ -37,11 +38,6 @@ SCHEMA = {
     "properties": {"b": {"enum": ["xy", "zw"]}, "c": {"type": "integer", "minimum": 0, "maximum": 99}},
     "required": ["b", "c"],
     "additionalProperties": False,
-}
-# The ASCII vocabulary cannot spell "é": the grammar allows a token it then cannot continue from.
-DEAD_END = {
-    "type": "json_schema",
-    "json_schema": {"name": "dead", "schema": {"type": "string", "pattern": "^aaa\u00e9$"}},
 }
 N = 24
 

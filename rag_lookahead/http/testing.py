@@ -25,9 +25,15 @@ if TYPE_CHECKING:
 
     from rag_lookahead.http.app import ServerState
 
-__all__ = ["WAIT_S", "LiveServer", "leftovers", "served_engine", "wait_until"]
+__all__ = ["DEAD_END_FORMAT", "WAIT_S", "LiveServer", "leftovers", "served_engine", "wait_until"]
 
 WAIT_S = 60.0  # a bound for a test that would otherwise hang, never a measurement
+# `served_engine`'s ASCII vocabulary cannot spell "\u00e9": this grammar allows a token it then
+# cannot continue from, so a call under it fails while generating (a dead end).
+DEAD_END_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "dead", "schema": {"type": "string", "pattern": "^aaa\u00e9$"}},
+}
 
 
 class LiveServer:
