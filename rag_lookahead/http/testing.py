@@ -18,6 +18,7 @@ import uvicorn
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
 
 if TYPE_CHECKING:
@@ -25,7 +26,15 @@ if TYPE_CHECKING:
 
     from rag_lookahead.http.app import ServerState
 
-__all__ = ["DEAD_END_FORMAT", "WAIT_S", "LiveServer", "leftovers", "served_engine", "wait_until"]
+__all__ = [
+    "DEAD_END_FORMAT",
+    "WAIT_S",
+    "LiveServer",
+    "leftovers",
+    "recording_documents",
+    "served_engine",
+    "wait_until",
+]
 
 WAIT_S = 60.0  # a bound for a test that would otherwise hang, never a measurement
 # `served_engine`'s ASCII vocabulary cannot spell "\u00e9": this grammar allows a token it then
@@ -74,6 +83,17 @@ def served_engine(max_batch_size: int = 8) -> LookaheadEngine:
     model.generation_config.eos_token_id = ASCII_VOCAB
     config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=max_batch_size)
     return LookaheadEngine(model, ascii_fast_tokenizer(), config)
+
+
+def recording_documents(engine: LookaheadEngine, into: list[list[str]]) -> Callable[..., TextStream]:
+    """``engine.stream``, appending each call's documents to ``into``: to set in its place."""
+    stream = engine.stream
+
+    def recording(*args: Any, **kwargs: Any) -> TextStream:
+        into.append(list(kwargs.get("documents", ())))
+        return stream(*args, **kwargs)
+
+    return recording
 
 
 def leftovers(state: ServerState) -> list[str]:

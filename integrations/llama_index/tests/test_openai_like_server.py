@@ -16,12 +16,13 @@ from llama_index.llms.openai_like import OpenAILike
 
 from rag_lookahead import LookaheadEngine
 from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer, leftovers, served_engine, wait_until
+from rag_lookahead.http.testing import LiveServer, leftovers, recording_documents, served_engine, wait_until
 
 MODEL = "tiny"
 N = 16
 QUESTION = "Who were the Normans?"
 PROMPT = "The Normans were"
+DOCUMENTS = ["The Normans were the people who gave their name to Normandy, a region in France."]
 MESSAGES = [ChatMessage(role="user", content=QUESTION)]
 
 
@@ -73,6 +74,18 @@ async def _async_answers(llm: OpenAILike) -> list[str]:
 
 def test_the_async_forms(live: LiveServer, engine: LookaheadEngine) -> None:
     assert asyncio.run(_async_answers(openai_like(live))) == [chat_answer(engine)] * 3
+
+
+def test_documents_go_in_through_additional_kwargs(
+    live: LiveServer, engine: LookaheadEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[list[str]] = []
+    monkeypatch.setattr(engine, "stream", recording_documents(engine, sent))
+    llm = openai_like(live, additional_kwargs={"extra_body": {"documents": DOCUMENTS}})
+    answer = llm.chat(MESSAGES)
+    assert sent == [DOCUMENTS]  # the server's call drafts from them
+    monkeypatch.undo()
+    assert answer.message.content == chat_answer(engine, documents=DOCUMENTS)
 
 
 def test_a_seeded_sampled_answer_is_the_engine_s(live: LiveServer, engine: LookaheadEngine) -> None:

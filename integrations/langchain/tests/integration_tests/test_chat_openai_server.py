@@ -16,7 +16,7 @@ from langchain_openai import ChatOpenAI
 
 from rag_lookahead import LookaheadEngine
 from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer, leftovers, served_engine, wait_until
+from rag_lookahead.http.testing import LiveServer, leftovers, recording_documents, served_engine, wait_until
 from rag_lookahead.structured import Grammar
 
 pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])  # the loopback server only
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])  # the loopback server only
 MODEL = "tiny"
 N = 16
 QUESTION = "Who were the Normans?"
+DOCUMENTS = ["The Normans were the people who gave their name to Normandy, a region in France."]
 SCHEMA = {
     "title": "Answer",
     "type": "object",
@@ -79,6 +80,18 @@ def test_usage_comes_back_streamed_and_not(live: LiveServer, engine: LookaheadEn
     for chunk in chunks[1:]:
         total += chunk
     assert total.usage_metadata is not None and total.usage_metadata["output_tokens"] == stats.new_tokens
+
+
+def test_documents_go_in_through_extra_body(
+    live: LiveServer, engine: LookaheadEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[list[str]] = []
+    monkeypatch.setattr(engine, "stream", recording_documents(engine, sent))
+    llm = chat_openai(live, extra_body={"documents": DOCUMENTS})
+    answer = llm.invoke(QUESTION)
+    assert sent == [DOCUMENTS]  # the server's call drafts from them
+    monkeypatch.undo()
+    assert answer.content == in_process(engine, documents=DOCUMENTS)
 
 
 async def test_ainvoke_and_astream(live: LiveServer, engine: LookaheadEngine) -> None:
