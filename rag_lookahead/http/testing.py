@@ -77,11 +77,11 @@ def wait_until(condition: Callable[[], object], timeout_s: float = WAIT_S) -> No
         time.sleep(0.01)
 
 
-def served_engine(max_batch_size: int = 8) -> LookaheadEngine:
+def served_engine() -> LookaheadEngine:
     """The tiny model and its fast ASCII tokenizer (with ``<eos>``, for grammars), in process."""
     model = tiny_model("llama", 0, ASCII_VOCAB + 1)
     model.generation_config.eos_token_id = ASCII_VOCAB
-    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=max_batch_size)
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=8)
     return LookaheadEngine(model, ascii_fast_tokenizer(), config)
 
 
