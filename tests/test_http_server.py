@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,8 @@ import uvicorn
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
+from rag_lookahead.http.testing import DEAD_END_FORMAT as DEAD_END
+from rag_lookahead.http.testing import WAIT_S, LiveServer, served_engine, wait_until
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
 
@@ -38,48 +39,7 @@ SCHEMA = {
     "required": ["b", "c"],
     "additionalProperties": False,
 }
-# The ASCII vocabulary cannot spell "é": the grammar allows a token it then cannot continue from.
-DEAD_END = {
-    "type": "json_schema",
-    "json_schema": {"name": "dead", "schema": {"type": "string", "pattern": "^aaa\u00e9$"}},
-}
 N = 24
-_WAIT = 60.0  # a bound for a test that would otherwise hang, never a measurement
-
-
-class LiveServer:
-    """uvicorn serving ``app`` on a free 127.0.0.1 port, in a background thread."""
-
-    def __init__(self, app: Any) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        wait_until(lambda: self.server.started)
-
-    def client(self, api_key: str = "none", **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(_WAIT)
-
-
-def wait_until(condition: Any) -> None:
-    deadline = time.monotonic() + _WAIT
-    while not condition():
-        assert time.monotonic() < deadline, "the server did not get there"
-        time.sleep(0.01)
-
-
-def new_engine() -> LookaheadEngine:
-    """The tiny model and its fast ASCII tokenizer (with <eos>, for grammars), in process."""
-    model = tiny_model("llama", 0, ASCII_VOCAB + 1)
-    model.generation_config.eos_token_id = ASCII_VOCAB
-    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=8)
-    return LookaheadEngine(model, ascii_fast_tokenizer(), config)
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +278,7 @@ def gated_engine(
     """An engine whose forwards past the third wait until its first call's stream is closed
     (or ``go`` is set), the streams its calls returned, and an event set if a forward gave up
     waiting."""
-    engine = new_engine()
+    engine = served_engine()
     streams: list[TextStream] = []
     stream, forward = engine.stream, engine.runner.forward
     calls, gave_up = [0], threading.Event()
@@ -330,7 +290,7 @@ def gated_engine(
     def gated_forward(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         if calls[0] > 3:
-            deadline = time.monotonic() + _WAIT
+            deadline = time.monotonic() + WAIT_S
             while not streams[0]._closed and not (go is not None and go.is_set()):
                 if time.monotonic() > deadline:
                     gave_up.set()  # nothing closed the stream: the test fails
@@ -359,7 +319,7 @@ def test_a_client_that_leaves_ends_its_call(stream: bool) -> None:
                 assert next(line for line in response.iter_lines() if line.startswith("data:"))
         else:
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(url, json=body, timeout=httpx.Timeout(_WAIT, read=0.5))
+                httpx.post(url, json=body, timeout=httpx.Timeout(WAIT_S, read=0.5))
         wait_until(lambda: bool(streams) and streams[0].stats.finish_reason is not None)
         wait_until(lambda: app.state.lookahead.admission.running == 0)
         assert not gave_up.is_set()
@@ -399,7 +359,7 @@ def test_concurrent_requests_answer_as_alone(client: openai.OpenAI, engine: Look
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(_WAIT)
+        thread.join(WAIT_S)
     assert results[:6] == alone
     assert all(isinstance(r, openai.APIError) and "dead end" in str(r) for r in results[6:]), results[6:]
     assert engine.trie.owners() <= {OUTPUT_OWNER}
@@ -580,7 +540,7 @@ def test_a_stopping_server_drains() -> None:
     lines: list[str] = []
     try:
         body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 40, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=_WAIT) as response:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=WAIT_S) as response:
             events = (line for line in response.iter_lines() if line.startswith("data:"))
             lines.append(next(events))
             draining.handle_exit(15, None)  # SIGTERM: the hook, then uvicorn's (and sse-starlette's)

@@ -1,0 +1,95 @@
+"""LlamaIndex's own `OpenAILike` (llama-index-llms-openai-like, unmodified) pointed at
+`rag-lookahead serve --backend local` on 127.0.0.1: chat, complete, their streams and their
+async forms answer exactly what the in-process engine answers, greedy and seeded-sampled.
+
+The tiny random model stands in for a real one: only the equality of answers matters here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from llama_index.core.llms import ChatMessage
+from llama_index.llms.openai_like import OpenAILike
+
+from rag_lookahead import LookaheadEngine
+from rag_lookahead.http import ServeSettings, create_app
+from rag_lookahead.http.testing import LiveServer, leftovers, recording_documents, served_engine, wait_until
+
+MODEL = "tiny"
+N = 16
+QUESTION = "Who were the Normans?"
+PROMPT = "The Normans were"
+DOCUMENTS = ["The Normans were the people who gave their name to Normandy, a region in France."]
+MESSAGES = [ChatMessage(role="user", content=QUESTION)]
+
+
+@pytest.fixture(scope="module")
+def engine() -> LookaheadEngine:
+    return served_engine()
+
+
+@pytest.fixture(scope="module")
+def live(engine: LookaheadEngine) -> Iterator[LiveServer]:
+    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL)))
+    yield server
+    wait_until(lambda: not leftovers(server.app.state.lookahead))  # every call ended
+    server.stop()
+
+
+def openai_like(live: LiveServer, **kwargs: object) -> OpenAILike:
+    """`OpenAILike` as its users configure it for an OpenAI-compatible server."""
+    settings: dict[str, object] = {"temperature": 0, "max_tokens": N, "is_chat_model": True, **kwargs}
+    return OpenAILike(model=MODEL, api_base=f"{live.url}/v1", api_key="none", max_retries=0, **settings)
+
+
+def chat_answer(engine: LookaheadEngine, **kwargs: object) -> str:
+    return engine.complete([{"role": "user", "content": QUESTION}], max_new_tokens=N, **kwargs).text  # type: ignore[arg-type]
+
+
+def test_chat_and_stream_chat_are_the_greedy_answer(live: LiveServer, engine: LookaheadEngine) -> None:
+    llm = openai_like(live)
+    expected = chat_answer(engine)
+    assert llm.chat(MESSAGES).message.content == expected
+    assert "".join(r.delta or "" for r in llm.stream_chat(MESSAGES)) == expected
+    assert llm.complete(QUESTION).text == expected  # a chat model completes through /v1/chat/completions
+
+
+def test_complete_on_a_completion_model(live: LiveServer, engine: LookaheadEngine) -> None:
+    """``is_chat_model=False``: ``complete`` goes to ``/v1/completions`` with the bare prompt."""
+    llm = openai_like(live, is_chat_model=False)
+    expected = engine.complete(PROMPT, max_new_tokens=N).text
+    assert llm.complete(PROMPT).text == expected
+    assert "".join(r.delta or "" for r in llm.stream_complete(PROMPT)) == expected
+
+
+async def _async_answers(llm: OpenAILike) -> list[str]:
+    chat = (await llm.achat(MESSAGES)).message.content or ""
+    streamed = "".join([r.delta or "" async for r in await llm.astream_chat(MESSAGES)])
+    completed = (await llm.acomplete(QUESTION)).text
+    return [chat, streamed, completed]
+
+
+def test_the_async_forms(live: LiveServer, engine: LookaheadEngine) -> None:
+    assert asyncio.run(_async_answers(openai_like(live))) == [chat_answer(engine)] * 3
+
+
+def test_documents_go_in_through_additional_kwargs(
+    live: LiveServer, engine: LookaheadEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[list[str]] = []
+    monkeypatch.setattr(engine, "stream", recording_documents(engine, sent))
+    llm = openai_like(live, additional_kwargs={"extra_body": {"documents": DOCUMENTS}})
+    answer = llm.chat(MESSAGES)
+    assert sent == [DOCUMENTS]  # the server's call drafts from them
+    monkeypatch.undo()
+    assert answer.message.content == chat_answer(engine, documents=DOCUMENTS)
+
+
+def test_a_seeded_sampled_answer_is_the_engine_s(live: LiveServer, engine: LookaheadEngine) -> None:
+    llm = openai_like(live, temperature=0.8, additional_kwargs={"seed": 7})
+    expected = chat_answer(engine, do_sample=True, temperature=0.8, seed=7)
+    assert llm.chat(MESSAGES).message.content == expected
+    assert "".join(r.delta or "" for r in llm.stream_chat(MESSAGES)) == expected

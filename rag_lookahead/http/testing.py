@@ -1,0 +1,114 @@
+"""The local server on 127.0.0.1 in a background thread, for tests (all three suites).
+
+`LiveServer` runs an app under uvicorn on a free loopback port; `served_engine` is the tiny
+in-process engine the server tests serve; `leftovers` says what a settled server still holds
+(requests, calls, trie branches), empty when nothing lingers. Needs the ``serve`` extra.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.streaming.stream import TextStream
+from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
+
+if TYPE_CHECKING:
+    import openai
+
+    from rag_lookahead.http.app import ServerState
+
+__all__ = [
+    "DEAD_END_FORMAT",
+    "WAIT_S",
+    "LiveServer",
+    "leftovers",
+    "recording_documents",
+    "served_engine",
+    "wait_until",
+]
+
+WAIT_S = 60.0  # a bound for a test that would otherwise hang, never a measurement
+# `served_engine`'s ASCII vocabulary cannot spell "\u00e9": this grammar allows a token it then
+# cannot continue from, so a call under it fails while generating (a dead end).
+DEAD_END_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "dead", "schema": {"type": "string", "pattern": "^aaa\u00e9$"}},
+}
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on a free 127.0.0.1 port, in a background thread."""
+
+    def __init__(self, app: Any) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.app = app
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started)
+
+    def client(self, api_key: str = "none", **kwargs: Any) -> openai.OpenAI:
+        """An `openai.OpenAI` client of this server that never retries."""
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT_S)
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float = WAIT_S) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout_s`` (a bound, not a measurement)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the server did not get there"
+        time.sleep(0.01)
+
+
+def served_engine() -> LookaheadEngine:
+    """The tiny model and its fast ASCII tokenizer (with ``<eos>``, for grammars), in process."""
+    model = tiny_model("llama", 0, ASCII_VOCAB + 1)
+    model.generation_config.eos_token_id = ASCII_VOCAB
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=8)
+    return LookaheadEngine(model, ascii_fast_tokenizer(), config)
+
+
+def recording_documents(engine: LookaheadEngine, into: list[list[str]]) -> Callable[..., TextStream]:
+    """``engine.stream``, appending each call's documents to ``into``: to set in its place."""
+    stream = engine.stream
+
+    def recording(*args: Any, **kwargs: Any) -> TextStream:
+        into.append(list(kwargs.get("documents", ())))
+        return stream(*args, **kwargs)
+
+    return recording
+
+
+def leftovers(state: ServerState) -> list[str]:
+    """What the server still holds with no request in flight: nothing, when every request's
+    call ended and its branches left the trie."""
+    held = []
+    if state.admission.running or state.admission.waiting:
+        held.append(f"{state.admission.running} running and {state.admission.waiting} waiting requests")
+    engine = state.engine
+    if isinstance(engine, LookaheadEngine):
+        branches = engine.trie.owners() - {OUTPUT_OWNER}
+        if branches:
+            held.append(f"trie branches of {sorted(branches)}")
+        scheduler = engine.scheduler
+        calls = [scheduler._waiting, scheduler._joining, scheduler._rows, scheduler._alone]
+        if any(calls):
+            held.append(f"{sum(map(len, calls))} calls in the engine's scheduler")
+    return held
