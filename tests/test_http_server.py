@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import uvicorn
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
+from rag_lookahead.http.testing import LiveServer, wait_until
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
 
@@ -45,33 +45,6 @@ DEAD_END = {
 }
 N = 24
 _WAIT = 60.0  # a bound for a test that would otherwise hang, never a measurement
-
-
-class LiveServer:
-    """uvicorn serving ``app`` on a free 127.0.0.1 port, in a background thread."""
-
-    def __init__(self, app: Any) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        wait_until(lambda: self.server.started)
-
-    def client(self, api_key: str = "none", **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(_WAIT)
-
-
-def wait_until(condition: Any) -> None:
-    deadline = time.monotonic() + _WAIT
-    while not condition():
-        assert time.monotonic() < deadline, "the server did not get there"
-        time.sleep(0.01)
 
 
 def new_engine() -> LookaheadEngine:

@@ -21,9 +21,13 @@ SERVE_BACKENDS = ("local", *BACKENDS)
 #: Where `--api-key` is read from when the flag is not given (here only, never in the library).
 API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
-_LOCAL_FLAGS = (
-    *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s", "mode", "device", "dtype"),
+_SETTINGS = (
+    *("max_running", "max_waiting", "max_body_bytes", "drain_s"),
+    *("corpus_ttl_s", "max_corpora", "max_corpus_bytes"),
 )
+_LOCAL_FLAGS = ("api_key", *_SETTINGS, "mode", "device", "dtype")
+# Flags whose name is not their setting's.
+_FLAGS = {"drain_s": "--drain-seconds", "corpus_ttl_s": "--corpus-ttl-seconds"}
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
 
@@ -44,7 +48,7 @@ def _refuse(args: argparse.Namespace, flags: tuple[str, ...], backends: str) -> 
 
 
 def _flag(dest: str) -> str:
-    return "--drain-seconds" if dest == "drain_s" else f"--{dest.replace('_', '-')}"
+    return _FLAGS.get(dest, f"--{dest.replace('_', '-')}")
 
 
 def _run_backend(args: argparse.Namespace) -> int:
@@ -94,8 +98,6 @@ def _run_local(args: argparse.Namespace) -> int:
     serve(engine, settings, args.host, args.port)
     return 0
 
-
-_SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s")
 
 
 def _api_key(flag: str | None) -> str | None:
