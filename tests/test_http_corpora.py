@@ -262,6 +262,8 @@ def test_hostile_corpus_requests(served: LookaheadEngine, live: LiveServer) -> N
         httpx.post(base, content=b'{"documents": ["a"], "ttl_seconds": NaN}'), 400, param="ttl_seconds"
     )
     assert_error(httpx.post(base, content=b"{not json"), 400, "invalid_json")
+    lone = b'{"documents": ["caf\\u00e9", "ab\\ud800cd"]}'  # a lone surrogate, escaped in JSON
+    assert_error(httpx.post(base, content=lone), 400, param="documents[1]")
     corpus = httpx.post(base, json={"documents": []}).json()  # empty: documents may come later
     assert corpus["documents"] == 0
     assert_error(httpx.post(f"{base}/{corpus['id']}/documents", json={}), 400, "missing_parameter")

@@ -99,7 +99,6 @@ def _run_local(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _api_key(flag: str | None) -> str | None:
     if flag is not None:
         return flag

@@ -268,7 +268,7 @@ class Corpora:
 
 
 def _size(texts: Sequence[str]) -> int:
-    return sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+    return sum(len(text.encode("utf-8")) for text in texts)
 
 
 def _too_large(size: int, most: int) -> ApiError:

@@ -70,6 +70,11 @@ def _documents(value: object) -> list[str]:
     for i, text in enumerate(value):
         if not isinstance(text, str):
             raise RequestError(f"documents[{i}] is a string, got {type(text).__name__}", f"documents[{i}]")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # JSON may escape a lone surrogate: no tokenizer takes it
+                raise RequestError(f"documents[{i}] is not valid Unicode text", f"documents[{i}]") from None
     return value
 
 
