@@ -9,15 +9,19 @@ a fake clock, or a tiny TTL and a bounded wait.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
@@ -26,8 +30,10 @@ from rag_lookahead.http.corpora import Corpora
 from rag_lookahead.http.errors import ApiError
 from rag_lookahead.http.metrics import ServerMetrics
 from rag_lookahead.http.testing import LiveServer, wait_until
+from rag_lookahead.rag import DEFAULT_EMBEDDER, DocumentIndex, RagPipeline, RetrievalConfig
+from rag_lookahead.rag.embedding import default_embedder_path
 from rag_lookahead.server import ServerEngine
-from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
+from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
 
 MODEL = "tiny"
 KEY = "test-key"
@@ -38,6 +44,7 @@ DOCUMENTS = [
 ]
 MORE = ["In 1066 the Normans conquered England at the battle of Hastings."]
 N = 16
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 
 
 def new_engine() -> LookaheadEngine:
@@ -422,8 +429,6 @@ def test_settings_for_corpora_are_checked() -> None:
 def test_serve_takes_the_corpus_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from rag_lookahead import cli
     from rag_lookahead.http import run
-    from rag_lookahead.testing import save_tiny_model
-
     ran: dict[str, Any] = {}
     monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app))
     argv = ["serve", "--backend", "local", "--model", str(save_tiny_model(tmp_path / "m"))]
@@ -477,3 +482,51 @@ def test_server_engine_refuses_what_the_server_would(live: LiveServer) -> None:
     with pytest.raises(ValueError, match="eos_token_id"):
         engine.complete("Hi", max_new_tokens=2, eos_token_id=(3,))
     assert engine.complete("Hi", max_new_tokens=2, top_k=5, do_sample=True, seed=1).text is not None
+
+
+# ---------------------------------------------------------------------------- RagPipeline
+
+
+class HashEmbedder:
+    """The default embedder's name and tokenizer (chunking) with vectors from a hash of each
+    text: an index without loading the embedding model."""
+
+    name = DEFAULT_EMBEDDER
+    dimension = 8
+
+    def __init__(self) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(default_embedder_path())
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        seeds = [int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) for text in texts]
+        rows = np.stack([np.random.default_rng(seed).normal(size=self.dimension) for seed in seeds])
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)  # [N, D]
+
+
+def test_a_pipeline_on_the_server_keeps_its_drafts(tmp_path: Path) -> None:
+    """`RagPipeline(engine=ServerEngine(...))`: the chunks the prompt leaves out reach the served
+    call as its documents, and the answer is the in-process pipeline's."""
+    directory = save_tiny_model(tmp_path / "tiny")
+    index = DocumentIndex.build([CORPUS], HashEmbedder())[0]
+    retrieval = RetrievalConfig(top_k=4, min_score=-1.0, max_context_tokens=1500)
+    question = "How often should a sourdough starter be fed?"
+
+    def wide() -> LookaheadEngine:
+        engine = LookaheadEngine.from_pretrained(str(directory), config=LookaheadConfig(mode="trie"))
+        engine.model.config.max_position_embeddings = 4096  # room for the sources (rotary: it takes it)
+        return engine
+
+    expected = RagPipeline(wide(), index, retrieval).ask(question, max_new_tokens=N)
+    served = wide()
+    recording = Recording(served)
+    with LiveServer(create_app(served, ServeSettings(model_name=MODEL))) as live:
+        engine = ServerEngine(
+            live.base_url, MODEL, "rag-lookahead", max_retries=0, tokenizer=str(directory), context_window=4096
+        )
+        rag = RagPipeline(engine, index, retrieval)
+        query = rag.prepare(question, N)
+        assert query.documents  # some chunks did not fit the prompt: only the drafts carry them
+        answer = rag.ask(question, max_new_tokens=N)
+    assert answer.text == expected.text
+    assert recording.calls[-1]["documents"] == list(query.documents)
+    assert not scope_owners(served)
