@@ -429,6 +429,7 @@ def test_settings_for_corpora_are_checked() -> None:
 def test_serve_takes_the_corpus_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from rag_lookahead import cli
     from rag_lookahead.http import run
+
     ran: dict[str, Any] = {}
     monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app))
     argv = ["serve", "--backend", "local", "--model", str(save_tiny_model(tmp_path / "m"))]
@@ -521,7 +522,12 @@ def test_a_pipeline_on_the_server_keeps_its_drafts(tmp_path: Path) -> None:
     recording = Recording(served)
     with LiveServer(create_app(served, ServeSettings(model_name=MODEL))) as live:
         engine = ServerEngine(
-            live.base_url, MODEL, "rag-lookahead", max_retries=0, tokenizer=str(directory), context_window=4096
+            live.base_url,
+            MODEL,
+            "rag-lookahead",
+            max_retries=0,
+            tokenizer=str(directory),
+            context_window=4096,
         )
         rag = RagPipeline(engine, index, retrieval)
         query = rag.prepare(question, N)
