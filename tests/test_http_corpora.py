@@ -478,6 +478,27 @@ def test_a_scope_whose_corpus_expired_closes_quietly(served: LookaheadEngine) ->
         assert engine._corpus is not None and not engine._corpus.stranded
 
 
+def test_a_scope_whose_corpus_expired_loads_it_again(
+    served: LookaheadEngine, recording: Recording, reference: LookaheadEngine
+) -> None:
+    """A call of a scope whose corpus the server dropped (unused past its TTL) loads the
+    scope's documents again and is answered, drafting from them."""
+    app = create_app(served, ServeSettings(model_name=MODEL))
+    corpora = app.state.lookahead.corpora
+    clock = corpora._clock = Clock()  # the server's time, moved by the test
+    with LiveServer(app) as live:
+        engine = ServerEngine(live.base_url, MODEL, "rag-lookahead", max_retries=0)
+        with engine.scope(DOCUMENTS) as scope:
+            (first,) = scope.corpus_ids
+            clock.now += ServeSettings().corpus_ttl_s
+            assert corpora.sweep() == 1 and not scope_owners(served)
+            out = engine.complete(MESSAGES, max_new_tokens=N, scope=scope)
+            assert out.text == reference.complete(MESSAGES, max_new_tokens=N).text
+            (second,) = scope.corpus_ids
+            assert second != first and recording.calls[-1]["scope_sequences"] == 2
+        assert corpora.count == 0 and not scope_owners(served)
+
+
 def test_server_engine_refuses_what_the_server_would(live: LiveServer) -> None:
     engine = ServerEngine(live.base_url, MODEL, "rag-lookahead", max_retries=0)
     with pytest.raises(ValueError, match="eos_token_id"):

@@ -21,6 +21,7 @@ from rag_lookahead.server.config import ServerConfig, ServerKind
 from rag_lookahead.server.corpus import CallDocuments, CorpusClient, LookaheadCorpora, SGLangCorpora
 from rag_lookahead.server.metrics import SpeculationCounters, parse_speculation_counters
 from rag_lookahead.server.requests import (
+    Request,
     ServerPrompt,
     build_request,
     normalise_prompt,
@@ -40,6 +41,8 @@ _NO_KEY = "EMPTY"
 # above the longest token of any vocabulary in use, and a call's text is cut only when its
 # tokens average more than this (real text averages a few characters).
 _FALLBACK_CHARS_PER_TOKEN = 1024
+# The error code of a request naming a corpus the server does not have (rag-lookahead's).
+_CORPUS_GONE = "corpus_not_found"
 # Tools would need the served model's tool parser and a grammar on the server's side.
 _NO_TOOLS = (
     "tools are not supported on a server engine yet: the server would render and parse them "
@@ -189,8 +192,7 @@ class ServerEngine(EngineBase):
         release = functools.partial(self._release, sent.corpus_id)
         call = ServerCall(StepRecorder(prompt_tokens=0), release, limits)
         try:
-            create = self._client.chat.completions if request.endpoint == "chat" else self._client.completions
-            call.response = create.create(**request.kwargs, **self._request_timeout())
+            call.response = self._send(request, texts, scope)
             call.check_deadline()
         except BaseException as err:
             call.end()
@@ -222,6 +224,21 @@ class ServerEngine(EngineBase):
         return parse_speculation_counters(text)
 
     # ------------------------------------------------------------------ helpers
+
+    def _send(self, request: Request, texts: list[str], scope: ServerScope | None) -> Any:
+        """The streamed response to ``request``. A scope's corpus that the server no longer
+        has (a rag-lookahead corpus left unused past its TTL) is loaded again, and the request
+        sent once more: drafts never change the answer, and the scope's calls keep theirs."""
+        create = self._client.chat.completions if request.endpoint == "chat" else self._client.completions
+        try:
+            return create.create(**request.kwargs, **self._request_timeout())
+        except Exception as err:
+            gone = getattr(err, "status_code", None) == 404 and getattr(err, "code", None) == _CORPUS_GONE
+            if not gone or scope is None or self._corpus is None:
+                raise
+        scope.reload()
+        request = request.with_fields(self._corpus.for_call(texts, scope.corpus_ids).fields)
+        return create.create(**request.kwargs, **self._request_timeout())
 
     def _check_scope(self, scope: ServerScope | None) -> None:
         if scope is None:

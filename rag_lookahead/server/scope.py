@@ -53,6 +53,15 @@ class ServerScope:
                     self._corpus_ids.append(self._corpus.add(texts))
             self._documents.extend(texts)
 
+    def reload(self) -> None:
+        """Load the scope's documents again as one new corpus, after the server dropped the
+        scope's (a rag-lookahead corpus left unused past its TTL)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this document scope is closed; open a new one")
+            if self._corpus is not None and self._documents:
+                self._corpus_ids = [self._corpus.add(self._documents)]
+
     def close(self) -> None:
         """Remove every corpus this scope loaded (idempotent). Each removal is tried even when
         an earlier one fails; the first failure is raised afterwards, and the corpora that
