@@ -16,6 +16,7 @@ subclass a server:
 
 from __future__ import annotations
 
+import abc
 import json
 import threading
 import uuid
@@ -55,7 +56,7 @@ class CallDocuments:
     corpus_id: str | None = None
 
 
-class CorpusClient:
+class CorpusClient(abc.ABC):
     """The corpus endpoints of one server, over the engine's ``openai`` client (its timeouts,
     retries and key)."""
 
@@ -75,21 +76,22 @@ class CorpusClient:
         """Corpora whose removal failed, retried at the next `remove_all`."""
         return tuple(self._stranded)
 
+    @abc.abstractmethod
     def add(self, documents: Sequence[str]) -> str:
         """Load ``documents`` as a new corpus; returns its id."""
-        raise NotImplementedError
 
     def extend(self, corpus_id: str, documents: Sequence[str]) -> None:
         """Add ``documents`` to a loaded corpus (when `extendable`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot add documents to a loaded corpus")
 
+    @abc.abstractmethod
     def remove(self, corpus_id: str) -> None:
-        raise NotImplementedError
+        """Remove a loaded corpus."""
 
+    @abc.abstractmethod
     def for_call(self, documents: Sequence[str], scope_ids: Sequence[str]) -> CallDocuments:
         """How a call sends ``documents`` (its own, non-empty texts), with its scope's corpora
         ``scope_ids`` loaded already."""
-        raise NotImplementedError
 
     def list(self) -> dict[str, int]:
         """Loaded corpora and their sizes."""
