@@ -291,14 +291,14 @@ def test_sglang_corpus_failures(stub: StubServer) -> None:
 
 
 def test_a_corpus_answer_that_is_not_success_is_an_error(stub: StubServer) -> None:
-    from rag_lookahead.server.corpus import CorpusClient
+    from rag_lookahead.server.corpus import SGLangCorpora
 
     class Client:
         def post(self, url: str, cast_to: Any, body: Any) -> str:
             return json.dumps({"success": False, "message": "no SAM budget"})
 
     with pytest.raises(CorpusError, match="no SAM budget"):
-        CorpusClient(Client(), "http://127.0.0.1:1").add(["doc"])
+        SGLangCorpora(Client(), "http://127.0.0.1:1").add(["doc"])
 
 
 def test_scopes_are_checked(stub: StubServer) -> None:

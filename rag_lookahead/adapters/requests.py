@@ -37,6 +37,7 @@ _COMMON_KEYS = frozenset(
     {
         *("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream"),
         *("stream_options", "response_format", "documents", "top_k", "repetition_penalty"),
+        "corpus",
     }
 )
 _CHAT_KEYS = _COMMON_KEYS | {"messages", "max_completion_tokens", "tools", "tool_choice"}
@@ -80,6 +81,7 @@ class CallPlan:
         params: Token choice, stopping and the grammar (a response format or a forced call).
         tools: The tools rendered into the prompt and how the reply is parsed for calls.
         documents: Texts the call drafts from besides its prompt.
+        corpus: The id of a server's corpus the call drafts from too (the server resolves it).
         stream: Whether the reply streams as server-sent events.
         include_usage: Whether a streamed reply ends with a usage chunk.
     """
@@ -90,6 +92,7 @@ class CallPlan:
     params: GenerationParams
     tools: ToolPlan = field(default_factory=ToolPlan)
     documents: tuple[str, ...] = ()
+    corpus: str | None = None
     stream: bool = False
     include_usage: bool = False
 
@@ -127,6 +130,7 @@ def plan_chat(
         params=_params(body, defaults or GenerationParams(), max_tokens, grammar or forced),
         tools=tools,
         documents=_documents(body.get("documents")),
+        corpus=_corpus(body.get("corpus")),
         stream=stream,
         include_usage=include_usage,
     )
@@ -145,6 +149,7 @@ def plan_completion(request: Mapping[str, Any], defaults: GenerationParams | Non
             body, defaults or GenerationParams(), max_tokens, _response_format(body.get("response_format"))
         ),
         documents=_documents(body.get("documents")),
+        corpus=_corpus(body.get("corpus")),
         stream=stream,
         include_usage=include_usage,
     )
@@ -272,6 +277,12 @@ def _documents(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
         raise RequestError("documents are a list of strings", "documents")
     return tuple(value)
+
+
+def _corpus(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise RequestError(f"corpus is a corpus id (from POST /v1/corpora), got {value!r}", "corpus")
+    return value
 
 
 # ---------------------------------------------------------------------------- generation

@@ -368,6 +368,26 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {served.drain_s:g})",
     )
     local.add_argument(
+        "--corpus-ttl-seconds",
+        dest="corpus_ttl_s",
+        type=positive_float,
+        default=None,
+        help="seconds a corpus (POST /v1/corpora) lives unused before it is removed "
+        f"(default: {served.corpus_ttl_s:g})",
+    )
+    local.add_argument(
+        "--max-corpora",
+        type=positive_int,
+        default=None,
+        help=f"most corpora alive at once; more get 429 (default: {served.max_corpora})",
+    )
+    local.add_argument(
+        "--max-corpus-bytes",
+        type=positive_int,
+        default=None,
+        help=f"most bytes of documents all corpora hold together (default: {served.max_corpus_bytes})",
+    )
+    local.add_argument(
         "--mode",
         default=None,
         choices=["auto", "trie", "jacobi", "off"],

@@ -22,10 +22,12 @@ SERVE_BACKENDS = ("local", "ray", *BACKENDS)
 #: Where `--api-key` is read from when the flag is not given (here only, never in the library).
 API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
-_LOCAL_FLAGS = (
-    *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s", "mode", "device", "dtype"),
-)
+_CORPUS_FLAGS = ("corpus_ttl_s", "max_corpora", "max_corpus_bytes")
+_SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s", *_CORPUS_FLAGS)
+_LOCAL_FLAGS = ("api_key", *_SETTINGS, "mode", "device", "dtype")
 _RAY_FLAGS = ("replicas", "ray_address")
+# Flags whose name is not their setting's.
+_FLAGS = {"drain_s": "--drain-seconds", "corpus_ttl_s": "--corpus-ttl-seconds"}
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
 
@@ -33,6 +35,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.backend in ("local", "ray"):
         _refuse(args, _REMOTE_FLAGS, "vllm and sglang")
         if args.backend == "ray":
+            _refuse(args, _CORPUS_FLAGS, "local")  # replicas refuse corpora: see http/replica.py
             return _run_ray(args)
         _refuse(args, _RAY_FLAGS, "ray")
         return _run_local(args)
@@ -49,7 +52,7 @@ def _refuse(args: argparse.Namespace, flags: tuple[str, ...], backends: str) -> 
 
 
 def _flag(dest: str) -> str:
-    return "--drain-seconds" if dest == "drain_s" else f"--{dest.replace('_', '-')}"
+    return _FLAGS.get(dest, f"--{dest.replace('_', '-')}")
 
 
 def _run_backend(args: argparse.Namespace) -> int:
@@ -126,9 +129,6 @@ def _announce(args: argparse.Namespace, settings: ServeSettings) -> None:
             file=sys.stderr,
         )
     print(f"serving {settings.model_name} at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-
-
-_SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s")
 
 
 def _api_key(flag: str | None) -> str | None:

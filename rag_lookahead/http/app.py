@@ -1,9 +1,12 @@
-"""The FastAPI app: OpenAI's chat and completion routes over one engine, health and metrics."""
+"""The FastAPI app: OpenAI's chat and completion routes over one engine, corpora, health and
+metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
-import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -18,7 +21,10 @@ from starlette.background import BackgroundTask
 
 from rag_lookahead.adapters import CallPlan, ReplyHeader, plan_chat, plan_completion
 from rag_lookahead.http.admission import Admission
+from rag_lookahead.http.bodies import json_body
 from rag_lookahead.http.calls import Caller
+from rag_lookahead.http.corpora import Corpora
+from rag_lookahead.http.corpus_routes import corpus_routes
 from rag_lookahead.http.errors import ApiError, install_handlers
 from rag_lookahead.http.metrics import ServerMetrics
 from rag_lookahead.http.settings import ServeSettings
@@ -29,7 +35,11 @@ __all__ = ["ServerState", "create_app"]
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # nginx's status for a request its client closed before the answer: logged, never received.
 _CLIENT_CLOSED = 499
+# How often unused corpora are looked for, as a share of their TTL (and its bounds, in seconds):
+# a corpus outlives its TTL by at most this much. Each corpus route also looks first.
+_SWEEP_SHARE, _SWEEP_MIN_S, _SWEEP_MAX_S = 0.25, 0.05, 30.0
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,25 +51,36 @@ class ServerState:
     model_name: str
     admission: Admission
     metrics: ServerMetrics
+    corpora: Corpora
     caller: Caller
     created: int
 
 
 def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``: ``GET /v1/models``, ``POST
-    /v1/chat/completions``, ``POST /v1/completions``, ``GET /metrics`` and ``GET /health``."""
+    /v1/chat/completions``, ``POST /v1/completions``, the corpus routes (``/v1/corpora``),
+    ``GET /metrics`` and ``GET /health``."""
     settings = settings or ServeSettings()
     state = _state(engine, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        state.admission.close()  # requests arriving while the server stops are told so (503)
+        sweeper = asyncio.create_task(_sweep_forever(state.corpora))
+        try:
+            yield
+        finally:
+            state.admission.close()  # requests arriving while the server stops are told so (503)
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            state.corpora.close()  # the engine may outlive the app: its trie is left clean
 
     app = FastAPI(title="rag-lookahead", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lookahead = state
     install_handlers(app)
-    app.include_router(_api_routes(state))
+    authorized = [Depends(_authorizer(settings.api_key))]
+    app.include_router(_api_routes(state), dependencies=authorized)
+    app.include_router(corpus_routes(state.corpora, settings.max_body_bytes), dependencies=authorized)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -73,19 +94,32 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
 def _state(engine: Engine, settings: ServeSettings) -> ServerState:
     metrics = ServerMetrics()
     admission = Admission(settings.max_running, settings.max_waiting, settings.retry_after_s, metrics)
+    corpora = Corpora(engine, settings, metrics)
     return ServerState(
         engine=engine,
         settings=settings,
         model_name=settings.model_name or engine.model_name,
         admission=admission,
         metrics=metrics,
-        caller=Caller(engine, admission, metrics),
+        corpora=corpora,
+        caller=Caller(engine, admission, corpora, metrics),
         created=int(time.time()),
     )
 
 
+async def _sweep_forever(corpora: Corpora) -> None:
+    """Remove unused corpora past their TTL, until cancelled."""
+    interval = min(max(corpora.ttl_s * _SWEEP_SHARE, _SWEEP_MIN_S), _SWEEP_MAX_S)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await anyio.to_thread.run_sync(corpora.sweep)
+        except Exception:  # a scope that failed to close is out of the table: go on sweeping
+            _log.exception("removing corpora left unused failed")
+
+
 def _api_routes(state: ServerState) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(_authorizer(state.settings.api_key))])
+    router = APIRouter()
 
     @router.get("/v1/models")
     async def models() -> JSONResponse:
@@ -99,13 +133,13 @@ def _api_routes(state: ServerState) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         started = time.perf_counter()
-        body = await _json_body(request, state.settings.max_body_bytes)
+        body = await json_body(request, state.settings.max_body_bytes)
         return await _answer(state, request, plan_chat(body, state.engine, state.settings.defaults), started)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         started = time.perf_counter()
-        body = await _json_body(request, state.settings.max_body_bytes)
+        body = await json_body(request, state.settings.max_body_bytes)
         return await _answer(state, request, plan_completion(body, state.settings.defaults), started)
 
     @router.get("/metrics")
@@ -192,23 +226,3 @@ def _authorizer(api_key: str | None) -> Callable[[Request], None]:
             )
 
     return authorize
-
-
-async def _json_body(request: Request, limit: int) -> Any:
-    """The request's JSON body, read up to ``limit`` bytes (413 past it, 400 if not JSON)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:  # a body sent without (or lying about) its length
-            raise _too_large(limit)
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ApiError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")

@@ -1,5 +1,6 @@
 """One request's engine call: opened in a worker thread, read without blocking the loop,
-and closed from the loop when its client goes (the call ends, its branches leave the trie)."""
+and closed from the loop when its client goes (the call ends, its branches leave the trie).
+A call naming a corpus holds it from before it waits for a slot until it is closed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import anyio
 
 from rag_lookahead.adapters import CallPlan, ReplyHeader, ReplyStream, reply
 from rag_lookahead.http.admission import Admission, Slot
+from rag_lookahead.http.corpora import Corpora, CorpusLease
 from rag_lookahead.http.errors import ApiError, error_body
 from rag_lookahead.http.metrics import ServerMetrics
 from rag_lookahead.interface import Engine
@@ -25,11 +27,19 @@ DONE = "[DONE]"
 
 
 class OpenCall:
-    """A started call with its running slot; `close` (idempotent) ends both."""
+    """A started call with its running slot and corpus lease; `close` (idempotent) ends all."""
 
-    def __init__(self, stream: TextStream, slot: Slot, metrics: ServerMetrics, started: float) -> None:
+    def __init__(
+        self,
+        stream: TextStream,
+        slot: Slot,
+        lease: CorpusLease | None,
+        metrics: ServerMetrics,
+        started: float,
+    ) -> None:
         self.stream = stream
         self._slot = slot
+        self._lease = lease
         self._metrics = metrics
         self._started = started
         self._first = True
@@ -48,37 +58,53 @@ class OpenCall:
         if self._closed:
             return
         self._closed = True
-        try:
-            with anyio.CancelScope(shield=True):  # a disconnect cancels the task that closes
+        # Shielded: a disconnect cancels the task that closes.
+        with anyio.CancelScope(shield=True):
+            try:
                 await self.stream.aclose()
-        finally:
-            self._slot.release()
-            self._metrics.record(self.stream.stats)
+            finally:
+                self._slot.release()
+                self._metrics.record(self.stream.stats)
+                await _release(self._lease)  # the call has ended: its corpus may go now
 
 
 class Caller:
     """Opens plans' calls on the engine and answers them, whole or as server-sent events."""
 
-    def __init__(self, engine: Engine, admission: Admission, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, engine: Engine, admission: Admission, corpora: Corpora, metrics: ServerMetrics
+    ) -> None:
         self._engine = engine
         self._admission = admission
+        self._corpora = corpora
         self._metrics = metrics
 
     async def open(self, plan: CallPlan, started: float) -> OpenCall:
-        """Wait for a running slot, then start the call; a call refused at its start (a prompt
-        past the context window, a grammar that cannot be used) is HTTP 400."""
-        slot = await self._admission.enter()
+        """Hold the plan's corpus (404 if there is none by that id), wait for a running slot,
+        then start the call; a call refused at its start (a prompt past the context window, a
+        grammar that cannot be used) is HTTP 400."""
+        lease = None
+        if plan.corpus is not None:
+            lease = await anyio.to_thread.run_sync(self._corpora.lease, plan.corpus)
+        try:
+            slot = await self._admission.enter()
+        except BaseException:
+            await _release(lease)
+            raise
+        kwargs = plan.stream_kwargs()
+        if lease is not None:
+            kwargs["scope"] = lease.scope
         try:
             stream = await anyio.to_thread.run_sync(
-                functools.partial(self._engine.stream, plan.prompt, plan.params, **plan.stream_kwargs())
+                functools.partial(self._engine.stream, plan.prompt, plan.params, **kwargs)
             )
-        except (TypeError, ValueError) as err:
+        except BaseException as err:
             slot.release()
-            raise ApiError(400, str(err), code="invalid_request") from None
-        except BaseException:
-            slot.release()
+            await _release(lease)
+            if isinstance(err, (TypeError, ValueError)):
+                raise ApiError(400, str(err), code="invalid_request") from None
             raise
-        return OpenCall(stream, slot, self._metrics, started)
+        return OpenCall(stream, slot, lease, self._metrics, started)
 
     async def whole(self, plan: CallPlan, header: ReplyHeader, started: float) -> dict[str, Any]:
         """The whole reply; a call that fails while generating is HTTP 500 with its error."""
@@ -111,6 +137,13 @@ class Caller:
             yield {"data": DONE}
         finally:
             await call.close()
+
+
+async def _release(lease: CorpusLease | None) -> None:
+    """Let go of a corpus, off the loop (the last call of a deleted one removes its branches)."""
+    if lease is not None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lease.release)
 
 
 def _event(payload: dict[str, Any]) -> dict[str, str]:

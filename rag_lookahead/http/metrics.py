@@ -37,6 +37,14 @@ class ServerMetrics:
             "counts once for each call in it.",
             registry=r,
         )
+        self.corpora = Gauge(
+            "rag_lookahead_corpora", "Corpora alive (created, neither deleted nor expired).", registry=r
+        )
+        self.corpus_bytes = Gauge(
+            "rag_lookahead_corpus_bytes",
+            "Bytes of documents the corpora hold in the trie (a deleted one until its last call ends).",
+            registry=r,
+        )
         self.time_to_first_token = Histogram(
             "rag_lookahead_time_to_first_token_seconds",
             "From a request's arrival to its first generated text.",

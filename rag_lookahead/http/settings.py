@@ -9,11 +9,23 @@ from rag_lookahead.config import GenerationParams
 __all__ = ["ServeSettings"]
 
 _MAX_DRAIN_S = 3600  # an hour: only there to refuse absurd values (and NaN)
+_MAX_CORPUS_TTL_S = 7 * 24 * 3600  # a week: only there to refuse absurd values (and NaN)
 
 
 def _count(name: str, value: object, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+
+
+def _seconds(name: str, value: object, most: float, *, zero: bool) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= 0 if zero else value > 0)  # NaN fails both
+        or not value <= most
+    ):
+        bounds = f"from 0 to {most}" if zero else f"above 0, at most {most}"
+        raise ValueError(f"{name} must be a number of seconds {bounds}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,12 @@ class ServeSettings:
         drain_s: Seconds running requests get to finish once the server is told to stop
             (`rag_lookahead.http.run_app`); ``0`` ends them at once.
         defaults: Generation settings of what a request leaves out (greedy by default).
+        corpus_ttl_s: Seconds a corpus (``POST /v1/corpora``) lives unused before the server
+            removes it, so that a client that dies cannot grow the trie; a request may ask for
+            less. A call using a corpus keeps it alive to its end.
+        max_corpora: Most corpora alive at once; one more is HTTP 429.
+        max_corpus_bytes: Most bytes (UTF-8) of documents all live corpora hold together; a
+            corpus larger on its own is HTTP 413, one that fits only once others go is 429.
     """
 
     model_name: str | None = None
@@ -42,6 +60,9 @@ class ServeSettings:
     retry_after_s: int = 1
     drain_s: float = 30.0
     defaults: GenerationParams = field(default_factory=GenerationParams)
+    corpus_ttl_s: float = 600.0
+    max_corpora: int = 256
+    max_corpus_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name):
@@ -52,8 +73,9 @@ class ServeSettings:
         _count("max_running", self.max_running, 1)
         _count("max_waiting", self.max_waiting, 0)
         _count("retry_after_s", self.retry_after_s, 1)
-        drain = self.drain_s
-        if isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain <= _MAX_DRAIN_S:
-            raise ValueError(f"drain_s must be a number of seconds from 0 to {_MAX_DRAIN_S}, got {drain!r}")
+        _seconds("drain_s", self.drain_s, _MAX_DRAIN_S, zero=True)
+        _seconds("corpus_ttl_s", self.corpus_ttl_s, _MAX_CORPUS_TTL_S, zero=False)
+        _count("max_corpora", self.max_corpora, 1)
+        _count("max_corpus_bytes", self.max_corpus_bytes, 1)
         if not isinstance(self.defaults, GenerationParams):
             raise TypeError(f"defaults must be GenerationParams, got {type(self.defaults).__name__}")

@@ -58,11 +58,16 @@ class LiveServer:
         self.thread.start()
         wait_until(lambda: self.server.started)
 
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API root, as clients take it."""
+        return f"{self.url}/v1"
+
     def client(self, api_key: str = "none", **kwargs: Any) -> openai.OpenAI:
         """An `openai.OpenAI` client of this server that never retries."""
         import openai
 
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
+        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kwargs)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -1,6 +1,7 @@
-"""The same calls on a serving engine: vLLM, SGLang, or any OpenAI-compatible server.
+"""The same calls on a serving engine: vLLM, SGLang, ``rag-lookahead serve``, or any
+OpenAI-compatible server.
 
-``ServerEngine(base_url=..., model=..., kind="vllm" | "sglang" | "openai")`` has the local
+``ServerEngine(base_url=..., model=..., kind="vllm" | "sglang" | "rag-lookahead" | "openai")`` has the local
 engine's `stream`, `complete` and `scope`, returns the same `TextStream` and `DecodeStats`, and
 plugs into `RagPipeline` and the LangChain and LlamaIndex adapters through ``engine=``.
 `server_command` prints the command that starts such a server with speculative settings for RAG.

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 __all__ = ["KINDS", "ServerConfig", "ServerKind"]
 
-ServerKind = Literal["vllm", "sglang", "openai"]
-KINDS: tuple[ServerKind, ...] = ("vllm", "sglang", "openai")
+ServerKind = Literal["vllm", "sglang", "openai", "rag-lookahead"]
+KINDS: tuple[ServerKind, ...] = ("vllm", "sglang", "openai", "rag-lookahead")
 
 _MAX_RETRIES = 100  # only there to refuse absurd values
 
@@ -22,10 +22,12 @@ class ServerConfig:
     Attributes:
         base_url: The server's OpenAI API root as the ``openai`` client takes it, e.g.
             ``http://localhost:8000/v1``. SGLang's corpus endpoints and vLLM's ``/metrics``
-            live beside it (the same URL without its trailing ``/v1``).
+            live beside it (the same URL without its trailing ``/v1``); rag-lookahead's
+            corpora below it (``/v1/corpora``).
         model: The served model's name (``--served-model-name``, else the path it was started with).
-        kind: ``"vllm"``, ``"sglang"`` or ``"openai"`` (any other compatible server): what the
-            server does with documents and which of its extra sampling fields it takes.
+        kind: ``"vllm"``, ``"sglang"``, ``"rag-lookahead"`` (``rag-lookahead serve --backend
+            local``) or ``"openai"`` (any other compatible server): what the server does with
+            documents and which of its extra sampling fields it takes.
         api_key: Sent as a bearer token; ``None`` sends a placeholder (servers started without
             a key ignore it). Never read from the environment.
         timeout: Seconds to wait for a connection and between two streamed chunks.

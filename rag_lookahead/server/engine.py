@@ -1,4 +1,5 @@
-"""`ServerEngine`: the local engine's calls over a vLLM, SGLang or other OpenAI-compatible server.
+"""`ServerEngine`: the local engine's calls over a vLLM, SGLang, rag-lookahead or other
+OpenAI-compatible server.
 
 The server decodes (and drafts, with its own speculative decoding); this engine turns the calls
 into streamed OpenAI API requests through the ``openai`` client, which also does timeouts and
@@ -17,9 +18,10 @@ from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.scope import document_texts
 from rag_lookahead.server.call import ReadLimits, ServerCall
 from rag_lookahead.server.config import ServerConfig, ServerKind
-from rag_lookahead.server.corpus import CorpusClient
+from rag_lookahead.server.corpus import CallDocuments, CorpusClient, LookaheadCorpora, SGLangCorpora
 from rag_lookahead.server.metrics import SpeculationCounters, parse_speculation_counters
 from rag_lookahead.server.requests import (
+    Request,
     ServerPrompt,
     build_request,
     normalise_prompt,
@@ -39,6 +41,8 @@ _NO_KEY = "EMPTY"
 # above the longest token of any vocabulary in use, and a call's text is cut only when its
 # tokens average more than this (real text averages a few characters).
 _FALLBACK_CHARS_PER_TOKEN = 1024
+# The error code of a request naming a corpus the server does not have (rag-lookahead's).
+_CORPUS_GONE = "corpus_not_found"
 # Tools would need the served model's tool parser and a grammar on the server's side.
 _NO_TOOLS = (
     "tools are not supported on a server engine yet: the server would render and parse them "
@@ -51,9 +55,12 @@ class ServerEngine(EngineBase):
 
     ``kind`` says what the server does with documents: SGLang (``--speculative-algorithm
     NGRAM``) drafts from external corpora, so a call's ``documents=`` and a scope's documents
-    are loaded into the server for their life and removed after it; vLLM's ``ngram`` and
-    ``suffix`` drafters, and any other server, see only the prompt, so documents must already
-    be in it (an error otherwise, unless ``append_documents_to_prompt``).
+    are loaded into the server for their life and removed after it; ``rag-lookahead serve
+    --backend local`` (``kind="rag-lookahead"``) takes a call's ``documents=`` in its request
+    and a scope's as a corpus (``POST /v1/corpora`` when the scope gets its first documents,
+    named by each of its calls, deleted when it closes); vLLM's ``ngram`` and ``suffix``
+    drafters, and any other server, see only the prompt, so documents must already be in it
+    (an error otherwise, unless ``append_documents_to_prompt``).
     """
 
     def __init__(
@@ -92,7 +99,7 @@ class ServerEngine(EngineBase):
         self._tokenizer = _load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self._chars_per_token = _chars_per_token(self._tokenizer)
         self._client = _openai_client(self.config)
-        self._corpus = CorpusClient(self._client, self.config.root_url) if kind == "sglang" else None
+        self._corpus = _corpus_client(self.config, self._client)
 
     def __repr__(self) -> str:
         return f"ServerEngine({self.config.base_url!r}, {self.config.model!r}, kind={self.config.kind!r})"
@@ -114,8 +121,8 @@ class ServerEngine(EngineBase):
 
     @property
     def drafts_from_documents(self) -> bool:
-        """Only SGLang drafts from documents that are not in the prompt."""
-        return self.config.kind == "sglang"
+        """Only SGLang and rag-lookahead draft from documents that are not in the prompt."""
+        return self._corpus is not None
 
     @property
     def tokenizer(self) -> Any:
@@ -172,17 +179,20 @@ class ServerEngine(EngineBase):
         texts = [t for t in document_texts(documents) if t]
         server_prompt = normalise_prompt(prompt)
         self._check_scope(scope)
-        if self.config.kind != "sglang":
+        if self._corpus is None:
             shown = [*(scope.documents if scope is not None else ()), *texts]
             server_prompt = self._documents_in_prompt(server_prompt, shown)
             texts = []
-        request = build_request(self.config, server_prompt, params)
+        request = build_request(self.config, server_prompt, params)  # refused before any load
         limits = self._limits(params)
-        corpus_id = self._corpus.add(texts) if texts and self._corpus is not None else None
-        call = ServerCall(StepRecorder(prompt_tokens=0), functools.partial(self._release, corpus_id), limits)
+        sent = CallDocuments()
+        if self._corpus is not None:
+            sent = self._corpus.for_call(texts, scope.corpus_ids if scope is not None else ())
+            request = request.with_fields(sent.fields)
+        release = functools.partial(self._release, sent.corpus_id)
+        call = ServerCall(StepRecorder(prompt_tokens=0), release, limits)
         try:
-            create = self._client.chat.completions if request.endpoint == "chat" else self._client.completions
-            call.response = create.create(**request.kwargs, **self._request_timeout())
+            call.response = self._send(request, texts, scope)
             call.check_deadline()
         except BaseException as err:
             call.end()
@@ -192,15 +202,16 @@ class ServerEngine(EngineBase):
         return TextStream(call.steps(), call.recorder, cancel=call.end)
 
     def scope(self, documents: Iterable[str] = ()) -> ServerScope:
-        """Documents for several calls: on SGLang loaded into the server now and removed when
-        the scope closes (use it in a ``with`` block); elsewhere checked against each prompt."""
+        """Documents for several calls: on SGLang and rag-lookahead loaded into the server now
+        and removed when the scope closes (use it in a ``with`` block); elsewhere checked
+        against each prompt."""
         scope = ServerScope(self, self._corpus)
         scope.add(documents)
         return scope
 
     def list_corpora(self) -> dict[str, int]:
         """SGLang's loaded external corpora and their token counts (all clients' corpora)."""
-        if self._corpus is None:
+        if not isinstance(self._corpus, SGLangCorpora):
             raise ValueError(f"external corpora are SGLang's; this server is kind={self.config.kind!r}")
         return self._corpus.list()
 
@@ -213,6 +224,21 @@ class ServerEngine(EngineBase):
         return parse_speculation_counters(text)
 
     # ------------------------------------------------------------------ helpers
+
+    def _send(self, request: Request, texts: list[str], scope: ServerScope | None) -> Any:
+        """The streamed response to ``request``. A scope's corpus that the server no longer
+        has (a rag-lookahead corpus left unused past its TTL) is loaded again, and the request
+        sent once more: drafts never change the answer, and the scope's calls keep theirs."""
+        create = self._client.chat.completions if request.endpoint == "chat" else self._client.completions
+        try:
+            return create.create(**request.kwargs, **self._request_timeout())
+        except Exception as err:
+            gone = getattr(err, "status_code", None) == 404 and getattr(err, "code", None) == _CORPUS_GONE
+            if not gone or scope is None or self._corpus is None:
+                raise
+        scope.reload()
+        request = request.with_fields(self._corpus.for_call(texts, scope.corpus_ids).fields)
+        return create.create(**request.kwargs, **self._request_timeout())
 
     def _check_scope(self, scope: ServerScope | None) -> None:
         if scope is None:
@@ -260,6 +286,15 @@ class ServerEngine(EngineBase):
         failure = self._corpus.remove_all([corpus_id] if corpus_id is not None else [])
         if failure is not None:
             self._corpus.warn(failure, "a call")
+
+
+def _corpus_client(config: ServerConfig, client: Any) -> CorpusClient | None:
+    """What loads documents into this kind of server (``None``: documents go in the prompt)."""
+    if config.kind == "sglang":
+        return SGLangCorpora(client, config.root_url)
+    if config.kind == "rag-lookahead":
+        return LookaheadCorpora(client, config.base_url)
+    return None
 
 
 def _openai_client(config: ServerConfig) -> Any:

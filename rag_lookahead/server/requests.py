@@ -35,6 +35,13 @@ class Request:
     endpoint: Endpoint
     kwargs: dict[str, Any]
 
+    def with_fields(self, fields: Mapping[str, Any]) -> Request:
+        """This request with ``fields`` added to its body (the client's ``extra_body``)."""
+        if not fields:
+            return self
+        extra = {**self.kwargs.get("extra_body", {}), **fields}
+        return Request(self.endpoint, {**self.kwargs, "extra_body": extra})
+
 
 def normalise_prompt(prompt: Prompt) -> ServerPrompt:
     """Text, token ids or chat messages, in the shapes the API takes (as `encode_prompt` reads them)."""
@@ -130,6 +137,25 @@ def _constrain(config: ServerConfig, grammar: Grammar, kwargs: dict[str, Any], e
         )
 
 
+# The sampling fields beyond the OpenAI API's that `rag-lookahead serve` takes.
+_LOOKAHEAD_EXTRA = frozenset({"top_k", "repetition_penalty"})
+
+
+def _check_extra(config: ServerConfig, extra: Mapping[str, Any]) -> None:
+    """Refuse the fields a server would ignore (answering otherwise) or refuse."""
+    if config.kind == "openai":
+        raise ValueError(
+            f"{', '.join(sorted(extra))} are not OpenAI API fields, and a kind='openai' server "
+            "may ignore them and answer otherwise; use kind='vllm' or 'sglang' if it takes them"
+        )
+    unknown = sorted(set(extra) - _LOOKAHEAD_EXTRA)
+    if config.kind == "rag-lookahead" and unknown:
+        raise ValueError(
+            f"a rag-lookahead server takes no {', '.join(unknown)} (a call's own eos_token_id): "
+            "use the served model's end of sequence"
+        )
+
+
 def build_request(config: ServerConfig, prompt: ServerPrompt, params: GenerationParams) -> Request:
     """The streamed request for ``prompt`` with ``params`` on this server."""
     kwargs: dict[str, Any] = {
@@ -159,11 +185,7 @@ def build_request(config: ServerConfig, prompt: ServerPrompt, params: Generation
     if params.grammar is not None:
         _constrain(config, params.grammar, kwargs, extra)
     if extra:
-        if config.kind == "openai":
-            raise ValueError(
-                f"{', '.join(sorted(extra))} are not OpenAI API fields, and a kind='openai' server "
-                "may ignore them and answer otherwise; use kind='vllm' or 'sglang' if it takes them"
-            )
+        _check_extra(config, extra)
         kwargs["extra_body"] = extra
     if is_chat(prompt):
         return Request("chat", {**kwargs, "messages": prompt})

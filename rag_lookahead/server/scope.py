@@ -13,9 +13,11 @@ __all__ = ["ServerScope"]
 
 
 class ServerScope:
-    """On SGLang, each `add` loads the documents as an external corpus of the server, and
-    `close` removes every corpus the scope loaded. Elsewhere the scope only holds the texts,
-    which the calls given it must already show in their prompts (or append, if so configured).
+    """On SGLang, each `add` loads the documents as an external corpus of the server; on a
+    rag-lookahead server, the first `add` loads a corpus and later ones add to it (the scope's
+    calls name it). `close` removes every corpus the scope loaded. Elsewhere the scope only
+    holds the texts, which the calls given it must already show in their prompts (or append,
+    if so configured).
     """
 
     def __init__(self, owner: object, corpus: CorpusClient | None) -> None:
@@ -45,8 +47,20 @@ class ServerScope:
             if self._closed:
                 raise RuntimeError("this document scope is closed; open a new one")
             if texts and self._corpus is not None:
-                self._corpus_ids.append(self._corpus.add(texts))
+                if self._corpus_ids and self._corpus.extendable:
+                    self._corpus.extend(self._corpus_ids[0], texts)
+                else:
+                    self._corpus_ids.append(self._corpus.add(texts))
             self._documents.extend(texts)
+
+    def reload(self) -> None:
+        """Load the scope's documents again as one new corpus, after the server dropped the
+        scope's (a rag-lookahead corpus left unused past its TTL)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this document scope is closed; open a new one")
+            if self._corpus is not None and self._documents:
+                self._corpus_ids = [self._corpus.add(self._documents)]
 
     def close(self) -> None:
         """Remove every corpus this scope loaded (idempotent). Each removal is tried even when

@@ -95,7 +95,8 @@ class LookaheadSettings(BaseModel):
     )
     server_kind: ServerKind = Field(
         default="openai",
-        description="With `base_url`: 'vllm', 'sglang' or 'openai' (see `ServerEngine`).",
+        description="With `base_url`: 'vllm', 'sglang', 'rag-lookahead' (`rag-lookahead serve`) or 'openai' "
+        "(see `ServerEngine`).",
     )
     api_key: SecretStr | None = Field(default=None, description="With `base_url`: the server's API key.")
     timeout: float | None = Field(
