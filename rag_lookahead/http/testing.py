@@ -73,6 +73,12 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(WAIT_S)
 
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def wait_until(condition: Callable[[], object], timeout_s: float = WAIT_S) -> None:
     """Poll ``condition`` until it holds; fail after ``timeout_s`` (a bound, not a measurement)."""
