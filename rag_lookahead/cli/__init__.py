@@ -378,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "float16", "bfloat16"],
         help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
     )
+    local.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
+    )
     remote = serve.add_argument_group("vllm and sglang backends")
     remote.add_argument(
         "--python",

@@ -22,7 +22,8 @@ SERVE_BACKENDS = ("local", *BACKENDS)
 API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
 _LOCAL_FLAGS = (
-    *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s", "mode", "device", "dtype"),
+    *("api_key", "max_running", "max_waiting", "max_body_bytes", "drain_s"),
+    *("mode", "device", "dtype", "threads"),
 )
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
@@ -72,6 +73,8 @@ def _run_backend(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    import torch
+
     from rag_lookahead.config import LookaheadConfig
     from rag_lookahead.engine import LookaheadEngine
     from rag_lookahead.models import DEFAULT_MODEL
@@ -82,6 +85,8 @@ def _run_local(args: argparse.Namespace) -> int:
         **{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None},
     )
     serve = _server()  # before a long load
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     config = LookaheadConfig(mode=args.mode) if args.mode is not None else None
     engine = LookaheadEngine.from_pretrained(args.model, config=config, device=args.device, dtype=args.dtype)
     if settings.api_key is None and not _loopback(args.host):
