@@ -346,11 +346,15 @@ def _timed(ask: Ask, prompts: Prompts, phase: Phase, seed: int) -> dict[str, Any
             requests[i].sent = due if phase.arrival_rate is not None else time.perf_counter()
             ask(prompts[i], requests[i])
 
-    threads = [threading.Thread(target=client) for _ in range(min(phase.clients, len(prompts)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    clients = min(phase.clients, len(prompts))
+    if clients == 1:
+        client()  # in this thread, as an application asking alone would
+    else:
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     return _measures(requests, phase, time.perf_counter() - started)
 
 
