@@ -364,8 +364,11 @@ def _measures(requests: list[Request], phase: Phase, wall: float) -> dict[str, A
     ttft = [r.first_chunk - r.sent if r.first_chunk else r.done - r.sent for r in requests]
     ranked, first = sorted(latency), sorted(ttft)
     return {
-        "clients": phase.clients,
-        **({"arrival_rate": phase.arrival_rate} if phase.arrival_rate is not None else {}),
+        **(
+            {"clients": phase.clients}
+            if phase.arrival_rate is None
+            else {"arrival_rate": phase.arrival_rate, "max_in_flight": phase.clients}
+        ),
         "wall_seconds": round(wall, 3),
         "new_tokens": tokens,
         "tokens_per_s": round(tokens / wall, 2),
@@ -383,21 +386,26 @@ def _measures(requests: list[Request], phase: Phase, wall: float) -> dict[str, A
 
 
 def _mark_identical(methods: dict[str, Any]) -> None:
-    """Each phase's answers against its engine's plain single-stream answers."""
+    """Each phase's answers against its engine's plain single-stream answers, and vLLM's also
+    against this engine's (``local_plain``)."""
     for method, run in methods.items():
-        reference = methods.get("vllm_plain" if method in VLLM_METHODS else "local_plain")
-        if reference is None:
-            continue
-        expected = reference["single"]["texts"]
-        for phase in run.values():
-            phase["identical_to_own_greedy"] = sum(
-                a == b for a, b in zip(phase["texts"], expected, strict=True)
-            )
-    if "vllm_plain" in methods and "local_plain" in methods:
-        pairs = zip(
-            methods["vllm_plain"]["single"]["texts"], methods["local_plain"]["single"]["texts"], strict=True
-        )
-        methods["vllm_plain"]["identical_to_local_plain"] = sum(a == b for a, b in pairs)
+        vllm = method in VLLM_METHODS
+        own = _same(run, methods.get("vllm_plain" if vllm else "local_plain"))
+        for name, count in own.items():
+            run[name]["identical_to_own_greedy"] = count
+        for name, count in (_same(run, methods.get("local_plain")) if vllm else {}).items():
+            run[name]["identical_to_local_plain"] = count
+
+
+def _same(run: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, int]:
+    """Per phase, the answers equal to the reference's single-stream answers (none without one)."""
+    if reference is None:
+        return {}
+    expected = reference["single"]["texts"]
+    return {
+        name: sum(a == b for a, b in zip(phase["texts"], expected, strict=True))
+        for name, phase in run.items()
+    }
 
 
 def _http_overhead(methods: dict[str, Any]) -> dict[str, Any] | None:
@@ -458,18 +466,15 @@ def _progress(name: str, method: str, phase: Phase, run: dict[str, Any]) -> None
 
 
 def _table(name: str, methods: dict[str, Any], overhead: dict[str, Any] | None) -> str:
-    head = f"{name:<18}{'phase':<12}{'tok/s':>8}{'p50 s':>8}{'p95 s':>8}{'ttft50':>8}{'ttft95':>8}{'same':>7}"
+    head = f"{name:<18}{'phase':<12}{'tok/s':>8}{'p50 s':>8}{'p95 s':>8}{'ttft50':>8}{'ttft95':>8}"
+    head += f"{'same':>7}{'=local':>7}"
     lines = ["", head, "-" * len(head)]
     for method, run in methods.items():
         for phase, m in run.items():
-            if not isinstance(m, dict):
-                continue  # vllm_plain's identical_to_local_plain
-            same = m.get("identical_to_own_greedy")
-            count = "-" if same is None else f"{same}/{len(m['texts'])}"
             lines.append(
                 f"{method:<18}{phase:<12}{m['tokens_per_s']:>8.1f}{m['p50_latency_s']:>8.2f}"
                 f"{m['p95_latency_s']:>8.2f}{m['p50_ttft_s']:>8.2f}{m['p95_ttft_s']:>8.2f}"
-                f"{count:>7}"
+                f"{_count(m, 'identical_to_own_greedy'):>7}{_count(m, 'identical_to_local_plain'):>7}"
             )
     if overhead is not None:
         lines.append(
@@ -478,6 +483,10 @@ def _table(name: str, methods: dict[str, Any], overhead: dict[str, Any] | None) 
             f"local_lookahead {overhead['local_lookahead_tokens_per_s']} tok/s)"
         )
     return "\n".join(lines)
+
+
+def _count(measures: dict[str, Any], key: str) -> str:
+    return f"{measures[key]}/{len(measures['texts'])}" if key in measures else "-"
 
 
 if __name__ == "__main__":
