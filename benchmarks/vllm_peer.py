@@ -48,6 +48,7 @@ import torch
 from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
 from rag_lookahead.bench.concurrency import poisson_arrivals, quantile
 from rag_lookahead.bench.run import load_records
+from rag_lookahead.cli.values import positive_float, positive_int
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import default_model_dir
@@ -133,20 +134,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", action="append", required=True, help="a JSONL set (question, context)")
-    parser.add_argument("--limit", type=int, default=8, help="records of each set (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
+    parser.add_argument("--limit", type=positive_int, default=8, help="records of each set (default 8)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--clients", type=positive_int, default=8, help="concurrent clients (default 8)")
     parser.add_argument(
         "--arrival-rate",
-        type=float,
+        type=positive_float,
         default=None,
         help="requests per second of the poisson phase (default: no poisson phase)",
     )
     parser.add_argument("--seed", type=int, default=0, help="of the poisson arrivals (default 0)")
     parser.add_argument(
-        "--max-in-flight", type=int, default=32, help="most poisson requests at once (default 32)"
+        "--max-in-flight", type=positive_int, default=32, help="most poisson requests at once (default 32)"
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of this engine")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads of this engine")
     parser.add_argument("--vllm-python", help="the interpreter of vLLM's environment")
     parser.add_argument(
         "--methods",
@@ -156,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent)
     parser.add_argument("--log-dir", type=Path, default=Path("vllm-peer-logs"), help="the servers' logs")
-    parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a server to start")
+    parser.add_argument(
+        "--start-timeout", type=positive_float, default=900.0, help="seconds for a server to start"
+    )
     return parser
 
 
