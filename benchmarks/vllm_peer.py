@@ -19,7 +19,7 @@ engine (in process or served) against ``local_plain``. With ``local_server`` and
 as one timing run on an otherwise idle machine:
 
     python benchmarks/vllm_peer.py --vllm-python VENV/bin/python --data a.jsonl --data b.jsonl \
-        --arrival-rate 0.25 --methods vllm_ngram,local_plain,local_lookahead,local_server
+        --arrival-rate 0.4 --methods vllm_ngram,local_plain,local_lookahead,local_server
 
 It writes ``vllm-peer-<set>.json`` for each data file into ``--out-dir``.
 """
