@@ -1,5 +1,6 @@
-"""Peer benchmark: vLLM's CPU build (plain, ``ngram``, ``suffix``) and this engine, in process and
-over HTTP, on the same prompts.
+"""Peer benchmark: vLLM's CPU build and this engine, in process and over HTTP, on the same prompts.
+
+vLLM runs plain, with ``ngram`` or with ``suffix`` speculation; this engine plain or with lookahead.
 
 Every method answers the same token-id prompts — each record's question about its own context,
 formatted as `rag-lookahead bench` formats them (`rag_messages`, the model's chat template) —
