@@ -1,15 +1,26 @@
-"""Peer benchmark: vLLM's CPU build (plain, ``ngram``, ``suffix``) and this engine, same prompts.
+"""Peer benchmark: vLLM's CPU build and this engine, in process and over HTTP, on the same prompts.
+
+vLLM runs plain, with ``ngram`` or with ``suffix`` speculation; this engine plain or with lookahead.
 
 Every method answers the same token-id prompts — each record's question about its own context,
 formatted as `rag-lookahead bench` formats them (`rag_messages`, the model's chat template) —
-greedily, first one at a time (single stream), then all at once from ``--clients`` threads.
-vLLM gets the ids on its ``/completions`` endpoint through `ServerEngine`, from a server this
-script starts for each method and stops after it (one at a time, in fp32 like the local engine);
-this engine runs in this process. Each method's answers are compared with its own engine's plain
-greedy answers alone: vLLM's speculative servers with the plain vLLM server, the local engine
-with its `plain()` twin. Run it as one timing run on an otherwise idle machine:
+greedily, streamed, in three phases: one client at a time (``single``), ``--clients`` clients at
+once (``concurrent``: each sends its next prompt when its answer is done) and, with
+``--arrival-rate``, requests arriving as a seeded Poisson process (``poisson``: each request
+sent at its arrival time from a thread of its own, at most ``--max-in-flight`` at once).
+The servers (vLLM's, and this engine's ``local_server``: `rag-lookahead serve --backend local`
+on the same model, dtype, drafting mode and thread count as ``local_lookahead``) are started by
+this script in processes of their own on 127.0.0.1 and get the ids on ``/completions`` through
+`ServerEngine`; ``local_plain`` and ``local_lookahead`` run this engine in this process. Each
+phase gives tokens/s (all new tokens over the wall clock), p50/p95 request latency, p50/p95 time
+to first token (the first streamed chunk) and how many answers equal the same engine's plain
+greedy single-stream answers: vLLM's speculative servers against the plain vLLM server, this
+engine (in process or served) against ``local_plain``. With ``local_server`` and
+``local_lookahead`` both run, ``http_overhead`` compares their tokens/s at ``--clients``. Run it
+as one timing run on an otherwise idle machine:
 
-    python benchmarks/vllm_peer.py --vllm-python VENV/bin/python --data a.jsonl --data b.jsonl
+    python benchmarks/vllm_peer.py --vllm-python VENV/bin/python --data a.jsonl --data b.jsonl \
+        --arrival-rate 0.4 --methods vllm_ngram,local_plain,local_lookahead,local_server
 
 It writes ``vllm-peer-<set>.json`` for each data file into ``--out-dir``.
 """
@@ -17,6 +28,7 @@ It writes ``vllm-peer-<set>.json`` for each data file into ``--out-dir``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -28,17 +40,22 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from rag_lookahead import LookaheadEngine, rag_messages
+from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
+from rag_lookahead.bench.concurrency import poisson_arrivals, quantile
 from rag_lookahead.bench.run import load_records
+from rag_lookahead.cli.values import positive_float, positive_int
 from rag_lookahead.decoding.threads import in_passing_thread
+from rag_lookahead.interface import Engine
 from rag_lookahead.models import default_model_dir
 from rag_lookahead.prompts import encode_prompt
 from rag_lookahead.server import ServerEngine, SpeculationCounters
+from rag_lookahead.server.config import ServerKind
 from rag_lookahead.server.process import running_server
 
 # The speculative settings: `rag-lookahead serve`'s ngram ones, and suffix decoding's defaults.
@@ -50,17 +67,44 @@ VLLM_METHODS: dict[str, dict[str, Any] | None] = {
     "vllm_suffix": SUFFIX,
 }
 LOCAL_METHODS = ("local_plain", "local_lookahead")
-METHODS = (*VLLM_METHODS, *LOCAL_METHODS)
+LOCAL_SERVER = "local_server"
+HTTP_METHODS = (*VLLM_METHODS, LOCAL_SERVER)
+METHODS = (*VLLM_METHODS, *LOCAL_METHODS, LOCAL_SERVER)
 SERVER_ARGS = ["--max-model-len", "4096", "--dtype", "float32"]
 
 Prompts = list[list[int]]
 # Each engine's first call, untimed: a prompt sharing no prefix with the timed ones.
 WARM_UP = "The weather today is"
-Answer = Callable[[list[int]], tuple[str, int]]  # prompt ids -> (text, new tokens)
+
+
+class Phase(NamedTuple):
+    """``clients`` threads taking the prompts in order, each sent at once, or at its arrival
+    time of a Poisson process of ``arrival_rate`` per second."""
+
+    name: str
+    clients: int
+    arrival_rate: float | None = None
+
+
+@dataclass
+class Request:
+    """One prompt's answer; times from `time.perf_counter`."""
+
+    sent: float = 0.0
+    first_chunk: float = 0.0
+    done: float = 0.0
+    text: str = ""
+    new_tokens: int = 0
+
+
+Ask = Callable[[list[int], Request], None]  # streams the answer to the prompt ids into the request
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; choose from {','.join(METHODS)}")
     torch.set_num_threads(args.threads)
     model = str(default_model_dir())
     from transformers import AutoTokenizer
@@ -71,17 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {name: {} for name in sets}
     for method in args.methods:
         runs = (
-            _vllm(method, model, sets, warm, args)
-            if method in VLLM_METHODS
+            _over_http(method, model, sets, warm, args)
+            if method in HTTP_METHODS
             else _local(method, sets, warm, args)
         )
         for name, run in runs.items():
             results[name][method] = run
-            _print_row(name, method, run)
     for name, methods in results.items():
         _mark_identical(methods)
+        overhead = _http_overhead(methods)
+        print(_table(name, methods, overhead), flush=True)
+        summary = {"methods": methods} | ({"http_overhead": overhead} if overhead else {})
         path = args.out_dir / f"vllm-peer-{name}.json"
-        path.write_text(json.dumps(_header(args, model, name) | {"methods": methods}, indent=1) + "\n")
+        path.write_text(json.dumps(_header(args, model, name) | summary, indent=1) + "\n")
         print(f"wrote {path}")
     return 0
 
@@ -89,15 +135,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", action="append", required=True, help="a JSONL set (question, context)")
-    parser.add_argument("--limit", type=int, default=8, help="records of each set (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the local engine")
+    parser.add_argument("--limit", type=positive_int, default=8, help="records of each set (default 8)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--clients", type=positive_int, default=8, help="concurrent clients (default 8)")
+    parser.add_argument(
+        "--arrival-rate",
+        type=positive_float,
+        default=None,
+        help="requests per second of the poisson phase (default: no poisson phase)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="of the poisson arrivals (default 0)")
+    parser.add_argument(
+        "--max-in-flight", type=positive_int, default=32, help="most poisson requests at once (default 32)"
+    )
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads of this engine")
     parser.add_argument("--vllm-python", help="the interpreter of vLLM's environment")
-    parser.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
+    parser.add_argument(
+        "--methods",
+        type=lambda s: s.split(","),
+        default=list(METHODS),
+        help=f"comma-separated, from {','.join(METHODS)} (default: all)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent)
     parser.add_argument("--log-dir", type=Path, default=Path("vllm-peer-logs"), help="the servers' logs")
-    parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a server to start")
+    parser.add_argument(
+        "--start-timeout", type=positive_float, default=900.0, help="seconds for a server to start"
+    )
     return parser
 
 
@@ -107,39 +170,54 @@ def _prompts(tokenizer: Any, path: Path, limit: int) -> Prompts:
     ]
 
 
-# ---------------------------------------------------------------------------------------- vLLM
+def _phases(args: argparse.Namespace) -> list[Phase]:
+    phases = [Phase("single", 1), Phase("concurrent", args.clients)]
+    if args.arrival_rate is not None:
+        phases.append(Phase("poisson", args.max_in_flight, args.arrival_rate))
+    return phases
 
 
-def _vllm(
+# ---------------------------------------------------------------------------------------- HTTP
+
+
+def _over_http(
     method: str, model: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Every phase starts from nothing cached or learned: one server for the whole run, its
-    prefix cache emptied before each phase (a start compiles the model for minutes), except
-    for suffix decoding, whose tree of past responses only a fresh server empties."""
-    if args.vllm_python is None:
+    """Every phase starts from nothing cached or learned. vLLM: one server for the whole run,
+    its prefix cache emptied before each phase (a start compiles the model for minutes),
+    except for suffix decoding, whose tree of past responses only a fresh server empties. This
+    engine's server: a fresh one for each phase, as the in-process engine gets (it starts in
+    seconds)."""
+    vllm = method in VLLM_METHODS
+    if vllm and args.vllm_python is None:
         raise SystemExit("--vllm-python is needed for the vLLM methods")
-    phases = [(name, phase, clients) for name in sets for phase, clients in _phases(args)]
-    groups = [[p] for p in phases] if method == "vllm_suffix" else [phases]
+    phases = [(name, phase) for name in sets for phase in _phases(args)]
+    groups = [[p] for p in phases] if method in ("vllm_suffix", LOCAL_SERVER) else [phases]
     runs: dict[str, Any] = {name: {} for name in sets}
     for group in groups:
-        with _server(method, model, args) as engine:
-
-            def answer(ids: list[int], engine: ServerEngine = engine) -> tuple[str, int]:
-                completion = engine.complete(ids, max_new_tokens=args.max_new_tokens)
-                return completion.text, completion.stats.new_tokens
-
-            answer(warm)  # the first request's one-off costs
-            for name, phase, clients in group:
-                _reset_prefix_cache(engine)
-                before = engine.speculation_counters()
-                run = _timed(answer, sets[name], clients)
-                run["speculation"] = _counters(engine.speculation_counters() - before)
-                runs[name][phase] = run
+        with _server(method, model, args, _log_name(method, group)) as engine:
+            ask = _asker(engine, args.max_new_tokens)
+            ask(warm, Request())  # the first request's one-off costs
+            for name, phase in group:
+                before = _speculation(engine, vllm)
+                run = _timed(ask, sets[name], phase, args.seed)
+                if before is not None:
+                    run["speculation"] = _counters(engine.speculation_counters() - before)
+                runs[name][phase.name] = run
+                _progress(name, method, phase, run)
     return runs
 
 
-def _phases(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
-    return (("single", 1), ("concurrent", args.clients))
+def _log_name(method: str, group: list[tuple[str, Phase]]) -> str:
+    return method if len(group) > 1 else f"{method}-{group[0][0]}-{group[0][1].name}"
+
+
+def _speculation(engine: ServerEngine, vllm: bool) -> SpeculationCounters | None:
+    """vLLM's counters before a phase, its prefix cache emptied first (``None`` for this engine)."""
+    if not vllm:
+        return None
+    _reset_prefix_cache(engine)
+    return engine.speculation_counters()
 
 
 def _reset_prefix_cache(engine: ServerEngine) -> None:
@@ -151,10 +229,28 @@ def _reset_prefix_cache(engine: ServerEngine) -> None:
 
 
 @contextmanager
-def _server(method: str, model: str, args: argparse.Namespace) -> Iterator[ServerEngine]:
+def _server(method: str, model: str, args: argparse.Namespace, log_name: str) -> Iterator[ServerEngine]:
+    """The method's server on a free loopback port, stopped when the block ends."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    command, env = (
+        _local_server_command(model, port, args)
+        if method == LOCAL_SERVER
+        else _vllm_command(method, model, port, args)
+    )
+    root = f"http://127.0.0.1:{port}"
+    log = args.log_dir / f"{log_name}.log"
+    with running_server(
+        command, root, log, start_timeout=args.start_timeout, env=env | {"HF_HUB_OFFLINE": "1"}
+    ):
+        kind: ServerKind = "openai" if method == LOCAL_SERVER else "vllm"
+        yield ServerEngine(base_url=f"{root}/v1", model=model, kind=kind, timeout=600)
+
+
+def _vllm_command(
+    method: str, model: str, port: int, args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
     command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     command += ["--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
     spec = VLLM_METHODS[method]
@@ -162,14 +258,20 @@ def _server(method: str, model: str, args: argparse.Namespace) -> Iterator[Serve
         command += ["--speculative-config", json.dumps(spec)]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": "2",
-        "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_SERVER_DEV_MODE": "1",  # for /reset_prefix_cache
     }
-    root = f"http://127.0.0.1:{port}"
-    log = args.log_dir / f"{method}.log"
-    with running_server(command, root, log, start_timeout=args.start_timeout, env=env):
-        yield ServerEngine(base_url=f"{root}/v1", model=model, kind="vllm", timeout=600)
+    return command, env
+
+
+def _local_server_command(
+    model: str, port: int, args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
+    """`rag-lookahead serve --backend local` as ``local_lookahead`` runs in process."""
+    command = [sys.executable, "-m", "rag_lookahead", "serve", "--backend", "local", "--model", model]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    command += ["--mode", LookaheadConfig().mode, "--threads", str(args.threads)]
+    return command, {}
 
 
 def _counters(run: SpeculationCounters) -> dict[str, Any]:
@@ -195,33 +297,47 @@ def _local(
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}
-        for phase, clients in _phases(args):
+        for phase in _phases(args):
             fresh = LookaheadEngine(
                 loaded.model, loaded.tokenizer, loaded.config, cost_curve=loaded.cost_curve
             )
             engine = fresh.plain() if method == "local_plain" else fresh
             in_passing_thread(engine.measure_costs)  # read back from the disk cache
-
-            def answer(ids: list[int], engine: LookaheadEngine = engine) -> tuple[str, int]:
-                completion = engine.complete(ids, max_new_tokens=args.max_new_tokens)
-                return completion.text, completion.stats.new_tokens
-
-            in_passing_thread(lambda answer=answer: answer(warm))
+            ask = _asker(engine, args.max_new_tokens)
+            in_passing_thread(functools.partial(ask, warm, Request()))
             # In threads that end with the phase: no OpenMP team outlives it.
-            runs[name][phase] = in_passing_thread(lambda a=answer, p=prompts, c=clients: _timed(a, p, c))
+            run = in_passing_thread(functools.partial(_timed, ask, prompts, phase, args.seed))
+            runs[name][phase.name] = run
+            _progress(name, method, phase, run)
     return runs
 
 
 # ---------------------------------------------------------------------------------------- timing
 
 
-def _timed(answer: Answer, prompts: Prompts, clients: int) -> dict[str, Any]:
-    """Every prompt answered by ``clients`` threads taking them in order; wall-clock totals."""
-    texts: list[str] = [""] * len(prompts)
-    tokens = [0] * len(prompts)
-    seconds = [0.0] * len(prompts)
+def _asker(engine: Engine, max_new_tokens: int) -> Ask:
+    """Greedy answers, streamed: the first chunk's time is the time to first token."""
+
+    def ask(ids: list[int], request: Request) -> None:
+        with engine.stream(ids, max_new_tokens=max_new_tokens) as stream:
+            for chunk in stream.chunks():
+                if not request.first_chunk and (chunk.text or chunk.token_ids):
+                    request.first_chunk = time.perf_counter()
+            request.done = time.perf_counter()
+            request.text, request.new_tokens = stream.text, stream.stats.new_tokens
+
+    return ask
+
+
+def _timed(ask: Ask, prompts: Prompts, phase: Phase, seed: int) -> dict[str, Any]:
+    """Every prompt answered by the phase's client threads taking them in order, each sent when
+    taken, or in the poisson phase at its arrival time (its latency counted from then, also
+    when every thread was busy); wall-clock totals."""
+    arrivals = poisson_arrivals(len(prompts), phase.arrival_rate, seed)
+    requests = [Request() for _ in prompts]
     queue = iter(range(len(prompts)))
     lock = threading.Lock()
+    started = time.perf_counter()
 
     def client() -> None:
         while True:
@@ -229,46 +345,86 @@ def _timed(answer: Answer, prompts: Prompts, clients: int) -> dict[str, Any]:
                 i = next(queue, None)
             if i is None:
                 return
-            start = time.perf_counter()
-            texts[i], tokens[i] = answer(prompts[i])
-            seconds[i] = time.perf_counter() - start
+            due = started + arrivals[i]
+            time.sleep(max(0.0, due - time.perf_counter()))
+            requests[i].sent = due if phase.arrival_rate is not None else time.perf_counter()
+            ask(prompts[i], requests[i])
 
-    started = time.perf_counter()
+    clients = min(phase.clients, len(prompts))
     if clients == 1:
-        client()
+        client()  # in this thread, as an application asking alone would
     else:
         threads = [threading.Thread(target=client) for _ in range(clients)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    wall = time.perf_counter() - started
+    return _measures(requests, phase, time.perf_counter() - started)
+
+
+def _measures(requests: list[Request], phase: Phase, wall: float) -> dict[str, Any]:
+    tokens = sum(r.new_tokens for r in requests)
+    latency = [r.done - r.sent for r in requests]
+    ttft = [r.first_chunk - r.sent if r.first_chunk else r.done - r.sent for r in requests]
+    ranked, first = sorted(latency), sorted(ttft)
     return {
-        "clients": clients,
+        **(
+            {"clients": phase.clients}
+            if phase.arrival_rate is None
+            else {"arrival_rate": phase.arrival_rate, "max_in_flight": phase.clients}
+        ),
         "wall_seconds": round(wall, 3),
-        "new_tokens": sum(tokens),
-        "tokens_per_s": round(sum(tokens) / wall, 2),
-        "answer_seconds": [round(s, 3) for s in seconds],
-        "texts": texts,
+        "new_tokens": tokens,
+        "tokens_per_s": round(tokens / wall, 2),
+        "p50_latency_s": round(quantile(ranked, 0.5), 3),
+        "p95_latency_s": round(quantile(ranked, 0.95), 3),
+        "p50_ttft_s": round(quantile(first, 0.5), 3),
+        "p95_ttft_s": round(quantile(first, 0.95), 3),
+        "answer_seconds": [round(s, 3) for s in latency],
+        "ttft_seconds": [round(s, 3) for s in ttft],
+        "texts": [r.text for r in requests],
     }
 
 
+# ---------------------------------------------------------------------------------------- report
+
+
 def _mark_identical(methods: dict[str, Any]) -> None:
-    """Each phase's answers against its engine's plain single-stream answers."""
+    """Each phase's answers against its engine's plain single-stream answers, and vLLM's also
+    against this engine's (``local_plain``)."""
     for method, run in methods.items():
-        reference = methods.get("vllm_plain" if method in VLLM_METHODS else "local_plain")
-        if reference is None:
-            continue
-        expected = reference["single"]["texts"]
-        for phase in run.values():
-            phase["identical_to_own_greedy"] = sum(
-                a == b for a, b in zip(phase["texts"], expected, strict=True)
-            )
-    if "vllm_plain" in methods and "local_plain" in methods:
-        pairs = zip(
-            methods["vllm_plain"]["single"]["texts"], methods["local_plain"]["single"]["texts"], strict=True
-        )
-        methods["vllm_plain"]["identical_to_local_plain"] = sum(a == b for a, b in pairs)
+        vllm = method in VLLM_METHODS
+        own = _same(run, methods.get("vllm_plain" if vllm else "local_plain"))
+        for name, count in own.items():
+            run[name]["identical_to_own_greedy"] = count
+        for name, count in (_same(run, methods.get("local_plain")) if vllm else {}).items():
+            run[name]["identical_to_local_plain"] = count
+
+
+def _same(run: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, int]:
+    """Per phase, the answers equal to the reference's single-stream answers (none without one)."""
+    if reference is None:
+        return {}
+    expected = reference["single"]["texts"]
+    return {
+        name: sum(a == b for a, b in zip(phase["texts"], expected, strict=True))
+        for name, phase in run.items()
+    }
+
+
+def _http_overhead(methods: dict[str, Any]) -> dict[str, Any] | None:
+    """This engine's tokens/s over HTTP against in process, with the concurrent clients."""
+    if LOCAL_SERVER not in methods or "local_lookahead" not in methods:
+        return None
+    served, local = methods[LOCAL_SERVER]["concurrent"], methods["local_lookahead"]["concurrent"]
+    ratio = served["tokens_per_s"] / local["tokens_per_s"]
+    return {
+        "clients": served["clients"],
+        "local_server_tokens_per_s": served["tokens_per_s"],
+        "local_lookahead_tokens_per_s": local["tokens_per_s"],
+        "ratio": round(ratio, 4),
+        "overhead_percent": round(100 * (1 - ratio), 2),
+    }
 
 
 def _header(args: argparse.Namespace, model: str, name: str) -> dict[str, Any]:
@@ -283,7 +439,11 @@ def _header(args: argparse.Namespace, model: str, name: str) -> dict[str, Any]:
         "records": args.limit,
         "max_new_tokens": args.max_new_tokens,
         "clients": args.clients,
-        "vllm": _vllm_version(args.vllm_python),
+        "arrival_rate": args.arrival_rate,
+        "arrival_seed": args.seed,
+        "max_in_flight": args.max_in_flight,
+        "phases": [phase.name for phase in _phases(args)],
+        "vllm": _vllm_version(args.vllm_python) if any(m in VLLM_METHODS for m in args.methods) else None,
         "speculative_configs": {k: v for k, v in VLLM_METHODS.items() if k in args.methods},
     }
 
@@ -305,13 +465,32 @@ def _vllm_version(python: str | None) -> str | None:
     )
 
 
-def _print_row(name: str, method: str, run: dict[str, Any]) -> None:
-    single, concurrent = run["single"], run["concurrent"]
-    print(
-        f"{name:<24} {method:<16} single {single['tokens_per_s']:7.1f} tok/s   "
-        f"{concurrent['clients']} clients {concurrent['tokens_per_s']:7.1f} tok/s",
-        flush=True,
-    )
+def _progress(name: str, method: str, phase: Phase, run: dict[str, Any]) -> None:
+    print(f"{name} {method} {phase.name}: {run['tokens_per_s']:.1f} tok/s", flush=True)
+
+
+def _table(name: str, methods: dict[str, Any], overhead: dict[str, Any] | None) -> str:
+    head = f"{name:<18}{'phase':<12}{'tok/s':>8}{'p50 s':>8}{'p95 s':>8}{'ttft50':>8}{'ttft95':>8}"
+    head += f"{'same':>7}{'=local':>7}"
+    lines = ["", head, "-" * len(head)]
+    for method, run in methods.items():
+        for phase, m in run.items():
+            lines.append(
+                f"{method:<18}{phase:<12}{m['tokens_per_s']:>8.1f}{m['p50_latency_s']:>8.2f}"
+                f"{m['p95_latency_s']:>8.2f}{m['p50_ttft_s']:>8.2f}{m['p95_ttft_s']:>8.2f}"
+                f"{_count(m, 'identical_to_own_greedy'):>7}{_count(m, 'identical_to_local_plain'):>7}"
+            )
+    if overhead is not None:
+        lines.append(
+            f"HTTP overhead at {overhead['clients']} clients: {overhead['overhead_percent']:.1f}% "
+            f"(local_server {overhead['local_server_tokens_per_s']} tok/s, "
+            f"local_lookahead {overhead['local_lookahead_tokens_per_s']} tok/s)"
+        )
+    return "\n".join(lines)
+
+
+def _count(measures: dict[str, Any], key: str) -> str:
+    return f"{measures[key]}/{len(measures['texts'])}" if key in measures else "-"
 
 
 if __name__ == "__main__":

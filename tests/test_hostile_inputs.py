@@ -570,6 +570,7 @@ CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
     ("--replicas 0", _cli("serve", "--backend", "ray", "--replicas", "0"), "--replicas: must be a positive"),
     ("--threads 0", _cli("ask", "q", "--index", "i", "--threads", "0"), "--threads: must be a positive"),
     ("--threads -2", _cli("eval-retrieval", "--data", "d", "--threads", "-2"), "--threads: must be"),
+    ("serve --threads 0", _cli("serve", "--backend", "local", "--threads", "0"), "--threads: must be"),
     ("--decoding-length 0", _cli("ask", "q", "--index", "i", "--decoding-length", "0"), "--decoding-length"),
     ("--branch-length -1", _cli("chat", "--index", "i", "--branch-length", "-1"), "--branch-length: must"),
     ("--decoding-length 2", _cli("ask", "q", "--index", "i", "--decoding-length", "2"), "ngram_size"),

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import torch
 import uvicorn
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
@@ -378,11 +379,12 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     from rag_lookahead.http import run
 
     monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app, host=host, port=port))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: ran.update(threads=n))  # not this process's
     monkeypatch.setenv("RAG_LOOKAHEAD_API_KEY", KEY)
     argv = ["serve", "--backend", "local", "--model", str(directory), "--port", "8123", "--mode", "trie"]
     limits = ["--max-running", "2", "--max-waiting", "0", "--max-body-bytes", "5000", "--drain-seconds", "7"]
-    assert cli.main([*argv, *limits]) == 0
-    assert (ran["host"], ran["port"]) == ("127.0.0.1", 8123)
+    assert cli.main([*argv, *limits, "--threads", "3"]) == 0
+    assert (ran["host"], ran["port"], ran["threads"]) == ("127.0.0.1", 8123, 3)
     state = ran["app"].state.lookahead
     settings = state.settings
     assert (settings.max_running, settings.max_waiting, settings.max_body_bytes) == (2, 0, 5000)
@@ -417,6 +419,8 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             "--replicas apply only to --backend local and ray",
         ),
         (["--backend", "ray", "--launch"], "--launch apply only to --backend vllm and sglang, not ray"),
+        (["--backend", "vllm", "--model", "m", "--threads", "2"], "--threads apply only"),
+        (["--backend", "ray", "--threads", "2"], "--threads apply only to --backend local"),
     ],
 )
 def test_serve_flags_belong_to_their_backend(argv: list[str], message: str, capsys: Any) -> None:

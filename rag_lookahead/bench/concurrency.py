@@ -39,7 +39,7 @@ from rag_lookahead.bench.run import (
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.engine import LookaheadEngine
 
-__all__ = ["CONCURRENCY_METHODS", "format_concurrency", "run_concurrency"]
+__all__ = ["CONCURRENCY_METHODS", "format_concurrency", "poisson_arrivals", "quantile", "run_concurrency"]
 
 CONCURRENCY_METHODS = ("serialised", "batched", "hf_static_batch", "hf_continuous_batching", "prompt_lookup")
 
@@ -81,7 +81,7 @@ def run_concurrency(
     prefill_seconds = in_passing_thread(lambda: sum(prefill(item.prompt_ids) for item in inputs))
     levels: dict[str, Any] = {}
     for clients in concurrency:
-        arrivals = _arrivals(len(inputs), arrival_rate, seed)
+        arrivals = poisson_arrivals(len(inputs), arrival_rate, seed)
         results: dict[str, dict[str, Any]] = {}
         for name in methods:
             warm = _method(engine, name, clients, max_new_tokens)
@@ -106,7 +106,9 @@ def run_concurrency(
     }
 
 
-def _arrivals(count: int, rate: float | None, seed: int) -> list[float]:
+def poisson_arrivals(count: int, rate: float | None, seed: int) -> list[float]:
+    """``count`` arrival times in seconds from the start, a Poisson process of ``rate`` per
+    second drawn with ``seed`` (the first at 0); all at 0 when ``rate`` is ``None``."""
     if rate is None:
         return [0.0] * count
     rng, now, times = random.Random(seed), 0.0, []
@@ -265,9 +267,9 @@ def _measures(
     return {
         "tokens_per_s": round(tokens / wall, 3),
         "decode_tokens_per_s": round(tokens / max(wall - prefill, 1e-9), 3),
-        "p50_latency_s": round(_quantile(latency, 0.5), 3),
-        "p95_latency_s": round(_quantile(latency, 0.95), 3),
-        "p50_ttft_s": round(_quantile(ttft, 0.5), 3),
+        "p50_latency_s": round(quantile(latency, 0.5), 3),
+        "p95_latency_s": round(quantile(latency, 0.95), 3),
+        "p50_ttft_s": round(quantile(ttft, 0.5), 3),
         "answers": len(served),
         "identical_to_greedy": sum(s.tokens == r for s, r in zip(served, reference, strict=True)),
         "seconds": round(wall, 3),
@@ -275,7 +277,8 @@ def _measures(
     }
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``values``, sorted ascending."""
     return values[min(len(values) - 1, int(q * len(values)))]
 
 

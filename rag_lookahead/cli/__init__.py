@@ -400,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "float16", "bfloat16"],
         help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
     )
+    local.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
+    )
     replicated = serve.add_argument_group("ray backend")
     replicated.add_argument(
         "--replicas",

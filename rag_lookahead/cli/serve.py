@@ -24,7 +24,7 @@ API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
 _CORPUS_FLAGS = ("corpus_ttl_s", "max_corpora", "max_corpus_bytes")
 _SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s", *_CORPUS_FLAGS)
-_LOCAL_FLAGS = ("api_key", *_SETTINGS, "mode", "device", "dtype")
+_LOCAL_FLAGS = ("api_key", *_SETTINGS, "mode", "device", "dtype", "threads")
 _RAY_FLAGS = ("replicas", "ray_address")
 # Flags whose name is not their setting's.
 _FLAGS = {"drain_s": "--drain-seconds", "corpus_ttl_s": "--corpus-ttl-seconds"}
@@ -35,7 +35,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.backend in ("local", "ray"):
         _refuse(args, _REMOTE_FLAGS, "vllm and sglang")
         if args.backend == "ray":
-            _refuse(args, _CORPUS_FLAGS, "local")  # replicas refuse corpora: see http/replica.py
+            # Replicas refuse corpora (http/replica.py) and take their CPUs from Ray.
+            _refuse(args, (*_CORPUS_FLAGS, "threads"), "local")
             return _run_ray(args)
         _refuse(args, _RAY_FLAGS, "ray")
         return _run_local(args)
@@ -80,10 +81,14 @@ def _run_backend(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    import torch
+
     from rag_lookahead.engine import LookaheadEngine
 
     settings = _serve_settings(args)
     serve = _server()  # before a long load
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(
         args.model, config=_config(args), device=args.device, dtype=args.dtype
     )
