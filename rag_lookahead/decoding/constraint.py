@@ -42,8 +42,9 @@ _BITS = torch.arange(32, dtype=torch.int32)  # bit k of each 32-bit mask word
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Where the grammar forces nothing, a completion tries these characters in turn (outside a
 # string, those that close an object or an array first; inside one, the quote that ends it):
-# they end what is open, or start the shortest values (0, "", true, null) a schema allows.
-_CLOSERS = ("}", "]", "0", '"', "t", "n", "f", ".", "a", " ")
+# they end what is open, go on to a required key, or start the shortest values (0, "", true,
+# null) a schema allows.
+_CLOSERS = ("}", "]", ",", "0", '"', "t", "n", "f", ".", "a", " ")
 _IN_TEXT = "a"  # allowed inside a free string, and nowhere a JSON value begins
 # A completion longer than this many tokens is not sought: looking for one costs a few
 # matcher steps per token, paid for every emitted token once the tokens left come this close.
