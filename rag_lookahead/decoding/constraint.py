@@ -258,7 +258,8 @@ class GrammarState:
         the shortest, but a function of the matcher's state alone: after its first token, the
         completion is the rest of it, so a call that takes it keeps its place in the budget.
         """
-        matcher, tokens = self._matcher, []
+        matcher = self._matcher
+        tokens: list[int] = []
         try:
             while not matcher.is_accepting():
                 if len(tokens) + 2 > limit:  # one more token, then the end-of-sequence token
@@ -291,13 +292,14 @@ class GrammarState:
         if forced:
             return int(forced[0])
         inside = closers.in_text is not None and self._admits(closers.in_text)
-        allowed = [t for t in (closers.inside if inside else closers.outside) if self._admits(t)]
-        for token in allowed:
-            matcher.consume_token(token)
-            complete = matcher.is_accepting()
-            matcher.rollback(1)
-            if complete:
-                return token
+        allowed: list[int] = []
+        for token in closers.inside if inside else closers.outside:
+            if matcher.try_consume_tokens([token]) == 1:
+                complete = matcher.is_accepting()
+                matcher.rollback(1)
+                if complete:
+                    return token
+                allowed.append(token)
         return allowed[0] if allowed else self._first_allowed()
 
     def _admits(self, token: int) -> bool:
@@ -308,9 +310,7 @@ class GrammarState:
 
     def _first_allowed(self) -> int | None:
         """The lowest token the grammar allows next, other than the end of sequence."""
-        bits = torch.zeros(1, self._words, dtype=torch.int32)  # [1, W]
-        self._fill(self._matcher, bits, 0)
-        allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().reshape(-1)[: self._vocab]  # [V]
+        allowed = self.allowed(DraftTree.root_only(0))[0]  # [V]
         allowed[self._eos] = False
         ids = allowed.nonzero()
         return int(ids[0]) if len(ids) else None
