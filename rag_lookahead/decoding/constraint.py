@@ -40,11 +40,13 @@ _BITS = torch.arange(32, dtype=torch.int32)  # bit k of each 32-bit mask word
 # answer with newlines until it runs out of tokens, and a fixed layout lets the grammar force
 # the keys and separators (drafted for free) instead of leaving them to the model.
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# Where the grammar forces nothing, a completion tries these characters in turn (outside a
-# string, those that close an object or an array first; inside one, the quote that ends it):
-# they end what is open, go on to a required key, or start the shortest values (0, "", true,
-# null) a schema allows.
-_CLOSERS = ("}", "]", ",", "0", '"', "t", "n", "f", ".", "a", " ")
+# Where the grammar forces nothing, a completion tries these texts in turn, those the vocabulary
+# spells in one token (outside a string, those that close objects and arrays first; inside one,
+# those that end it): they end what is open, go on to a required key, or are the shortest
+# values (0, "", true, null) a schema allows.
+_CLOSERS: tuple[str, ...] = ("}}", "]}", "}]", "}", "]", ",", "0", '""', '"', "true", "null", "false")
+_CLOSERS += ("t", "n", "f", ".", "a", " ")  # where the ones above take more than a token
+_STRING_ENDS = ('"}', '"]', '"')
 _IN_TEXT = "a"  # allowed inside a free string, and nowhere a JSON value begins
 # A completion longer than this many tokens is not sought: looking for one costs a few
 # matcher steps per token, paid for every emitted token once the tokens left come this close.
@@ -118,12 +120,13 @@ class GrammarCompiler:
             return view
 
     def _closers(self, eos: tuple[int, ...]) -> Closers:
-        """The one-token spellings of `_CLOSERS` (and of `_IN_TEXT`) in the vocabulary."""
+        """The one-token spellings of `_CLOSERS` (and of `_STRING_ENDS`, `_IN_TEXT`)."""
         view = self._view(eos)
-        single = {c: ids[0] for c in (*_CLOSERS, _IN_TEXT) if len(ids := view.greedy_tokenize(c)) == 1}
-        outside = tuple(single[c] for c in _CLOSERS if c in single)
-        inside = tuple(single[c] for c in ('"', *_CLOSERS) if c in single)
-        return Closers(tuple(dict.fromkeys(inside)), outside, single.get(_IN_TEXT))
+        texts = (*_STRING_ENDS, *_CLOSERS, _IN_TEXT)
+        single = {c: ids[0] for c in texts if len(ids := view.greedy_tokenize(c)) == 1}
+        outside = tuple(dict.fromkeys(single[c] for c in _CLOSERS if c in single))
+        inside = tuple(dict.fromkeys(single[c] for c in (*_STRING_ENDS, *_CLOSERS) if c in single))
+        return Closers(inside, outside, single.get(_IN_TEXT))
 
 
 @dataclass(frozen=True)
