@@ -235,8 +235,8 @@ class GrammarState:
         longer be completed in the tokens left becomes the next token of the completion of
         its node's prefix (where one fits). ``room``: the tokens the call may still emit."""
         chosen = list(chosen)
-        if self._closers is None:
-            return chosen
+        if self._closers is None or room - max(tree.depths) - 1 > _CLOSING_REACH:
+            return chosen  # (even the deepest node has room for any completion sought)
         node, depth = 0, 0
         try:
             while True:

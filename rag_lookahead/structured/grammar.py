@@ -30,12 +30,12 @@ class Grammar:
             the text (``"literal"``); empty for the other kinds.
         parts: The grammars of a ``"sequence"`` (one after another) or ``"choice"`` (one of).
         closes_in_budget: Make the text end within the call's ``max_new_tokens`` where it can:
-            once the tokens left reach what the shortest completion of the text so far takes
+            once the tokens left reach what a short completion of the text so far takes
             (closing its strings, arrays and objects, minimal values for the required keys
             still missing, the literal parts after it, then the end-of-sequence token), that
-            completion is forced. Read on the grammar a call is given, not on its parts.
-            Forced tool calls (`ToolFormat.grammar`) are made this way; see
-            `closing_in_budget`.
+            completion is forced (one of up to 256 tokens; a longer one is not sought). Read
+            on the grammar a call is given, not on its parts. Forced tool calls
+            (`ToolFormat.grammar`) are made this way; see `closing_in_budget`.
     """
 
     kind: GrammarKind
