@@ -95,7 +95,7 @@ SEARCH = {
 @pytest.mark.parametrize("budget", [24, 32, 40])
 def test_a_forced_call_is_complete_in_any_budget_that_holds_one(engine: LookaheadEngine, budget: int) -> None:
     # Greedy, the model writes the query until the tokens run out; the grammar closes the call
-    # in time from `budget_to_close` on (about 30 tokens; 24 cannot even hold the keys and tags).
+    # in time from `budget_to_close` on (about 30 tokens; 24 cannot hold a whole call).
     fmt = detect_tool_format(engine.tokenizer)
     grammar = fmt.grammar([SEARCH])
     messages = [{"role": "user", "content": "What does the corpus say about rotating API keys?"}]
