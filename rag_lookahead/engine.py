@@ -37,6 +37,7 @@ from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import TextStream
+from rag_lookahead.structured.grammar import Grammar
 
 __all__ = ["LookaheadEngine"]
 
@@ -215,6 +216,18 @@ class LookaheadEngine(EngineBase):
     def cost_curve(self) -> CostCurve | None:
         """The forward cost curve ``mode="auto"`` plans with, once measured or given."""
         return self.planner.cost_curve
+
+    def budget_to_close(self, grammar: Grammar) -> int:
+        """The ``max_new_tokens`` that makes sure of a complete answer under ``grammar`` when it
+        closes in budget (`Grammar.closes_in_budget`): the tokens of the completion such a
+        grammar forces on an empty answer, its end-of-sequence token included. A smaller budget
+        may still end complete (the model's own values can be shorter), or be cut."""
+        window = self.context_window or 1 << 16
+        state = self._grammars.state(grammar.closing_in_budget(), self.eos_token_ids, window)
+        closing = state.closing(window)
+        if closing is None:
+            raise ValueError("no completion of an empty answer within the context window was found")
+        return len(closing)
 
     def measure_costs(self) -> CostCurve:
         """Time forwards of every draft size this config may verify, alone and in batches of

@@ -422,6 +422,9 @@ def _attempt(run: Callable[..., T], *args: Any) -> T | Exception:
 
 
 def _choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
-    """The model's token at each node of ``tree`` (``logits`` [n, V]), within the call's grammar."""
-    allowed = call.grammar.allowed(tree) if call.grammar is not None else None
-    return call.chooser.choose(logits, call.ids, tree, allowed)
+    """The model's token at each node of ``tree`` (``logits`` [n, V]), within the call's grammar
+    (and, for a grammar that closes in budget, within the tokens the call has left)."""
+    if call.grammar is None:
+        return call.chooser.choose(logits, call.ids, tree)
+    chosen = call.chooser.choose(logits, call.ids, tree, call.grammar.allowed(tree))
+    return call.grammar.within_budget(tree, chosen, call.stopping.room())

@@ -648,6 +648,56 @@ def test_an_end_of_sequence_at_a_dead_end_is_an_error_not_eos() -> None:
     state.finish([*engine.tokenizer.encode("ab"), ASCII_VOCAB])  # complete: a true end
 
 
+# ------------------------------------------------------------ grammars that close in budget (issue 30)
+
+_PICKY = {"type": "string", "pattern": "^[xyz]{3}$"}  # refuses every closer until it is done
+# (case, grammar, max_new_tokens): each call ends without an error, complete (on "eos", text the
+# grammar accepts) whenever the budget holds the completion of an empty answer, and loses nothing.
+CLOSING_CASES: list[tuple[str, Grammar, int]] = [
+    ("one token of budget", Grammar.json(), 1),
+    ("a budget below the shortest answer", Grammar.json_schema({"type": "object", "required": ["a"]}), 6),
+    ("a string whose pattern refuses every closer", Grammar.json_schema(_PICKY), 8),
+    ("a number with a floor", Grammar.json_schema({"type": "integer", "minimum": 700}), 4),
+    ("a regex with nothing to close", Grammar.regex("(ab)+c"), 5),
+    (
+        "required keys in an array of objects",
+        Grammar.json_schema(
+            {
+                "type": "array",
+                "items": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]},
+                "minItems": 2,
+            }
+        ),
+        24,
+    ),
+    ("a literal longer than the budget", Grammar.literal("x" * 40), 12),
+]
+
+
+@pytest.mark.parametrize(("case", "grammar", "budget"), CLOSING_CASES, ids=[c[0] for c in CLOSING_CASES])
+def test_a_grammar_that_closes_in_budget_ends_well_or_is_cut(case, grammar, budget) -> None:
+    engine = grammar_engine()
+    closing = grammar.closing_in_budget()
+    completion = engine.complete(PROMPT, max_new_tokens=budget, grammar=closing)
+    try:
+        floor = engine.budget_to_close(closing)
+    except ValueError:  # the search finds no completion (a regex it cannot end): as without
+        assert (
+            completion.token_ids == engine.complete(PROMPT, max_new_tokens=budget, grammar=grammar).token_ids
+        )
+        floor = None
+    if floor is not None and budget >= floor:
+        assert completion.stats.finish_reason == "eos" and grammar_accepts(closing, completion.text)
+    else:
+        assert completion.stats.finish_reason in ("eos", "length")
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_closes_in_budget_is_a_bool() -> None:
+    with pytest.raises(TypeError, match="closes_in_budget is True or False"):
+        Grammar("json", closes_in_budget=1)  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------------------- nested tool schemas
 
 _ADDRESS = {

@@ -373,14 +373,13 @@ def call_schema(name: str, key: str = "arguments", parameters: dict | None = Non
 
 def test_a_forced_call_to_a_named_tool_is_the_model_s_own_block() -> None:
     weather = call_schema("get_weather", parameters=WEATHER["function"]["parameters"])  # type: ignore[index]
-    assert SMOLLM2.grammar([WEATHER, SEARCH], "get_weather") == Grammar.sequence(
-        Grammar.literal("<tool_call>[\n"), weather, Grammar.literal("\n]</tool_call>")
-    )
-    assert HERMES.grammar([WEATHER, SEARCH], "get_weather") == Grammar.sequence(
-        Grammar.literal("<tool_call>\n"), weather, Grammar.literal("\n</tool_call>")
-    )
+    # Each closes in budget: a call the tokens left can still complete is completed.
+    smollm2 = Grammar.sequence(Grammar.literal("<tool_call>[\n"), weather, Grammar.literal("\n]</tool_call>"))
+    assert SMOLLM2.grammar([WEATHER, SEARCH], "get_weather") == smollm2.closing_in_budget()
+    hermes = Grammar.sequence(Grammar.literal("<tool_call>\n"), weather, Grammar.literal("\n</tool_call>"))
+    assert HERMES.grammar([WEATHER, SEARCH], "get_weather") == hermes.closing_in_budget()
     llama = call_schema("get_weather", "parameters", WEATHER["function"]["parameters"])  # type: ignore[index]
-    assert LLAMA3.grammar([WEATHER], "get_weather") == llama
+    assert LLAMA3.grammar([WEATHER], "get_weather") == llama.closing_in_budget()
 
 
 def test_a_forced_call_keeps_a_schema_s_own_additional_properties() -> None:

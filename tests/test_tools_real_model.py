@@ -1,5 +1,7 @@
 """Tool calling on the default model (SmolLM2-135M-Instruct): its shipped tool template."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -78,3 +80,42 @@ def test_a_forced_call_parses_against_the_tool_s_schema(engine: LookaheadEngine)
     assert reply.invalid == ()
     assert [c.name for c in reply.calls] == ["get_weather"]
     assert isinstance(reply.calls[0].arguments["city"], str)
+
+
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the documents.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
+
+
+@pytest.mark.parametrize("budget", [24, 32, 40])
+def test_a_forced_call_is_complete_in_any_budget_that_holds_one(engine: LookaheadEngine, budget: int) -> None:
+    # Greedy, the model writes the query until the tokens run out; the grammar closes the call
+    # in time from `budget_to_close` on (about 30 tokens; 24 cannot hold a whole call).
+    fmt = detect_tool_format(engine.tokenizer)
+    grammar = fmt.grammar([SEARCH])
+    messages = [{"role": "user", "content": "What does the corpus say about rotating API keys?"}]
+    completion = engine.complete(messages, tools=[SEARCH], grammar=grammar, max_new_tokens=budget)
+    reply = fmt.parse(completion.text)
+    if budget < engine.budget_to_close(grammar):
+        assert completion.stats.finish_reason == "length" and not reply.calls
+        return
+    assert completion.stats.finish_reason == "eos" and reply.invalid == ()
+    assert [c.name for c in reply.calls] == ["search"] and isinstance(reply.calls[0].arguments["query"], str)
+
+
+def test_a_structured_answer_is_complete_in_a_small_budget(engine: LookaheadEngine) -> None:
+    joke = {
+        "type": "object",
+        "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"}},
+        "required": ["setup", "punchline"],
+    }
+    grammar = Grammar.json_schema(joke).closing_in_budget()
+    messages = [{"role": "user", "content": "Tell me a joke about cats"}]
+    completion = engine.complete(messages, grammar=grammar, max_new_tokens=24, repetition_penalty=1.1)
+    assert completion.stats.finish_reason == "eos"
+    assert set(json.loads(completion.text)) == {"setup", "punchline"}

@@ -388,7 +388,7 @@ def _response_format(value: object) -> Grammar | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return Grammar.json()
+        return Grammar.json().closing_in_budget()
     if kind == "json_schema":
         spec = value.get("json_schema") if isinstance(value, Mapping) else None
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
@@ -398,7 +398,7 @@ def _response_format(value: object) -> Grammar | None:
                 "response_format.json_schema.schema",
             )
         try:
-            return Grammar.json_schema(schema)
+            return Grammar.json_schema(schema).closing_in_budget()
         except (TypeError, ValueError) as err:
             raise RequestError(str(err), "response_format.json_schema.schema") from None
     raise RequestError(

@@ -8,6 +8,12 @@ it), and the tokens the grammar forces next are drafted first. The output is the
 constrained plain decoding gives, since each node's token is chosen exactly as plain decoding
 would choose it after that node's prefix.
 
+A grammar marked `closes_in_budget` also ends within the call's token budget where it can: the
+model's token at a node is kept only if the text after it can still be completed in the tokens
+left after it; else the node takes the next token of the completion of its own prefix. Both
+depend on the node's prefix and its tokens left alone (a node at depth d has d fewer), as
+plain decoding's choice does, so the output stays the one constrained plain decoding gives.
+
 llguidance was chosen over xgrammar and outlines-core by `benchmarks/grammar_choice.py`: every
 schema shape of the set compiles and enforces, rollback and forced tokens are built in, the
 masks cost microseconds against a forward's milliseconds, and it is one MIT wheel with no
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,13 +33,24 @@ import torch
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.structured.grammar import Grammar
 
-__all__ = ["GrammarCompiler", "GrammarState", "to_lark"]
+__all__ = ["Closers", "GrammarCompiler", "GrammarState", "to_lark"]
 
 _BITS = torch.arange(32, dtype=torch.int32)  # bit k of each 32-bit mask word
 # JSON is laid out as `json.dumps` writes it: a small model given free whitespace can pad an
 # answer with newlines until it runs out of tokens, and a fixed layout lets the grammar force
 # the keys and separators (drafted for free) instead of leaving them to the model.
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Where the grammar forces nothing, a completion tries these texts in turn, those the vocabulary
+# spells in one token (outside a string, those that close objects and arrays first; inside one,
+# those that end it): they end what is open, go on to a required key, or are the shortest
+# values (0, "", true, null) a schema allows.
+_CLOSERS: tuple[str, ...] = ("}}", "]}", "}]", "}", "]", ",", "0", '""', '"', "true", "null", "false")
+_CLOSERS += ("t", "n", "f", ".", "a", " ")  # where the ones above take more than a token
+_STRING_ENDS = ('"}', '"]', '"')
+_IN_TEXT = "a"  # allowed inside a free string, and nowhere a JSON value begins
+# A completion longer than this many tokens is not sought: looking for one costs a few
+# matcher steps per token, paid for every emitted token once the tokens left come this close.
+_CLOSING_REACH = 256
 
 
 def to_lark(grammar: Grammar) -> str:
@@ -82,7 +100,8 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self._view(tuple(eos)), to_lark(grammar), log_level=0)
         if matcher.is_error():
             raise ValueError(f"the grammar cannot be used: {_first_line(matcher.get_error())}")
-        state = GrammarState(matcher, self.vocab_size, eos)
+        closers = self._closers(tuple(eos)) if grammar.closes_in_budget else None
+        state = GrammarState(matcher, self.vocab_size, eos, closers)
         state.check(context_window)
         return state
 
@@ -100,11 +119,33 @@ class GrammarCompiler:
                 self._views[eos] = view
             return view
 
+    def _closers(self, eos: tuple[int, ...]) -> Closers:
+        """The one-token spellings of `_CLOSERS` (and of `_STRING_ENDS`, `_IN_TEXT`)."""
+        view = self._view(eos)
+        texts = (*_STRING_ENDS, *_CLOSERS, _IN_TEXT)
+        single = {c: ids[0] for c in texts if len(ids := view.greedy_tokenize(c)) == 1}
+        outside = tuple(dict.fromkeys(single[c] for c in _CLOSERS if c in single))
+        inside = tuple(dict.fromkeys(single[c] for c in (*_STRING_ENDS, *_CLOSERS) if c in single))
+        return Closers(inside, outside, single.get(_IN_TEXT))
+
+
+@dataclass(frozen=True)
+class Closers:
+    """The tokens a completion tries where the grammar forces nothing, in order: ``inside`` a
+    string (where ``in_text`` is allowed) and ``outside`` one."""
+
+    inside: tuple[int, ...]
+    outside: tuple[int, ...]
+    in_text: int | None
+
 
 class GrammarState:
-    """Where one call stands in its grammar: after the tokens it has emitted."""
+    """Where one call stands in its grammar: after the tokens it has emitted. With ``closers``
+    (a grammar that closes in budget), `within_budget` keeps the text completable in time."""
 
-    def __init__(self, matcher: Any, vocab_size: int, eos: Sequence[int]) -> None:
+    def __init__(
+        self, matcher: Any, vocab_size: int, eos: Sequence[int], closers: Closers | None = None
+    ) -> None:
         import llguidance.torch
 
         self._matcher = matcher
@@ -112,6 +153,7 @@ class GrammarState:
         self._eos = list(eos)
         self._fill = llguidance.torch.fill_next_token_bitmask
         self._words = (vocab_size + 31) // 32
+        self._closers = closers
 
     def check(self, context_window: int | None) -> None:
         """Refuse, before any work, a grammar that can only give an empty answer or none that
@@ -186,6 +228,95 @@ class GrammarState:
                 "the grammar reached a dead end: nothing it accepts follows the text so far "
                 f"({self._error()})"
             )
+
+    def within_budget(self, tree: DraftTree, chosen: Sequence[int], room: int) -> list[int]:
+        """``chosen`` (the model's token at each node of ``tree``) kept to what can still end in
+        time: along the path the call would accept, a token after which the text could no
+        longer be completed in the tokens left becomes the next token of the completion of
+        its node's prefix (where one fits). ``room``: the tokens the call may still emit."""
+        chosen = list(chosen)
+        if self._closers is None or room - max(tree.depths) - 1 > _CLOSING_REACH:
+            return chosen  # (even the deepest node has room for any completion sought)
+        node, depth = 0, 0
+        try:
+            while True:
+                left = room - depth  # this node's own token included
+                if left - 1 <= _CLOSING_REACH:
+                    chosen[node] = self._fitting(chosen[node], left)
+                child = tree.child(node, chosen[node])
+                if child is None:
+                    return chosen
+                self._matcher.consume_token(tree.tokens[child])
+                node, depth = child, depth + 1
+        finally:
+            if depth:
+                self._matcher.rollback(depth)
+
+    def closing(self, limit: int) -> list[int] | None:
+        """The tokens that complete the text so far, the end-of-sequence token last, if they
+        are at most ``limit`` (the matcher stands where it stood on return).
+
+        Step by step: a token the grammar forces; else, of the `Closers` it allows, one that
+        completes the text at once, or the first; else the first token it allows. Not always
+        the shortest, but a function of the matcher's state alone: after its first token, the
+        completion is the rest of it, so a call that takes it keeps its place in the budget.
+        """
+        matcher = self._matcher
+        tokens: list[int] = []
+        try:
+            while not matcher.is_accepting():
+                if len(tokens) + 2 > limit:  # one more token, then the end-of-sequence token
+                    return None
+                token = self._closing_step()
+                if token is None or matcher.try_consume_tokens([token]) != 1:
+                    return None
+                tokens.append(token)
+            return None if len(tokens) + 1 > limit else [*tokens, self._eos[0]]
+        finally:
+            if tokens:
+                matcher.rollback(len(tokens))
+
+    def _fitting(self, token: int, left: int) -> int:
+        """``token`` if the text after it can be completed in ``left - 1`` tokens, else the
+        completion's next token (``token`` still where no completion fits in ``left``)."""
+        if token in self._eos or self._matcher.try_consume_tokens([token]) != 1:
+            return token
+        try:
+            fits = self.closing(left - 1) is not None
+        finally:
+            self._matcher.rollback(1)
+        closing = None if fits else self.closing(left)
+        return closing[0] if closing is not None else token
+
+    def _closing_step(self) -> int | None:
+        matcher, closers = self._matcher, self._closers
+        assert closers is not None
+        forced = matcher.compute_ff_tokens()
+        if forced:
+            return int(forced[0])
+        inside = closers.in_text is not None and self._admits(closers.in_text)
+        allowed: list[int] = []
+        for token in closers.inside if inside else closers.outside:
+            if matcher.try_consume_tokens([token]) == 1:
+                complete = matcher.is_accepting()
+                matcher.rollback(1)
+                if complete:
+                    return token
+                allowed.append(token)
+        return allowed[0] if allowed else self._first_allowed()
+
+    def _admits(self, token: int) -> bool:
+        if self._matcher.try_consume_tokens([token]) != 1:
+            return False
+        self._matcher.rollback(1)
+        return True
+
+    def _first_allowed(self) -> int | None:
+        """The lowest token the grammar allows next, other than the end of sequence."""
+        allowed = self.allowed(DraftTree.root_only(0))[0]  # [V]
+        allowed[self._eos] = False
+        ids = allowed.nonzero()
+        return int(ids[0]) if len(ids) else None
 
     def _error(self) -> str:
         return _first_line(self._matcher.get_error()) or "no error given"

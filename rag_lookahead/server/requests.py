@@ -120,7 +120,8 @@ def with_documents(prompt: ServerPrompt, documents: Sequence[str], tokenizer: An
 def _constrain(config: ServerConfig, grammar: Grammar, kwargs: dict[str, Any], extra: dict[str, Any]) -> None:
     """``grammar`` as the server's structured-output fields: JSON through the OpenAI
     ``response_format`` every kind takes, a regular expression through vLLM's or SGLang's own
-    field; a grammar of other kinds has no request field to go in."""
+    field; a grammar of other kinds has no request field to go in. Its ``closes_in_budget``
+    has no field either: the server's own grammar library decodes, as it does."""
     if grammar.kind == "json_schema":
         schema = {"name": "answer", "schema": json.loads(grammar.value)}
         kwargs["response_format"] = {"type": "json_schema", "json_schema": schema}

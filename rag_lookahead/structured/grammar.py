@@ -2,11 +2,13 @@
 
 A `Grammar` is a small tree: JSON (any object, or one that validates against a JSON schema), a
 regular expression, literal text, and sequences and choices of those. Tool calls are literal
-markers around a JSON schema; structured output is a JSON schema alone.
+markers around a JSON schema; structured output is a JSON schema alone. A grammar marked
+`closes_in_budget` is also made to end within the call's ``max_new_tokens`` where it can.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -27,13 +29,23 @@ class Grammar:
         value: The JSON schema as JSON text (``"json_schema"``), the pattern (``"regex"``) or
             the text (``"literal"``); empty for the other kinds.
         parts: The grammars of a ``"sequence"`` (one after another) or ``"choice"`` (one of).
+        closes_in_budget: Make the text end within the call's ``max_new_tokens`` where it can:
+            once the tokens left reach what a short completion of the text so far takes
+            (closing its strings, arrays and objects, minimal values for the required keys
+            still missing, the literal parts after it, then the end-of-sequence token), that
+            completion is forced (one of up to 256 tokens; a longer one is not sought). Read
+            on the grammar a call is given, not on its parts. Forced tool calls
+            (`ToolFormat.grammar`) are made this way; see `closing_in_budget`.
     """
 
     kind: GrammarKind
     value: str = ""
     parts: tuple[Grammar, ...] = ()
+    closes_in_budget: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.closes_in_budget, bool):
+            raise TypeError(f"closes_in_budget is True or False, got {self.closes_in_budget!r}")
         if self.kind in ("sequence", "choice"):
             if not self.parts or not all(isinstance(p, Grammar) for p in self.parts):
                 raise ValueError(f"a {self.kind} grammar needs one or more Grammar parts")
@@ -88,6 +100,12 @@ class Grammar:
     def choice(cls, *parts: Grammar) -> Grammar:
         """One of ``parts``."""
         return cls("choice", parts=tuple(parts))
+
+    def closing_in_budget(self) -> Grammar:
+        """This grammar, made to end within the call's ``max_new_tokens`` where it can (see
+        ``closes_in_budget``): a structured answer or a tool call that a small budget would
+        otherwise cut off inside a string comes out complete, its last value shortened."""
+        return dataclasses.replace(self, closes_in_budget=True)
 
 
 def _dumps(schema: Mapping[str, Any]) -> str:

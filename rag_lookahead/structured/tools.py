@@ -294,6 +294,10 @@ class ToolFormat:
 
         One call, in the model's own block: ``tool_choice="any"`` or a tool's name. Each tool's
         call is a schema of its own, so tools whose definitions share a name keep their own.
+        The grammar closes in budget (`Grammar.closes_in_budget`): a call that the tokens left
+        can still complete is completed, its last string cut short, rather than cut off. The
+        schemas' strings keep the lengths the tools declare: a default ``maxLength`` would cut
+        an argument short even where the budget holds all of it.
         """
         checked = check_tools(tools)
         if not checked:
@@ -305,12 +309,12 @@ class ToolFormat:
         calls = [Grammar.json_schema(self.call_schema(t)) for t in checked]
         call = calls[0] if len(calls) == 1 else Grammar.choice(*calls)
         if self.name == "smollm2":
-            return Grammar.sequence(
+            call = Grammar.sequence(
                 Grammar.literal("<tool_call>[\n"), call, Grammar.literal("\n]</tool_call>")
             )
-        if self.name == "hermes":
-            return Grammar.sequence(Grammar.literal("<tool_call>\n"), call, Grammar.literal("\n</tool_call>"))
-        return call
+        elif self.name == "hermes":
+            call = Grammar.sequence(Grammar.literal("<tool_call>\n"), call, Grammar.literal("\n</tool_call>"))
+        return call.closing_in_budget()
 
     # ------------------------------------------------------------ parsing
 
