@@ -141,6 +141,7 @@ class LookaheadSettings(BaseModel):
     temperature: float = Field(
         default=0.0,
         ge=0.0,
+        le=2.0,
         description="0 decodes greedily (lossless: the same tokens as plain greedy decoding); "
         "above 0 samples at this temperature.",
     )
