@@ -33,7 +33,8 @@ from rag_lookahead.server import ServerEngine, ServerKind
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 
-#: What a call may override with keyword arguments (``llm.invoke(x, max_tokens=32)``).
+#: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
+#: a call's request starts from them (see `rag_lookahead.adapters.OPTION_KEYS` for the rest).
 CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed")
 
 #: One item of `LookaheadSettings._open`: new text, then the call's stats last.
