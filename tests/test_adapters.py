@@ -13,10 +13,13 @@ import pytest
 from rag_lookahead import GenerationParams
 from rag_lookahead.adapters import (
     MAX_STOP_STRINGS,
+    OPTION_KEYS,
     CallPlan,
+    HeldReply,
     ReplyHeader,
     ReplyStream,
     RequestError,
+    plan_call,
     plan_chat,
     plan_completion,
     reply,
@@ -439,3 +442,53 @@ def test_held_text_that_opens_no_call_is_released(tool_engine: Any) -> None:
     plan = chat(tool_engine, tools=[WEATHER], stream=True)
     chunks = streamed(plan, ["a <tool", "_box> b"], stats())
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "a <tool_box> b"
+
+
+def test_tools_on_an_engine_without_a_tokenizer_are_refused_by_name() -> None:
+    serverish = SimpleNamespace(chat=True, tokenizer=None)
+    error = refused(serverish, "tools", tools=[WEATHER])
+    assert error.code == "tools_not_supported" and "no tokenizer" in error.message
+    assert chat(serverish, tools=[WEATHER], tool_choice="none").tools.tools == ()
+
+
+def test_a_front_ends_call_options_are_read_as_a_request_is(tool_engine: Any) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    options = {"max_tokens": 4, "temperature": 0, "stop": ["."], "documents": ["d"], "tools": [WEATHER]}
+    plan = plan_call("chat", messages, {**options, "tool_choice": "required"}, tool_engine)
+    request = chat(tool_engine, **options, tool_choice="required")
+    assert (plan.params, plan.tools, plan.documents) == (request.params, request.tools, request.documents)
+    assert plan.prompt is messages and plan.model is None and not plan.stream
+    text = plan_call("completion", "Once", {"temperature": 0.5, "response_format": {"type": "json_object"}})
+    assert text.params.sampling and text.params.grammar == Grammar.json()
+    chat_only = OPTION_KEYS["chat"] - OPTION_KEYS["completion"]
+    assert chat_only == {"tools", "tool_choice", "max_completion_tokens"}
+
+
+@pytest.mark.parametrize("key", ["model", "messages", "prompt", "stream", "n", "functions"])
+def test_keys_only_a_request_carries_are_no_call_options(key: str) -> None:
+    with pytest.raises(RequestError) as info:
+        plan_call("chat", MESSAGES, {key: "x"})
+    assert info.value.code == "unknown_parameter" and info.value.param == key
+    known = info.value.message.split("known: ")[1].split(", ")
+    assert "temperature" in known and not {"model", "messages", "stream"} & set(known)
+
+
+def test_a_call_option_is_refused_with_the_requests_text(engine: Any) -> None:
+    for key, value in (("temperature", 3), ("top_p", 0), ("stop", [""]), ("tools", [WEATHER])):
+        with pytest.raises(RequestError) as info:
+            plan_call("chat", MESSAGES, {key: value}, engine)
+        assert info.value.message == refused(engine, key, **{key: value}).message
+    with pytest.raises(RequestError, match="unknown parameter 'tools'"):
+        plan_call("completion", "Once", {"tools": [WEATHER]})
+
+
+def test_held_reply_shows_content_and_parses_what_it_held(tool_engine: Any) -> None:
+    fmt = chat(tool_engine, tools=[WEATHER]).tools.format
+    held = HeldReply(fmt)
+    shown = "".join(held.add(CALL_TEXT[i : i + 2]) for i in range(0, len(CALL_TEXT), 2))
+    rest = held.end()
+    assert shown == "Sure.\n" and [c.name for c in rest.calls] == ["get_weather"]
+    plain = HeldReply(None)
+    assert plain.add("a <tool_call>") == "a <tool_call>" and plain.end().content == ""
+    released = HeldReply(fmt)
+    assert released.add("a <tool") == "a " and released.end().content == "<tool"

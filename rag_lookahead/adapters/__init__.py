@@ -3,10 +3,13 @@
 A request (a mapping, as a server or an adapter receives it) becomes one frozen `CallPlan`
 (`plan_chat`, `plan_completion`), or a `RequestError` naming the parameter at fault; the
 engine's text and `DecodeStats` become OpenAI's reply objects and stream chunks (`reply`,
-`ReplyStream`), as plain dicts. The core never imports this package.
+`ReplyStream`), as plain dicts. A front end that builds its own prompt (an adapter's
+message objects) plans its call's options the same way (`plan_call`), and reads a streamed
+reply that may call tools off the same `HeldReply`. The core never imports this package.
 """
 
 from rag_lookahead.adapters.errors import RequestError
+from rag_lookahead.adapters.options import OPTION_KEYS, plan_call
 from rag_lookahead.adapters.replies import FINISH_REASONS, ReplyHeader, ReplyStream, reply, usage
 from rag_lookahead.adapters.requests import (
     MAX_STOP_STRINGS,
@@ -16,16 +19,20 @@ from rag_lookahead.adapters.requests import (
     plan_chat,
     plan_completion,
 )
+from rag_lookahead.adapters.streaming import HeldReply
 
 __all__ = [
     "FINISH_REASONS",
     "MAX_STOP_STRINGS",
+    "OPTION_KEYS",
     "CallKind",
     "CallPlan",
+    "HeldReply",
     "ReplyHeader",
     "ReplyStream",
     "RequestError",
     "ToolPlan",
+    "plan_call",
     "plan_chat",
     "plan_completion",
     "reply",

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_lookahead.adapters.requests import CallKind, CallPlan
+from rag_lookahead.adapters.streaming import HeldReply
 from rag_lookahead.streaming.stats import DecodeStats
-from rag_lookahead.structured import ToolFormat
+from rag_lookahead.structured import ParsedReply
 
 __all__ = ["FINISH_REASONS", "ReplyHeader", "ReplyStream", "reply", "usage"]
 
@@ -75,8 +76,8 @@ def reply(plan: CallPlan, header: ReplyHeader, text: str, stats: DecodeStats) ->
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
         finish = _finish_reason(stats, False)
     else:
-        shown = _shown(plan.tools.format, text)
-        message, called = _message(plan.tools.format, text[:shown], text[shown:])
+        held = HeldReply(plan.tools.format)
+        message, called = _message(held.add(text), held.end())
         choice = {"index": 0, "message": message, "logprobs": None}
         finish = _finish_reason(stats, called)
     choice["finish_reason"] = finish
@@ -89,9 +90,7 @@ class ReplyStream:
     def __init__(self, plan: CallPlan, header: ReplyHeader) -> None:
         self._plan = plan
         self._header = header
-        self._format = plan.tools.format if plan.kind == "chat" else None
-        self._text = ""
-        self._shown = 0
+        self._held = HeldReply(plan.tools.format if plan.kind == "chat" else None)
 
     def start(self) -> list[dict[str, Any]]:
         """The chunks before any text: a chat reply's role."""
@@ -101,26 +100,24 @@ class ReplyStream:
 
     def add(self, text: str) -> list[dict[str, Any]]:
         """The chunks for ``text``, the next piece of the reply (none while it is held back)."""
-        self._text += text
-        end = _shown(self._format, self._text)
-        if end <= self._shown:
+        piece = self._held.add(text)
+        if not piece:
             return []
-        piece, self._shown = self._text[self._shown : end], end
         return [self._chunk({"content": piece} if self._plan.kind == "chat" else piece)]
 
     def end(self, stats: DecodeStats) -> list[dict[str, Any]]:
         """The last chunks: what was held back (parsed for tool calls), the finish reason, and
         the usage chunk when the plan asks for it."""
         chunks: list[dict[str, Any]] = []
-        rest = self._text[self._shown :]
+        rest = self._held.end()
         called = False
         if self._plan.kind == "chat":
-            message, called = _message(self._format, "", rest)
+            message, called = _message("", rest)
             delta = {k: v for k, v in message.items() if k != "role" and v}
             if delta:
                 chunks.append(self._chunk(_indexed(delta)))
-        elif rest:
-            chunks.append(self._chunk(rest))
+        elif rest.content:
+            chunks.append(self._chunk(rest.content))
         chunks.append(self._chunk({} if self._plan.kind == "chat" else "", _finish_reason(stats, called)))
         if self._plan.include_usage:
             chunks.append(
@@ -138,17 +135,12 @@ class ReplyStream:
         return chunk
 
 
-def _shown(fmt: ToolFormat | None, text: str) -> int:
-    """How much of ``text`` is surely content (all of it unless the reply may call tools)."""
-    return len(text) if fmt is None else fmt.content_end(text)
-
-
-def _message(fmt: ToolFormat | None, shown: str, rest: str) -> tuple[dict[str, Any], bool]:
-    """An assistant message of ``shown`` content and a ``rest`` parsed for tool calls, and
-    whether it calls any. A block that does not parse is kept under ``invalid_tool_calls``."""
-    parsed = fmt.parse(rest) if fmt is not None and rest else None
-    if parsed is None or not (parsed.calls or parsed.invalid):
-        return {"role": "assistant", "content": shown + rest}, False
+def _message(shown: str, parsed: ParsedReply) -> tuple[dict[str, Any], bool]:
+    """An assistant message of ``shown`` content and the ``parsed`` rest (see `HeldReply`),
+    and whether it calls any tool. A block that does not parse is kept under
+    ``invalid_tool_calls``."""
+    if not (parsed.calls or parsed.invalid):
+        return {"role": "assistant", "content": shown + parsed.content}, False
     message: dict[str, Any] = {"role": "assistant", "content": (shown + parsed.content) or None}
     if parsed.calls:
         message["tool_calls"] = [

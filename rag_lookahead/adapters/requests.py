@@ -26,7 +26,15 @@ from rag_lookahead.structured import (
 from rag_lookahead.structured import tool_choice as normalised_choice
 from rag_lookahead.structured.tools import template_messages
 
-__all__ = ["MAX_STOP_STRINGS", "CallKind", "CallPlan", "ToolPlan", "plan_chat", "plan_completion"]
+__all__ = [
+    "MAX_STOP_STRINGS",
+    "CallKind",
+    "CallPlan",
+    "ToolPlan",
+    "plan_body",
+    "plan_chat",
+    "plan_completion",
+]
 
 CallKind = Literal["chat", "completion"]
 
@@ -116,39 +124,47 @@ def plan_chat(
             "no_chat_template",
         )
     messages = _messages(body.get("messages"))
-    tools = _tool_plan(body.get("tools"), body.get("tool_choice"), engine)
-    grammar = _response_format(body.get("response_format"))
-    forced = _forced_grammar(tools)
-    if grammar is not None and tools.tools:
-        raise RequestError("a request takes tools or a response_format, not both", "response_format")
-    max_tokens = _max_tokens(body.get("max_tokens"), body.get("max_completion_tokens"))
-    stream, include_usage = _streaming(body.get("stream"), body.get("stream_options"))
-    return CallPlan(
-        kind="chat",
-        model=_model(body.get("model")),
-        prompt=tuple(messages),
-        params=_params(body, defaults or GenerationParams(), max_tokens, grammar or forced),
-        tools=tools,
-        documents=_documents(body.get("documents")),
-        corpus=_corpus(body.get("corpus")),
-        stream=stream,
-        include_usage=include_usage,
-    )
+    return _requested(body, plan_body("chat", tuple(messages), body, engine, defaults))
 
 
 def plan_completion(request: Mapping[str, Any], defaults: GenerationParams | None = None) -> CallPlan:
     """A ``/v1/completions`` request as a plan; ``defaults`` fill what it leaves out."""
     body = _checked_keys(request, _COMPLETION_KEYS, _COMPLETION_NEUTRAL)
-    max_tokens = _max_tokens(body.get("max_tokens"), None)
-    stream, include_usage = _streaming(body.get("stream"), body.get("stream_options"))
+    prompt = _prompt(body.get("prompt"))
+    return _requested(body, plan_body("completion", prompt, body, None, defaults))
+
+
+def plan_body(
+    kind: CallKind,
+    prompt: Prompt,
+    body: Mapping[str, Any],
+    engine: Engine | None,
+    defaults: GenerationParams | None = None,
+) -> CallPlan:
+    """The plan of a call whose ``prompt`` is read and whose ``body`` holds only known keys:
+    its params, tools (a chat's, read off ``engine``) and documents."""
+    tools = _tool_plan(body.get("tools"), body.get("tool_choice"), engine) if kind == "chat" else ToolPlan()
+    grammar = _response_format(body.get("response_format"))
+    if grammar is not None and tools.tools:
+        raise RequestError("a request takes tools or a response_format, not both", "response_format")
+    max_tokens = _max_tokens(body.get("max_tokens"), body.get("max_completion_tokens"))
     return CallPlan(
-        kind="completion",
-        model=_model(body.get("model")),
-        prompt=_prompt(body.get("prompt")),
-        params=_params(
-            body, defaults or GenerationParams(), max_tokens, _response_format(body.get("response_format"))
-        ),
+        kind=kind,
+        model=None,
+        prompt=prompt,
+        params=_params(body, defaults or GenerationParams(), max_tokens, grammar or _forced_grammar(tools)),
+        tools=tools,
         documents=_documents(body.get("documents")),
+    )
+
+
+def _requested(body: Mapping[str, Any], plan: CallPlan) -> CallPlan:
+    """``plan`` with what only a request says: the model it names, the server's corpus it
+    drafts from and how it streams."""
+    stream, include_usage = _streaming(body.get("stream"), body.get("stream_options"))
+    return replace(
+        plan,
+        model=_model(body.get("model")),
         corpus=_corpus(body.get("corpus")),
         stream=stream,
         include_usage=include_usage,
@@ -410,7 +426,7 @@ def _response_format(value: object) -> Grammar | None:
 # ---------------------------------------------------------------------------- tools
 
 
-def _tool_plan(tools: object, choice: object, engine: Engine) -> ToolPlan:
+def _tool_plan(tools: object, choice: object, engine: Engine | None) -> ToolPlan:
     try:
         checked = check_tools(tools if tools is not None else [])  # type: ignore[arg-type]
     except (TypeError, ValueError) as err:
@@ -421,8 +437,15 @@ def _tool_plan(tools: object, choice: object, engine: Engine) -> ToolPlan:
         raise RequestError(str(err), "tool_choice") from None
     if not checked or normalised == "none":
         return ToolPlan(choice=normalised)
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        raise RequestError(
+            f"tool calls need the model's chat template: {type(engine).__name__} has no tokenizer",
+            "tools",
+            "tools_not_supported",
+        )
     try:
-        fmt = detect_tool_format(engine.tokenizer, getattr(engine, "chat_template_kwargs", None))
+        fmt = detect_tool_format(tokenizer, getattr(engine, "chat_template_kwargs", None))
     except ToolsNotSupportedError as err:
         raise RequestError(str(err), "tools", "tools_not_supported") from None
     return ToolPlan(tuple(checked), normalised, fmt)

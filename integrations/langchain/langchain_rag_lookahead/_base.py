@@ -1,10 +1,11 @@
 """Settings, engine and call handling shared by `ChatLookahead` and `LookaheadLLM`.
 
 Both models are thin adapters over an engine's ``stream`` (a local `LookaheadEngine`, or a
-`ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server): a call turns its LangChain
-arguments into a prompt, `GenerationParams` and documents, and `_open` returns the engine's text
-pieces followed by the call's `DecodeStats`. Everything else (blocking calls, async, callbacks)
-is built on that one iterator by the subclasses.
+`ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server): a call's settings and
+LangChain arguments are one request mapping, planned by the core (`rag_lookahead.adapters`, as
+the HTTP server plans its requests), and `_open` returns the plan and the engine's text pieces
+followed by the call's `DecodeStats`. Everything else (blocking calls, async, callbacks) is
+built on that one iterator by the subclasses.
 """
 
 from __future__ import annotations
@@ -23,25 +24,23 @@ from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
-from rag_lookahead import DEFAULT_MODEL, DecodeStats, GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine
+from rag_lookahead.adapters import FINISH_REASONS, CallKind, CallPlan, RequestError, plan_call
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import builtin_name, check_loading_options, default_cache_dir
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
 from rag_lookahead.server import ServerEngine, ServerKind
-from rag_lookahead.structured import Grammar
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 
-#: What a call may override with keyword arguments (``llm.invoke(x, max_tokens=32)``).
+#: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
+#: a call's request starts from them (see `rag_lookahead.adapters.OPTION_KEYS` for the rest).
 CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed")
 
 #: One item of `LookaheadSettings._open`: new text, then the call's stats last.
 Piece = str | DecodeStats
 
 DocumentLike = str | Document
-
-# LangChain's finish reasons; the engine's own reason stays in the lookahead stats.
-_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length", "context_window": "length"}
 
 _LOAD_FIELDS = frozenset(
     {
@@ -144,6 +143,7 @@ class LookaheadSettings(BaseModel):
     temperature: float = Field(
         default=0.0,
         ge=0.0,
+        le=2.0,
         description="0 decodes greedily (lossless: the same tokens as plain greedy decoding); "
         "above 0 samples at this temperature.",
     )
@@ -297,71 +297,51 @@ class LookaheadSettings(BaseModel):
 
     def _open(
         self,
+        kind: CallKind,
         prompt: Prompt,
         stop: list[str] | None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        grammar: Grammar | None = None,
-    ) -> Iterator[Piece]:
-        """Check the call's arguments now; the returned iterator generates when first advanced.
+    ) -> tuple[CallPlan, Iterator[Piece]]:
+        """The call's plan, checked now, and its pieces: they generate when first advanced.
 
         Everything that depends on the caller's context (the chain run this call belongs to)
-        is read here, so the iterator may then run in another thread. ``tools`` are rendered
-        into the prompt by the chat template; ``grammar`` constrains the reply.
+        is read here, so the iterator may then run in another thread.
         """
-        options = dict(kwargs)
+        plan = self._plan(kind, prompt, stop, kwargs)
+        return plan, self._pieces(plan, run_link(run_manager))
+
+    def _plan(
+        self, kind: CallKind, prompt: Prompt, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> CallPlan:
+        """The settings, then the call's options over them, as one request to the core."""
+        options = {key: value for key, value in kwargs.items() if value is not None}
+        options.pop("stream", None)  # LangChain's own routing flag, not a generation option
         documents = _document_texts(options.pop("documents", None) or ())
         documents += tool_result_documents(prompt)  # an agent's retrieved text, as documents
-        options.pop("stream", None)  # LangChain's own routing flag, not a generation option
-        unknown = set(options) - set(CALL_OPTIONS)
-        if unknown:
-            raise TypeError(
-                f"unexpected call option(s) {sorted(unknown)}; accepted: documents, {', '.join(CALL_OPTIONS)}"
-            )
-        params = dataclasses.replace(self._generation_params(stop, options), grammar=grammar)
-        link = run_link(run_manager)
-        return self._pieces(prompt, params, documents, link, tools)
+        settings = {name: getattr(self, name) for name in CALL_OPTIONS}
+        request = {**settings, "stop": self.stop, **options, "documents": documents}
+        if stop is not None:
+            request["stop"] = stop  # a call's stops replace the settings'
+        try:
+            return plan_call(kind, prompt, request, self.get_engine() if kind == "chat" else None)
+        except RequestError as err:
+            if err.code == "unknown_parameter":
+                raise TypeError(f"unexpected call option: {err}") from None
+            raise
 
-    def _pieces(
-        self,
-        prompt: Prompt,
-        params: GenerationParams,
-        documents: list[str],
-        link: RunLink,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> Iterator[Piece]:
+    def _pieces(self, plan: CallPlan, link: RunLink) -> Iterator[Piece]:
         engine = self.get_engine()
         scope = link.scope(engine)
-        # Only when given: an engine of an older surface takes no tools.
-        extra = {"tools": tools} if tools else {}
-        with engine.stream(prompt, params, documents=documents, scope=scope, **extra) as stream:
+        with engine.stream(plan.prompt, plan.params, scope=scope, **plan.stream_kwargs()) as stream:
             yield from stream
             yield stream.stats
-
-    def _generation_params(self, stop: list[str] | None, options: dict[str, Any]) -> GenerationParams:
-        values = {name: options.get(name, getattr(self, name)) for name in CALL_OPTIONS}
-        temperature = float(values["temperature"])
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        stops = stop if stop is not None else self.stop
-        return GenerationParams(
-            max_new_tokens=values["max_tokens"],
-            do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else 1.0,
-            top_k=values["top_k"],
-            top_p=values["top_p"],
-            repetition_penalty=values["repetition_penalty"],
-            seed=values["seed"],
-            stop_strings=tuple(s for s in stops or () if s),
-        )
 
     def _response_metadata(self, stats: DecodeStats) -> dict[str, Any]:
         """``model_name``, ``finish_reason`` and the lookahead stats of a finished call."""
         return {
             "model_name": self.model_name,
-            "finish_reason": _FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
+            "finish_reason": FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
             "lookahead": stats.as_dict(),
         }
 

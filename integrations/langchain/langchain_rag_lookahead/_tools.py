@@ -1,15 +1,14 @@
 """Tool calls and structured output for `ChatLookahead`.
 
-The core (`rag_lookahead.structured.tools`) renders tools through the chat template, reads the
-model's tool format and builds the grammar of a forced call; here LangChain's side: ``bind_tools``
-arguments, call options, streamed ``tool_call_chunks`` and ``with_structured_output``.
+The core plans a call's tools (`rag_lookahead.adapters`: the chat template renders them, the
+model's tool format parses the reply, a grammar forces a call); here LangChain's side:
+``bind_tools`` arguments, the ``tool_call_chunks`` of a reply and ``with_structured_output``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -26,134 +25,65 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from langchain_rag_lookahead._base import Piece, usage
 from rag_lookahead import DecodeStats
-from rag_lookahead.structured import Grammar, ParsedReply, ToolFormat, check_tools, detect_tool_format
+from rag_lookahead.adapters import HeldReply
+from rag_lookahead.structured import ParsedReply, ToolFormat
 from rag_lookahead.structured import tool_choice as normalised_choice
 
-__all__ = ["BoundTools", "ToolRequest", "ToolStream", "structured_output", "tool_request"]
+__all__ = ["bound_tools", "message_chunks", "openai_tools", "structured_output"]
 
 
-@dataclass(frozen=True)
-class BoundTools:
-    """Tools as OpenAI-style dicts and the normalised choice: ``auto``, ``any``, ``none`` or a name."""
+def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
+    """LangChain tools (functions, pydantic models, TypedDicts, tool dicts) as OpenAI-style dicts.
 
-    tools: list[dict[str, Any]]
-    choice: str
-
-    def encode_kwargs(self) -> dict[str, Any]:
-        """What ``engine.encode`` / ``engine.stream`` take for these tools."""
-        return {"tools": self.tools} if self.tools and self.choice != "none" else {}
-
-
-def tool_request(tools: Sequence[Any], tool_choice: object, *, check: bool = True) -> BoundTools:
-    """``bind_tools``' arguments converted and normalised, or a clear error.
-
-    ``check=False`` (binding) leaves the full check of the tools (`check_tools`: names unique,
-    schemas JSON) to the call, as other chat models do.
+    The call's plan checks them (`rag_lookahead.structured.check_tools`).
     """
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
         raise TypeError(f"tools are a sequence of tools, got {type(tools).__name__}")
-    converted = [convert_to_openai_tool(t) for t in tools]
-    if check:
-        converted = check_tools(converted)
-    return BoundTools(converted, normalised_choice(tool_choice, [t["function"]["name"] for t in converted]))
+    return [convert_to_openai_tool(t) for t in tools]
 
 
-@dataclass(frozen=True)
-class ToolRequest:
-    """What one call does with tools and response formats.
+def bound_tools(tools: Sequence[Any], tool_choice: object) -> dict[str, Any]:
+    """``bind_tools``' arguments as call options: the tools converted, the choice normalised.
 
-    Attributes:
-        prompt_tools: The tools the chat template renders, or ``None``.
-        grammar: The reply's constraint: a forced tool call or a response format.
-        format: The model's tool format when the reply is to be parsed for calls.
+    A bad choice is an error when binding, not at the call.
     """
-
-    prompt_tools: list[dict[str, Any]] | None = None
-    grammar: Grammar | None = None
-    format: ToolFormat | None = None
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any], engine: Any) -> ToolRequest:
-        """Pop ``tools``, ``tool_choice`` and ``response_format`` from a call's ``options``."""
-        bound = tool_request(options.pop("tools", None) or [], options.pop("tool_choice", None))
-        response_format = _response_format(options.pop("response_format", None))
-        if not bound.encode_kwargs():
-            return cls(grammar=response_format)
-        if response_format is not None:
-            raise ValueError("a call takes tools or a response_format, not both")
-        template_kwargs = getattr(engine, "chat_template_kwargs", None)
-        fmt = detect_tool_format(engine.tokenizer, template_kwargs)
-        if bound.choice == "auto":
-            return cls(bound.tools, None, fmt)
-        return cls(
-            bound.tools, fmt.grammar(bound.tools, None if bound.choice == "any" else bound.choice), fmt
-        )
+    converted = openai_tools(tools)
+    names = [t["function"]["name"] for t in converted]
+    return {"tools": converted, "tool_choice": normalised_choice(tool_choice, names)}
 
 
-def _response_format(value: object) -> Grammar | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise TypeError(f"response_format is a mapping such as {{'type': 'json_object'}}, got {value!r}")
-    kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Grammar.json()
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if not isinstance(schema, Mapping):
-            raise ValueError(
-                "a json_schema response_format is {'type': 'json_schema', 'json_schema': {'schema': {...}}}"
-            )
-        return Grammar.json_schema(schema)
-    raise ValueError(
-        f"response_format is {{'type': 'text' | 'json_object' | 'json_schema', ...}}, got {value!r}"
+def message_chunks(
+    pieces: Iterator[Piece], fmt: ToolFormat | None, metadata: Callable[[DecodeStats], dict[str, Any]]
+) -> Iterator[ChatGenerationChunk]:
+    """A reply's chunks: its content as it shows, then one last chunk with the rest.
+
+    The content is held back from where a tool call may begin (see `HeldReply`); the last
+    chunk carries what was held back, its calls, the usage and ``metadata`` (the stats come
+    once, last: usage and metadata are counted exactly once when merged).
+    """
+    held = HeldReply(fmt)
+    for piece in pieces:
+        if not isinstance(piece, str):
+            yield _last(held.end(), piece, metadata(piece))
+        elif shown := held.add(piece):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=shown))
+
+
+def _last(rest: ParsedReply, stats: DecodeStats, metadata: dict[str, Any]) -> ChatGenerationChunk:
+    if rest.invalid:
+        metadata["tool_call_errors"] = [call.error for call in rest.invalid]
+    message = AIMessageChunk(
+        content=rest.content,
+        tool_call_chunks=_call_chunks(rest),
+        usage_metadata=usage(stats),  # type: ignore[arg-type]
+        response_metadata=metadata,
+        chunk_position="last",
     )
-
-
-class ToolStream:
-    """Turns an engine's pieces into chunks when the reply may hold tool calls.
-
-    Text that is surely content streams as it comes; from where a call may begin, the text
-    is held back and parsed when the reply ends, its calls sent as ``tool_call_chunks`` of the
-    last chunk (a call that does not parse becomes an invalid tool call, never a guessed one).
-    """
-
-    def __init__(self, fmt: ToolFormat, metadata: Callable[[DecodeStats], dict[str, Any]]) -> None:
-        self._format = fmt
-        self._metadata = metadata
-
-    def chunks(self, pieces: Iterator[Piece]) -> Iterator[ChatGenerationChunk]:
-        """The chunks of one reply."""
-        text, shown = "", 0
-        for piece in pieces:
-            if isinstance(piece, str):
-                text += piece
-                end = self._format.content_end(text)
-                if end > shown:
-                    yield ChatGenerationChunk(message=AIMessageChunk(content=text[shown:end]))
-                    shown = end
-                continue
-            yield self._last(text[shown:], piece)
-
-    def _last(self, rest: str, stats: DecodeStats) -> ChatGenerationChunk:
-        reply = self._format.parse(rest)
-        metadata = self._metadata(stats)
-        if reply.invalid:
-            metadata["tool_call_errors"] = [call.error for call in reply.invalid]
-        message = AIMessageChunk(
-            content=reply.content if reply.calls or reply.invalid else rest,
-            tool_call_chunks=_call_chunks(reply),
-            usage_metadata=usage(stats),  # type: ignore[arg-type]
-            response_metadata=metadata,
-            chunk_position="last",
-        )
-        return ChatGenerationChunk(message=message, generation_info=metadata)
+    return ChatGenerationChunk(message=message, generation_info=metadata)
 
 
 def _call_chunks(reply: ParsedReply) -> list[ToolCallChunk]:
+    """A reply's calls as LangChain's chunks; a call that does not parse stays invalid."""
     chunks = [
         tool_call_chunk(name=call.name, args=json.dumps(dict(call.arguments)), id=call.id, index=i)
         for i, call in enumerate(reply.calls)

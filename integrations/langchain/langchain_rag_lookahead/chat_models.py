@@ -12,14 +12,14 @@ from typing import Any, ClassVar, Literal
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict
 
-from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
-from langchain_rag_lookahead._tools import ToolRequest, ToolStream, structured_output, tool_request
+from langchain_rag_lookahead._base import LookaheadSettings
+from langchain_rag_lookahead._tools import bound_tools, message_chunks, openai_tools, structured_output
 from rag_lookahead.streaming import aiterate
 
 __all__ = ["ChatLookahead", "to_chat_messages"]
@@ -66,8 +66,7 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        pieces, to_chunks = self._start(messages, stop, run_manager, kwargs)
-        for chunk in to_chunks(pieces):
+        for chunk in self._start(messages, stop, run_manager, kwargs):
             # LangChain reports streamed chunks itself and passes no run manager then.
             if run_manager is not None:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -80,8 +79,7 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        pieces, to_chunks = self._start(messages, stop, run_manager, kwargs)
-        async for chunk in aiterate(to_chunks(pieces)):
+        async for chunk in aiterate(self._start(messages, stop, run_manager, kwargs)):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -123,8 +121,7 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
                 prompt and no calls.
             **kwargs: More call options to bind.
         """
-        request = tool_request(tools, tool_choice, check=False)
-        return self.bind(tools=request.tools, tool_choice=request.choice, **kwargs)
+        return self.bind(**bound_tools(tools, tool_choice), **kwargs)
 
     def with_structured_output(
         self,
@@ -162,8 +159,8 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         The messages (and ``tools``, as `bind_tools` takes them) go through the chat template:
         the ``input_tokens`` a call reports.
         """
-        request = tool_request(tools or [], None)
-        return len(self.get_engine().encode(to_chat_messages(messages), **request.encode_kwargs()))
+        extra = {"tools": openai_tools(tools)} if tools else {}
+        return len(self.get_engine().encode(to_chat_messages(messages), **extra))
 
     def _start(
         self,
@@ -171,30 +168,13 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         stop: list[str] | None,
         run_manager: Any,
         kwargs: dict[str, Any],
-    ) -> tuple[Iterator[Piece], Callable[[Iterator[Piece]], Iterator[ChatGenerationChunk]]]:
-        """The engine's pieces for this call and what turns them into chunks."""
+    ) -> Iterator[ChatGenerationChunk]:
+        """This call's chunks, its arguments checked now; they generate when first advanced."""
         options = dict(kwargs)
-        request = ToolRequest.from_options(options, self.get_engine())
-        prompt = to_chat_messages(messages)
-        pieces = self._open(
-            prompt, stop, run_manager, options, tools=request.prompt_tools, grammar=request.grammar
-        )
-        if request.format is None:
-            return pieces, lambda ps: (self._chunk(p) for p in ps)
-        return pieces, ToolStream(request.format, self._response_metadata).chunks
-
-    def _chunk(self, piece: Piece) -> ChatGenerationChunk:
-        if isinstance(piece, str):
-            return ChatGenerationChunk(message=AIMessageChunk(content=piece))
-        # The stats come once, last: usage and metadata are counted exactly once when merged.
-        metadata = self._response_metadata(piece)
-        message = AIMessageChunk(
-            content="",
-            usage_metadata=usage(piece),  # type: ignore[arg-type]
-            response_metadata=metadata,
-            chunk_position="last",
-        )
-        return ChatGenerationChunk(message=message, generation_info=metadata)
+        if options.get("tools") is not None:  # given to the call rather than to `bind_tools`
+            options["tools"] = openai_tools(options["tools"])
+        plan, pieces = self._open("chat", to_chat_messages(messages), stop, run_manager, options)
+        return message_chunks(pieces, plan.tools.format, self._response_metadata)
 
 
 # Content blocks that repeat an AI message's `tool_calls` (Anthropic's and LangChain's own).

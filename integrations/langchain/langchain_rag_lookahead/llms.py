@@ -120,7 +120,7 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         kwargs: dict[str, Any],
         report: bool,
     ) -> Iterator[GenerationChunk]:
-        pieces = self._open(prompt, stop, run_manager, kwargs)  # checks arguments eagerly
+        _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)  # checks arguments eagerly
 
         def chunks() -> Iterator[GenerationChunk]:
             for piece in pieces:
@@ -139,7 +139,8 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         kwargs: dict[str, Any],
         report: bool,
     ) -> AsyncIterator[GenerationChunk]:
-        async for piece in aiterate(self._open(prompt, stop, run_manager, kwargs)):
+        _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)
+        async for piece in aiterate(pieces):
             chunk = self._chunk(piece)
             if report and run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

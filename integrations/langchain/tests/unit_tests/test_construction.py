@@ -30,6 +30,8 @@ def test_unknown_fields_are_rejected(cls: type) -> None:
         cls(max_tokens=0)
     with pytest.raises(ValidationError):
         cls(temperature=-1)
+    with pytest.raises(ValidationError):
+        cls(temperature=2.5)  # what a call's temperature may be, as a server's request's
 
 
 def test_every_field_is_described() -> None:

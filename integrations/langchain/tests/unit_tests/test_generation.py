@@ -13,6 +13,7 @@ from langchain_core.messages import HumanMessage
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
 from langchain_rag_lookahead.chat_models import to_chat_messages
 from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.adapters import RequestError, plan_chat
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.testing import tiny_engine
 
@@ -147,6 +148,21 @@ def test_unknown_call_options_are_rejected(engine) -> None:
         LookaheadLLM(engine=engine).invoke(QUESTION, model="other")
     with pytest.raises(TypeError, match="unexpected call option"):
         LookaheadLLM(engine=engine).invoke(QUESTION, tools=[])  # a completion model takes no tools
+
+
+def test_call_options_are_read_as_the_servers_requests(engine) -> None:
+    llm = ChatLookahead(engine=engine, max_tokens=N)
+    request = {"messages": [{"role": "user", "content": QUESTION}]}
+    for key, value in (("temperature", 3), ("top_k", 0), ("tools", [{"name": "f"}])):
+        with pytest.raises(RequestError) as served:
+            plan_chat({**request, key: value}, engine)
+        with pytest.raises(RequestError) as called:
+            llm.invoke(QUESTION, **{key: value})
+        assert (called.value.message, called.value.param) == (served.value.message, key)
+    with pytest.raises(RequestError, match="stop takes at most 16"):
+        llm.invoke(QUESTION, stop=[str(i) for i in range(17)])
+    greedy = llm.invoke(QUESTION, temperature=0, max_tokens=5).content
+    assert greedy == llm.invoke(QUESTION, max_tokens=5).content
 
 
 def test_call_options_override_fields(engine) -> None:
