@@ -459,7 +459,7 @@ def test_a_front_ends_call_options_are_read_as_a_request_is(tool_engine: Any) ->
     assert (plan.params, plan.tools, plan.documents) == (request.params, request.tools, request.documents)
     assert plan.prompt is messages and plan.model is None and not plan.stream
     text = plan_call("completion", "Once", {"temperature": 0.5, "response_format": {"type": "json_object"}})
-    assert text.params.sampling and text.params.grammar == Grammar.json()
+    assert text.params.sampling and text.params.grammar == Grammar.json().closing_in_budget()
     chat_only = OPTION_KEYS["chat"] - OPTION_KEYS["completion"]
     assert chat_only == {"tools", "tool_choice", "max_completion_tokens"}
 
