@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import MAX_NEW_TOKENS
+from tests.integration_tests.shared import MAX_NEW_TOKENS
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.llms import ChatMessage, MessageRole
 from llama_index.core.llms.custom import CustomLLM

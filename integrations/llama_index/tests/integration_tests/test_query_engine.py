@@ -8,7 +8,7 @@ import gc
 from typing import Any
 
 import pytest
-from conftest import MAX_NEW_TOKENS, CallSpy
+from tests.integration_tests.shared import MAX_NEW_TOKENS, CallSpy
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.llms import MockLLM
