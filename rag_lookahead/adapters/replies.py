@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from rag_lookahead.adapters.llm_calls import ReplyText
 from rag_lookahead.adapters.requests import CallKind, CallPlan
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.structured import ToolFormat
@@ -75,8 +76,9 @@ def reply(plan: CallPlan, header: ReplyHeader, text: str, stats: DecodeStats) ->
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
         finish = _finish_reason(stats, False)
     else:
-        shown = _shown(plan.tools.format, text)
-        message, called = _message(plan.tools.format, text[:shown], text[shown:])
+        held = ReplyText(plan.tools.format)
+        held.add(text)
+        message, called = _message(plan.tools.format, text[: held.shown], held.rest)
         choice = {"index": 0, "message": message, "logprobs": None}
         finish = _finish_reason(stats, called)
     choice["finish_reason"] = finish
@@ -90,8 +92,7 @@ class ReplyStream:
         self._plan = plan
         self._header = header
         self._format = plan.tools.format if plan.kind == "chat" else None
-        self._text = ""
-        self._shown = 0
+        self._text = ReplyText(self._format)
 
     def start(self) -> list[dict[str, Any]]:
         """The chunks before any text: a chat reply's role."""
@@ -101,18 +102,16 @@ class ReplyStream:
 
     def add(self, text: str) -> list[dict[str, Any]]:
         """The chunks for ``text``, the next piece of the reply (none while it is held back)."""
-        self._text += text
-        end = _shown(self._format, self._text)
-        if end <= self._shown:
+        piece = self._text.add(text)
+        if not piece:
             return []
-        piece, self._shown = self._text[self._shown : end], end
         return [self._chunk({"content": piece} if self._plan.kind == "chat" else piece)]
 
     def end(self, stats: DecodeStats) -> list[dict[str, Any]]:
         """The last chunks: what was held back (parsed for tool calls), the finish reason, and
         the usage chunk when the plan asks for it."""
         chunks: list[dict[str, Any]] = []
-        rest = self._text[self._shown :]
+        rest = self._text.rest
         called = False
         if self._plan.kind == "chat":
             message, called = _message(self._format, "", rest)
@@ -136,11 +135,6 @@ class ReplyStream:
         if self._plan.include_usage:
             chunk["usage"] = None  # OpenAI's shape: only the last chunk carries it
         return chunk
-
-
-def _shown(fmt: ToolFormat | None, text: str) -> int:
-    """How much of ``text`` is surely content (all of it unless the reply may call tools)."""
-    return len(text) if fmt is None else fmt.content_end(text)
 
 
 def _message(fmt: ToolFormat | None, shown: str, rest: str) -> tuple[dict[str, Any], bool]:

@@ -322,7 +322,7 @@ def _max_tokens(max_tokens: object, max_completion_tokens: object) -> int | None
 
 def _number(value: object, name: str, low: float, high: float | None, *, open_low: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} is a number, got {value!r}", name)
+        raise RequestError(f"{name} must be a number, got {value!r}", name)
     too_low = value <= low if open_low else value < low
     if too_low or (high is not None and value > high):
         bounds = f"{'(' if open_low else '['}{low:g}, {'inf)' if high is None else f'{high:g}]'}"
@@ -410,6 +410,12 @@ def _tool_plan(tools: object, choice: object, engine: Engine) -> ToolPlan:
         raise RequestError(str(err), "tool_choice") from None
     if not checked or normalised == "none":
         return ToolPlan(choice=normalised)
+    if engine.tokenizer is None:  # a server engine given no tokenizer: no chat template at hand
+        raise RequestError(
+            f"tool calling needs the model's chat template; {type(engine).__name__} has no tokenizer",
+            "tools",
+            "tools_not_supported",
+        )
     try:
         fmt = detect_tool_format(engine.tokenizer, getattr(engine, "chat_template_kwargs", None))
     except ToolsNotSupportedError as err:
