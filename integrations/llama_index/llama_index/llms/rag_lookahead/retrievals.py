@@ -37,8 +37,7 @@ from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import MetadataMode, NodeWithScore
 
-from llama_index.llms.rag_lookahead.scoping import scope_key
-from rag_lookahead.interface import Engine, Scope
+from rag_lookahead.interface import Engine, Scope, scope_key
 
 __all__ = ["Claim", "RetrievalScopes"]
 
