@@ -33,10 +33,9 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools.types import BaseTool
 
-from llama_index.llms.rag_lookahead import calls, structured
+from llama_index.llms.rag_lookahead import calls
 from llama_index.llms.rag_lookahead.calls import Call, Settings
 from llama_index.llms.rag_lookahead.loading import plain_engine, resolve_engine
 from llama_index.llms.rag_lookahead.responses import (
@@ -325,17 +324,10 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
                 self._tools_supported = False
         return self._tools_supported
 
-    def _structured_stream(
-        self,
-        output_cls: type[BaseModel],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None,
-        prompt_args: dict[str, Any],
+    def _open_structured(
+        self, messages: list[ChatMessage], kwargs: dict[str, Any], schema: Any
     ) -> TextStream:
-        """The stream of a reply held to ``output_cls``'s JSON schema (see `StructuredOutputLLM`)."""
-        response_format = structured.response_format(output_cls)
-        messages = self._chat_prompt(prompt.format_messages(llm=self, **prompt_args))
-        stream, _ = self._open(messages, structured.structured_options(llm_kwargs), False, response_format)
+        stream, _ = self._open(self._chat_prompt(messages), kwargs, False, schema)
         return stream
 
     # ------------------------------------------------------------------ the one path

@@ -8,6 +8,7 @@ from abc import abstractmethod
 from collections.abc import AsyncGenerator, Generator
 from typing import Any, TypeVar
 
+from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import (
@@ -33,6 +34,12 @@ class StructuredOutputLLM(LLM):
     schema (in `PydanticProgramMode.DEFAULT`; another mode goes LlamaIndex's way)."""
 
     @abstractmethod
+    def _open_structured(
+        self, messages: list[ChatMessage], kwargs: dict[str, Any], schema: Any
+    ) -> TextStream:
+        """The started stream of the reply to ``messages``, held to ``schema`` (a request's
+        ``response_format``)."""
+
     def _structured_stream(
         self,
         output_cls: type[BaseModel],
@@ -40,7 +47,9 @@ class StructuredOutputLLM(LLM):
         llm_kwargs: dict[str, Any] | None,
         prompt_args: dict[str, Any],
     ) -> TextStream:
-        """The started stream of ``prompt``'s reply, held to ``output_cls``'s JSON schema."""
+        schema = structured.response_format(output_cls)
+        kwargs = structured.structured_options(llm_kwargs)
+        return self._open_structured(prompt.format_messages(llm=self, **prompt_args), kwargs, schema)
 
     def structured_predict(
         self,
