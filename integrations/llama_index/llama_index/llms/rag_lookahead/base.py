@@ -49,7 +49,7 @@ from llama_index.llms.rag_lookahead.responses import (
 )
 from llama_index.llms.rag_lookahead.retrievals import RetrievalScopes
 from llama_index.llms.rag_lookahead.scoping import open_stream
-from llama_index.llms.rag_lookahead.structured_llm import StructuredOutputLLM
+from llama_index.llms.rag_lookahead.structured import StructuredOutputLLM
 from llama_index.llms.rag_lookahead.tools import (
     last_tool_response,
     message_dict,
@@ -75,8 +75,7 @@ _PROBE_TOOL = {
     "type": "function",
     "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}},
 }
-_COMPLETION = Shape(completion_response)
-_Opened = tuple[TextStream, Call]  # a started call, and its plan
+_COMPLETION: Shape[CompletionResponse] = Shape(completion_response)
 
 
 class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
@@ -218,62 +217,55 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return last(self._completion_responses(prompt, formatted, kwargs))
+        return last(responses(*self._completion(prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return self._completion_responses(prompt, formatted, kwargs)
+        return responses(*self._completion(prompt, formatted, kwargs))
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return last(self._chat_responses(messages, kwargs))
+        return last(responses(*self._chat(messages, kwargs)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return self._chat_responses(messages, kwargs)
+        return responses(*self._chat(messages, kwargs))
+
+    # Async calls open in a worker thread (tokenizing a long prompt is work too; `to_thread`
+    # copies the context, the published scope included) and decode in worker threads.
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return await alast(await self._acompletion_responses(prompt, formatted, kwargs))
+        return await alast(aresponses(*await asyncio.to_thread(self._completion, prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        return await self._acompletion_responses(prompt, formatted, kwargs)
+        return aresponses(*await asyncio.to_thread(self._completion, prompt, formatted, kwargs))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await alast(await self._achat_responses(messages, kwargs))
+        return await alast(aresponses(*await asyncio.to_thread(self._chat, messages, kwargs)))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        return await self._achat_responses(messages, kwargs)
+        return aresponses(*await asyncio.to_thread(self._chat, messages, kwargs))
 
-    # Every surface method streams; the call is opened before the responses are returned, not
+    # Every surface method streams. The call is opened before its responses are returned, not
     # on their first iteration, so that the scope published at the call is the one read.
 
-    def _completion_responses(
+    def _completion(
         self, prompt: str, formatted: bool, kwargs: dict[str, Any]
-    ) -> CompletionResponseGen:
+    ) -> tuple[TextStream, Shape[CompletionResponse]]:
         stream, _ = self._open(self._completion_prompt(prompt, formatted), kwargs)
-        return responses(stream, _COMPLETION)
+        return stream, _COMPLETION
 
-    def _chat_responses(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
-        stream, call = self._open(self._chat_prompt(messages), kwargs, chat=True)
-        return responses(stream, _chat_shape(call))
-
-    async def _acompletion_responses(
-        self, prompt: str, formatted: bool, kwargs: dict[str, Any]
-    ) -> CompletionResponseAsyncGen:
-        stream, _ = await self._aopen(self._completion_prompt(prompt, formatted), kwargs)
-        return aresponses(stream, _COMPLETION)
-
-    async def _achat_responses(
+    def _chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
-    ) -> ChatResponseAsyncGen:
-        stream, call = await self._aopen(self._chat_prompt(messages), kwargs, chat=True)
-        return aresponses(stream, _chat_shape(call))
+    ) -> tuple[TextStream, Shape[ChatResponse]]:
+        stream, call = self._open(self._chat_prompt(messages), kwargs, chat=True)
+        return stream, _chat_shape(call)
 
     # ------------------------------------------------------------------ tools (FunctionCallingLLM)
 
@@ -355,16 +347,12 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
 
     def _open(
         self, prompt: Any, kwargs: dict[str, Any], chat: bool = False, response_format: Any = None
-    ) -> _Opened:
+    ) -> tuple[TextStream, Call]:
         """Plan the call and start it: nothing runs until the stream is iterated."""
         settings = Settings(self.max_new_tokens, self.temperature, tuple(self.stop), self.generate_kwargs)
         call = calls.plan(prompt, kwargs, self._engine, settings, chat=chat, response_format=response_format)
         engine = self._engine if self.lookahead else plain_engine(self._engine)
         return open_stream(self._engine, engine, call.plan, call.scope, self._retrievals), call
-
-    async def _aopen(self, prompt: Any, kwargs: dict[str, Any], chat: bool = False) -> _Opened:
-        # Tokenizing a long prompt is work too; `to_thread` copies the context, scope included.
-        return await asyncio.to_thread(self._open, prompt, kwargs, chat)
 
 
 def _chat_shape(call: Call) -> Shape[ChatResponse]:
