@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -26,9 +26,8 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
-from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.function_calling import FunctionCallingLLM
@@ -60,9 +59,6 @@ from rag_lookahead.adapters import RequestError, display_name, plan_call
 from rag_lookahead.interface import Engine
 
 __all__ = ["LookaheadLLM"]
-
-Model = TypeVar("Model", bound=BaseModel)
-dispatcher = get_dispatcher(__name__)
 
 # Roles some chat templates do not know, mapped to the ones every template has.
 _ROLE_ALIASES = {
@@ -116,8 +112,10 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
     temperature: float = Field(
         default=0.0,
         ge=0.0,
+        le=2.0,
         description="0 decodes greedily (the tokens of plain greedy decoding); above 0 samples "
-        "at this temperature. A call's `temperature=` replaces it.",
+        "at this temperature (at most 2, as every front end takes). A call's `temperature=` "
+        "replaces it.",
     )
     stop: list[str] = Field(
         default_factory=list,

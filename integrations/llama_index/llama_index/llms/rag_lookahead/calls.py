@@ -27,8 +27,6 @@ __all__ = ["CALL_OPTIONS", "TOOL_OPTIONS", "Call", "Settings", "plan"]
 _REQUEST_KEYS = frozenset(
     {"max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "documents"}
 )
-# `GenerationParams` names for request keys (callers of `model.generate` pass them).
-_ALIASES = {"max_new_tokens": "max_tokens", "stop_strings": "stop"}
 # `GenerationParams` fields no OpenAI request carries: set on the plan's params.
 _ENGINE_FIELDS = frozenset({"do_sample", "eos_token_id", "grammar"})
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationParams))
