@@ -5,10 +5,12 @@ A request (a mapping, as a server or an adapter receives it) becomes one frozen 
 engine's text and `DecodeStats` become OpenAI's reply objects and stream chunks (`reply`,
 `ReplyStream`), as plain dicts. A front end that builds its own prompt (an adapter's
 message objects) plans its call's options the same way (`plan_call`), and reads a streamed
-reply that may call tools off the same `HeldReply`. The core never imports this package.
+reply that may call tools off the same `HeldReply`, and names the model as the others do
+(`display_name`). The core never imports this package.
 """
 
 from rag_lookahead.adapters.errors import RequestError
+from rag_lookahead.adapters.names import display_name
 from rag_lookahead.adapters.options import OPTION_KEYS, plan_call
 from rag_lookahead.adapters.replies import FINISH_REASONS, ReplyHeader, ReplyStream, reply, usage
 from rag_lookahead.adapters.requests import (
@@ -32,6 +34,7 @@ __all__ = [
     "ReplyStream",
     "RequestError",
     "ToolPlan",
+    "display_name",
     "plan_call",
     "plan_chat",
     "plan_completion",

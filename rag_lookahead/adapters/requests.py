@@ -349,7 +349,7 @@ def _max_tokens(max_tokens: object, max_completion_tokens: object) -> int | None
 
 def _number(value: object, name: str, low: float, high: float | None, *, open_low: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} is a number, got {value!r}", name)
+        raise RequestError(f"{name} must be a number, got {value!r}", name)
     too_low = value <= low if open_low else value < low
     if too_low or (high is not None and value > high):
         bounds = f"{'(' if open_low else '['}{low:g}, {'inf)' if high is None else f'{high:g}]'}"

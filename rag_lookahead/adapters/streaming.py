@@ -24,6 +24,11 @@ class HeldReply:
         self._text = ""
         self._shown = 0
 
+    @property
+    def shown_text(self) -> str:
+        """The content shown so far."""
+        return self._text[: self._shown]
+
     def add(self, text: str) -> str:
         """The content ``text`` lets show now (``""`` while it is held back)."""
         self._text += text

@@ -25,9 +25,9 @@ from typing_extensions import Self
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
 from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine
-from rag_lookahead.adapters import FINISH_REASONS, CallKind, CallPlan, RequestError, plan_call
+from rag_lookahead.adapters import FINISH_REASONS, CallKind, CallPlan, RequestError, display_name, plan_call
 from rag_lookahead.interface import Engine
-from rag_lookahead.models import builtin_name, check_loading_options, default_cache_dir
+from rag_lookahead.models import check_loading_options
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
 from rag_lookahead.server import ServerEngine, ServerKind
 
@@ -203,7 +203,7 @@ class LookaheadSettings(BaseModel):
     def model_name(self) -> str:
         """The model's name, for traces and `response_metadata`."""
         if self.engine is not None:
-            return _display_name(self.engine.model_name)
+            return display_name(self.engine)
         return self.model or DEFAULT_MODEL
 
     def resolved_config(self) -> LookaheadConfig | None:
@@ -372,10 +372,3 @@ def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[st
 def _foreign(engine: Engine | None) -> bool:
     """Whether ``engine`` is given and is not a local `LookaheadEngine` (a server's)."""
     return engine is not None and not isinstance(engine, LookaheadEngine)
-
-
-def _display_name(name_or_path: str) -> str:
-    path = Path(name_or_path)
-    if path.parent == default_cache_dir() / "models":
-        return builtin_name(path) or name_or_path  # a converted built-in model
-    return name_or_path

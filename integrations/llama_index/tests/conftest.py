@@ -1,11 +1,10 @@
-"""Shared fixtures: one embedded default model for the whole session, and a FAISS index over
-the Dolly contexts that ship with rag-lookahead. Everything is offline."""
+"""Settings for every test (offline, few threads on a shared 2-core machine), and the FAISS
+index over the Dolly contexts that ship with rag-lookahead, embedded offline."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +19,15 @@ import pytest
 import torch
 
 import rag_lookahead
-from llama_index.llms.rag_lookahead import LookaheadLLM, active_scope
 
 # CI has 2 cores.
 torch.set_num_threads(2)
-
-MAX_NEW_TOKENS = 24
 
 
 def dolly_records() -> list[dict[str, Any]]:
     """The closed-QA records bundled with rag-lookahead (Dolly, CC BY-SA 3.0)."""
     path = Path(rag_lookahead.__file__).parent / "data" / "sample.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-@pytest.fixture(scope="session")
-def llm() -> LookaheadLLM:
-    """The default model, loaded with no arguments, as users would."""
-    return LookaheadLLM(max_new_tokens=MAX_NEW_TOKENS)
-
-
-@pytest.fixture(scope="session")
-def plain_llm(llm: LookaheadLLM) -> LookaheadLLM:
-    """The same model and engine with lookahead off: the reference output."""
-    return LookaheadLLM(engine=llm.engine, lookahead=False, max_new_tokens=MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="session")
@@ -75,48 +59,3 @@ def build_index(records: list[dict[str, Any]]) -> Any:
         embed_model=embed_model,
         transformations=[SentenceSplitter(chunk_size=64, chunk_overlap=0)],
     )
-
-
-class CallSpy:
-    """What the trie held when each LLM call of a query started."""
-
-    def __init__(self, llm: LookaheadLLM) -> None:
-        self.llm = llm
-        self.calls: list[dict[str, Any]] = []
-
-    def record(self) -> None:
-        scope = active_scope(self.llm.engine.trie)
-        trie = self.llm.engine.trie
-        self.calls.append(
-            {
-                "owner": scope.owner if scope else None,
-                "documents": len(scope.sequences) if scope else 0,
-                "nodes_in_trie": trie.count_owned(scope.owner) if scope else 0,
-            }
-        )
-
-
-@pytest.fixture
-def spy(llm: LookaheadLLM) -> Iterator[CallSpy]:
-    """Records, at the start of every LLM call, the active query scope and its trie nodes."""
-    import llama_index.core.instrumentation as instrument
-    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-    from llama_index.core.instrumentation.events.llm import (
-        LLMChatStartEvent,
-        LLMCompletionStartEvent,
-    )
-
-    spy = CallSpy(llm)
-
-    class Handler(BaseEventHandler):
-        def handle(self, event: Any, **kwargs: Any) -> None:
-            if isinstance(event, (LLMChatStartEvent, LLMCompletionStartEvent)):
-                spy.record()
-
-    dispatcher = instrument.get_dispatcher()
-    handler = Handler()
-    dispatcher.add_event_handler(handler)
-    try:
-        yield spy
-    finally:
-        dispatcher.event_handlers.remove(handler)

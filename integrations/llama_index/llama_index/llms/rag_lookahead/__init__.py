@@ -14,7 +14,7 @@ from llama_index.llms.rag_lookahead.responses import usage
 from llama_index.llms.rag_lookahead.retrievals import RetrievalScopes
 from llama_index.llms.rag_lookahead.retriever import LookaheadRetriever
 from llama_index.llms.rag_lookahead.scoping import active_scope, use_scope
-from llama_index.llms.rag_lookahead.tools import StructuredOutputError
+from llama_index.llms.rag_lookahead.structured import StructuredOutputError
 
 __all__ = [
     "LookaheadLLM",

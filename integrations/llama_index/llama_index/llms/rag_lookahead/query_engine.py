@@ -1,21 +1,24 @@
 """`LookaheadQueryEngine`: a `RetrieverQueryEngine` whose retrieved nodes all feed the trie.
 
-A synthesizer packs only what fits into each prompt (compact) or spreads the nodes over several
-calls (refine), so no single LLM call sees every retrieved node. Before synthesis this engine
-inserts the text of all retrieved nodes into the LLM's trie as branches owned by the query (a
-`DocumentScope`) and publishes that scope to every LLM call synthesis makes (`scoping`). The
-branches are eliminated when synthesis is done: at once for a plain response, and for a
-streaming one when its generator is exhausted, closed or garbage-collected.
+Any query engine over a `LookaheadLLM` drafts from its retrieved nodes through
+`RetrievalScopes`, which sees every retrieval of a run. This one is the convenience for the
+common case with a tighter lifecycle: the nodes the query retrieved (after its node
+postprocessors) are inserted into the LLM's trie as one `DocumentScope` right after retrieval,
+published to every LLM call synthesis makes (`scoping`), and eliminated when synthesis is
+done: at once for a plain response, and for a streaming one as soon as its generator is
+exhausted or closed (or garbage-collected), not when the response object goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-import llama_index.core.instrumentation as instrument
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import (
     RESPONSE_TYPE,
@@ -23,7 +26,6 @@ from llama_index.core.base.response.schema import (
     StreamingResponse,
 )
 from llama_index.core.callbacks.base import CallbackManager
-from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.llms.llm import LLM
 from llama_index.core.llms.structured_llm import StructuredLLM
@@ -34,12 +36,15 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from llama_index.llms.rag_lookahead.base import LookaheadLLM
+from llama_index.llms.rag_lookahead.generators import aadvanced_in, advanced_in
 from llama_index.llms.rag_lookahead.scoping import scope_key, use_scope
 from rag_lookahead.interface import Scope
 
 __all__ = ["LookaheadQueryEngine"]
 
-dispatcher = instrument.get_dispatcher(__name__)
+# The query under way in this context: its engine's `id` (a query engine that another one's
+# retriever queries fills its own) and its scope.
+_QUERY: ContextVar[tuple[int, Scope] | None] = ContextVar("rag_lookahead_query", default=None)
 
 
 class LookaheadQueryEngine(RetrieverQueryEngine):
@@ -101,119 +106,70 @@ class LookaheadQueryEngine(RetrieverQueryEngine):
             llm=self._llm,
         )
 
-    # ------------------------------------------------------------------ synthesis in a scope
+    # ------------------------------------------------------------------ the query's scope
 
-    def synthesize(
-        self,
-        query_bundle: QueryBundle,
-        nodes: list[NodeWithScore],
-        additional_source_nodes: Sequence[NodeWithScore] | None = None,
-    ) -> RESPONSE_TYPE:
-        scope = self._open_scope(nodes, additional_source_nodes)
-        try:
-            with use_scope(scope_key(self._llm.engine), scope):
-                response = super().synthesize(query_bundle, nodes, additional_source_nodes)
-        except BaseException:
-            scope.close()
-            raise
-        return _close_after(response, scope_key(self._llm.engine), scope)
-
-    async def asynthesize(
-        self,
-        query_bundle: QueryBundle,
-        nodes: list[NodeWithScore],
-        additional_source_nodes: Sequence[NodeWithScore] | None = None,
-    ) -> RESPONSE_TYPE:
-        scope = await asyncio.to_thread(self._open_scope, nodes, additional_source_nodes)
-        try:
-            # Tasks the synthesizer spawns copy this context, so they see the scope too.
-            with use_scope(scope_key(self._llm.engine), scope):
-                response = await super().asynthesize(query_bundle, nodes, additional_source_nodes)
-        except BaseException:
-            scope.close()
-            raise
-        return _close_after(response, scope_key(self._llm.engine), scope)
-
-    # The base class's `_query` calls the synthesizer directly; these go through `synthesize`.
-
-    @dispatcher.span
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        with self.callback_manager.event(
-            CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
-        ) as query_event:
-            nodes = self.retrieve(query_bundle)
-            response = self.synthesize(query_bundle, nodes)
-            query_event.on_end(payload={EventPayload.RESPONSE: response})
-        return response
+        with self._synthesis() as scope:
+            response = super()._query(query_bundle)
+        return _close_after(response, scope_key(self._llm.engine), scope)
 
-    @dispatcher.span
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        with self.callback_manager.event(
-            CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
-        ) as query_event:
-            nodes = await self.aretrieve(query_bundle)
-            response = await self.asynthesize(query_bundle, nodes)
-            query_event.on_end(payload={EventPayload.RESPONSE: response})
-        return response
+        # Tasks the synthesizer spawns copy this context, so they see the scope too.
+        with self._synthesis() as scope:
+            response = await super()._aquery(query_bundle)
+        return _close_after(response, scope_key(self._llm.engine), scope)
 
-    def _open_scope(
-        self,
-        nodes: Sequence[NodeWithScore],
-        additional_source_nodes: Sequence[NodeWithScore] | None,
-    ) -> Scope:
-        everything = [*nodes, *(additional_source_nodes or ())]
-        # The text as the synthesizer shows it to the LLM, metadata lines included.
-        texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in everything]
-        return self._llm.engine.scope(texts)
+    def retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        nodes = super().retrieve(query_bundle)
+        scope = self._query_scope()
+        if scope is not None:
+            scope.add(_texts(nodes))
+        return nodes
+
+    async def aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        nodes = await super().aretrieve(query_bundle)
+        scope = self._query_scope()
+        if scope is not None:
+            await asyncio.to_thread(scope.add, _texts(nodes))  # tokenizing is work too
+        return nodes
+
+    @contextmanager
+    def _synthesis(self) -> Iterator[Scope]:
+        """The query's scope, published to the LLM calls inside (`retrieve` fills it); it is
+        closed here only when the query fails."""
+        scope = self._llm.engine.scope()
+        token = _QUERY.set((id(self), scope))
+        try:
+            with use_scope(scope_key(self._llm.engine), scope):
+                yield scope
+        except BaseException:
+            scope.close()
+            raise
+        finally:
+            _QUERY.reset(token)
+
+    def _query_scope(self) -> Scope | None:
+        """The scope of this engine's query under way here, if any."""
+        query = _QUERY.get()
+        return query[1] if query is not None and query[0] == id(self) else None
+
+
+def _texts(nodes: Sequence[NodeWithScore]) -> list[str]:
+    # The text as the synthesizer shows it to the LLM, metadata lines included.
+    return [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
 
 
 def _close_after(response: RESPONSE_TYPE, trie: Any, scope: Scope) -> RESPONSE_TYPE:
     """Close ``scope`` now, or when a streaming response's generator is done with."""
+    # A streaming synthesizer may make its LLM call only when its generator is first advanced,
+    # long after the query returned: each advance runs with the scope published again.
+    context = functools.partial(use_scope, trie, scope)
     if isinstance(response, StreamingResponse) and response.response_gen is not None:
-        response.response_gen = _scoped(response.response_gen, trie, scope)
+        response.response_gen = advanced_in(response.response_gen, context, scope.close)
         weakref.finalize(response.response_gen, scope.close)  # never iterated, then dropped
     elif isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
-        response.response_gen = _ascoped(response.response_gen, trie, scope)
+        response.response_gen = aadvanced_in(response.response_gen, context, scope.close)
         weakref.finalize(response.response_gen, scope.close)
     else:
         scope.close()
     return response
-
-
-# A streaming synthesizer may make its LLM call only when its generator is first advanced,
-# long after `synthesize` returned: each advance runs with the scope published again.
-
-
-def _scoped(tokens: Iterator[str], trie: Any, scope: Scope) -> Generator[str, None, None]:
-    try:
-        while True:
-            with use_scope(trie, scope):
-                token = next(tokens, _DONE)
-            if token is _DONE:
-                return
-            yield token  # outside the block: the consumer's own context stays untouched
-    finally:
-        close = getattr(tokens, "close", None)
-        if close is not None:
-            close()  # ends the LLM call now rather than when it is garbage-collected
-        scope.close()
-
-
-async def _ascoped(tokens: AsyncIterator[str], trie: Any, scope: Scope) -> AsyncGenerator[str, None]:
-    try:
-        while True:
-            with use_scope(trie, scope):
-                token = await anext(tokens, _DONE)
-            if token is _DONE:
-                return
-            yield token
-    finally:
-        aclose = getattr(tokens, "aclose", None)
-        try:
-            if aclose is not None:
-                await aclose()
-        finally:
-            scope.close()
-
-
-_DONE: Any = object()

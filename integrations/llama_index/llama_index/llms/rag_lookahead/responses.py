@@ -1,10 +1,16 @@
-"""LlamaIndex responses out of the engine's `TextStream`, and the stats they carry."""
+"""LlamaIndex responses out of the engine's `TextStream`, and the stats they carry.
+
+A reply streams through the core's `HeldReply`, as the HTTP server's does: every piece that is
+surely content is a response's delta; a chat reply that may call tools is held back from
+where a call may begin, and its last response carries the parsed calls (see `tools`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -14,13 +20,17 @@ from llama_index.core.base.llms.types import (
 )
 
 from rag_lookahead import DecodeStats, TextStream
+from rag_lookahead.adapters import HeldReply
 from rag_lookahead.streaming import aiterate
+from rag_lookahead.structured import ToolFormat
 
 __all__ = [
+    "Shape",
     "alast",
     "aresponses",
     "chat_response",
     "completion_response",
+    "last",
     "responses",
     "usage",
 ]
@@ -28,6 +38,8 @@ __all__ = [
 R = TypeVar("R", CompletionResponse, ChatResponse)
 # Builds a response from the text so far, the new delta and the additional kwargs.
 MakeResponse = Callable[[str, str | None, dict[str, Any]], R]
+# Builds the last response from the whole text, the part of it already streamed and the usage.
+MakeLast = Callable[[str, str, dict[str, Any]], R]
 
 
 def usage(stats: DecodeStats) -> dict[str, Any]:
@@ -59,29 +71,67 @@ def chat_response(text: str, delta: str | None, extra: dict[str, Any]) -> ChatRe
     return ChatResponse(message=message, delta=delta, raw=_raw(extra), additional_kwargs=extra)
 
 
-def responses(stream: TextStream, make: MakeResponse[R]) -> Generator[R, None, None]:
-    """Cumulative responses per decoded chunk, then one with an empty delta and the stats."""
+@dataclass(frozen=True)
+class Shape(Generic[R]):
+    """How a reply becomes responses: one per shown piece, and the last with the stats.
+
+    Attributes:
+        make: A streamed piece's response.
+        tool_format: The model's tool format when the reply is parsed for calls.
+        make_last: The last response (default: ``make`` of the whole text, an empty delta).
+    """
+
+    make: MakeResponse[R]
+    tool_format: ToolFormat | None = None
+    make_last: MakeLast[R] | None = None
+
+    def piece(self, reply: HeldReply, text: str) -> R | None:
+        delta = reply.add(text) if text else ""
+        return self.make(reply.shown_text, delta, {}) if delta else None
+
+    def end(self, stream: TextStream, reply: HeldReply) -> R:
+        shown = reply.shown_text
+        if self.make_last is not None:
+            return self.make_last(stream.text, shown, usage(stream.stats))
+        return self.make(stream.text, "", usage(stream.stats))
+
+
+def responses(stream: TextStream, shape: Shape[R]) -> Generator[R, None, None]:
+    """Cumulative responses per shown piece, then one with the rest and the stats."""
+    reply = HeldReply(shape.tool_format)
     with stream:  # leaving early ends generation and releases the call's trie branches
         for chunk in stream.chunks():
-            if chunk.text:
-                yield make(stream.text, chunk.text, {})
-    yield make(stream.text, "", usage(stream.stats))
+            if (response := shape.piece(reply, chunk.text)) is not None:
+                yield response
+    yield shape.end(stream, reply)
 
 
-async def aresponses(stream: TextStream, make: MakeResponse[R]) -> AsyncGenerator[R, None]:
+async def aresponses(stream: TextStream, shape: Shape[R]) -> AsyncGenerator[R, None]:
+    """`responses` for async callers (decoding runs in worker threads)."""
+    reply = HeldReply(shape.tool_format)
     # `async for` alone would leave the chunks open when the consumer stops early.
     async with aclosing(aiterate(stream.chunks())) as chunks:
         async for chunk in chunks:
-            if chunk.text:
-                yield make(stream.text, chunk.text, {})
-    yield make(stream.text, "", usage(stream.stats))
+            if (response := shape.piece(reply, chunk.text)) is not None:
+                yield response
+    yield shape.end(stream, reply)
+
+
+def last(responses: Iterable[R]) -> R:
+    """The last response (the whole text and the stats), as a blocking call returns it."""
+    final = None
+    for response in responses:
+        final = response
+    assert final is not None  # `responses` always ends with the stats response
+    final.delta = None
+    return final
 
 
 async def alast(responses: AsyncIterator[R]) -> R:
-    """The last response (the whole text and the stats), as a blocking call returns it."""
-    last = None
+    """`last` of async responses."""
+    final = None
     async for response in responses:
-        last = response
-    assert last is not None  # `aresponses` always ends with the stats response
-    last.delta = None
-    return last
+        final = response
+    assert final is not None
+    final.delta = None
+    return final

@@ -17,10 +17,12 @@ but not a plain ``threading.Thread``, whose calls start runs of their own.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,15 +39,14 @@ from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import MetadataMode, NodeWithScore
 
-from llama_index.llms.rag_lookahead.scoping import scope_key
-from rag_lookahead.interface import Engine, Scope
+from llama_index.llms.rag_lookahead.generators import aadvanced_in, advanced_in
+from rag_lookahead.interface import Engine, Scope, scope_key
 
 __all__ = ["Claim", "RetrievalScopes"]
 
 _STREAMING_RESPONSES = (StreamingResponse, AsyncStreamingResponse, StreamingAgentChatResponse)
 # The run whose streaming response's generator is being advanced (by whoever reads it).
 _DEFERRED: ContextVar[str | None] = ContextVar("rag_lookahead_deferred_run", default=None)
-_DONE: Any = object()
 # One tracker per dispatcher: LLMs created at once in several threads must not attach two.
 _ATTACH_LOCK = threading.Lock()
 
@@ -188,7 +189,9 @@ class RetrievalScopes:
             return
         if gen in self._followed:
             return  # an inner span of the run already did
-        follower = _afollow(gen, root) if inspect.isasyncgen(gen) else _follow(gen, root)
+        context = functools.partial(_deferred, root)
+        # Typed as the response's own generator: its items pass through unchanged.
+        follower: Any = aadvanced_in(gen, context) if inspect.isasyncgen(gen) else advanced_in(gen, context)
         self._followed.add(follower)
         response.response_gen = follower
 
@@ -224,38 +227,14 @@ def _insert(run: _Run, engine: Engine, texts: list[str]) -> Scope:
     return scope
 
 
-def _follow(tokens: Iterator[Any], root: str) -> Generator[Any, None, None]:
+@contextmanager
+def _deferred(root: str) -> Iterator[None]:
+    """Publish ``root`` as the run of what happens inside."""
+    token = _DEFERRED.set(root)
     try:
-        while True:
-            token = _DEFERRED.set(root)
-            try:
-                item = next(tokens, _DONE)
-            finally:
-                _DEFERRED.reset(token)
-            if item is _DONE:
-                return
-            yield item  # outside the block: the reader's own context stays untouched
+        yield
     finally:
-        close = getattr(tokens, "close", None)
-        if close is not None:
-            close()
-
-
-async def _afollow(tokens: AsyncIterator[Any], root: str) -> AsyncGenerator[Any, None]:
-    try:
-        while True:
-            token = _DEFERRED.set(root)
-            try:
-                item = await anext(tokens, _DONE)
-            finally:
-                _DEFERRED.reset(token)
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        aclose = getattr(tokens, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        _DEFERRED.reset(token)
 
 
 def _defers_generation(result: Any) -> bool:

@@ -10,18 +10,26 @@ LlamaIndex runs LLM calls: the same thread, asyncio tasks (which copy the contex
 created), ``asyncio.to_thread``, and LlamaIndex's own ``asyncio_run`` worker thread (which runs
 the coroutine in a copy of the caller's context). Plain ``threading.Thread`` workers do not
 inherit it; pass ``scope=`` to the LLM call explicitly there.
+
+`open_stream` resolves a call's scope from its three sources, first found first: the call's
+own ``scope=``, the scope published here, the nodes retrieved earlier in the call's run
+(`RetrievalScopes`).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from rag_lookahead.interface import Scope, scope_key
+from llama_index.llms.rag_lookahead.retrievals import Claim, RetrievalScopes
+from rag_lookahead import TextStream
+from rag_lookahead.adapters import CallPlan
+from rag_lookahead.interface import Engine, Scope, scope_key
 
-__all__ = ["ActiveScope", "active_scope", "scope_key", "use_scope"]
+__all__ = ["ActiveScope", "active_scope", "open_stream", "scope_key", "use_scope"]
 
 
 class ActiveScope(NamedTuple):
@@ -52,3 +60,32 @@ def use_scope(trie: Any, scope: Scope) -> Iterator[Scope]:
         yield scope
     finally:
         _ACTIVE.reset(token)
+
+
+def open_stream(
+    engine: Engine,
+    call_engine: Engine,
+    plan: CallPlan,
+    scope: Scope | None = None,
+    retrievals: RetrievalScopes | None = None,
+) -> TextStream:
+    """Start ``plan`` on ``call_engine`` (``engine`` or its plain twin), drafting from
+    ``scope``, else from the scope published for ``engine``'s trie, else from the nodes
+    ``retrievals`` saw earlier in the run; nothing runs until the stream is iterated."""
+    claim: Claim | None = None
+    if scope is None and call_engine.drafts_from_documents:
+        # A query's nodes reach the drafts only where the engine drafts from documents; a
+        # vLLM server sees its prompt alone (and a refine prompt may show only some nodes).
+        scope = active_scope(scope_key(engine))
+        if scope is None and retrievals is not None:
+            claim = retrievals.claim(engine)  # nodes retrieved earlier in this run
+            scope = claim.scope if claim is not None else None
+    try:
+        stream = call_engine.stream(plan.prompt, plan.params, scope=scope, **plan.stream_kwargs())
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
+    if claim is not None:
+        weakref.finalize(stream, claim.release)  # the run's scope stays open while it is read
+    return stream

@@ -1,79 +1,51 @@
-"""Tool calls and structured output for `LookaheadLLM`: LlamaIndex's side.
+"""Tool calls for `LookaheadLLM`: LlamaIndex's side.
 
-The core (`rag_lookahead.structured.tools`) renders tools through the chat template, reads the
-model's tool format and builds the grammar of a forced call; here LlamaIndex's side: its tools
-and ``tool_choice`` / ``tool_required``, tool calls in responses (``additional_kwargs
-["tool_calls"]`` in OpenAI's shape, as LlamaIndex's OpenAI LLM keeps them, so that an agent's
-history round-trips), `ToolSelection` s for agents, and replies held to a pydantic model's
-schema.
+The core plans a call's tools (`rag_lookahead.adapters`: the checked tools, the normalised
+``tool_choice``, the model's tool format and the grammar of a forced call) and streams the
+reply up to where a call may begin (`HeldReply`); here LlamaIndex's side: its tools as
+OpenAI-style dicts, its chat messages with their calls and results, tool calls in responses
+(``additional_kwargs["tool_calls"]`` in OpenAI's shape, as LlamaIndex's OpenAI LLM keeps
+them, so that an agent's history round-trips) and `ToolSelection` s for agents.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
-from llama_index.core.bridge.pydantic import BaseModel, ValidationError
 from llama_index.core.llms.llm import ToolSelection
-from llama_index.core.llms.utils import parse_partial_json
-from llama_index.core.program.utils import FlexibleModel, create_flexible_model
 from llama_index.core.tools.types import BaseTool
 
-from llama_index.llms.rag_lookahead.responses import chat_response, usage
-from rag_lookahead import Completion, TextStream
-from rag_lookahead.interface import Engine
-from rag_lookahead.streaming import aiterate
-from rag_lookahead.structured import Grammar, ToolFormat, check_tools, detect_tool_format
-from rag_lookahead.structured import tool_choice as normalised_choice
+from llama_index.llms.rag_lookahead.responses import chat_response
+from rag_lookahead import adapters
 
 __all__ = [
-    "StructuredOutputError",
     "ToolPlan",
-    "atool_responses",
+    "last_tool_response",
     "message_dict",
-    "parse_structured",
-    "partial_structured",
-    "schema_grammar",
-    "tool_plan",
+    "openai_tools",
     "tool_response",
-    "tool_responses",
     "tool_selections",
 ]
 
-Model = TypeVar("Model", bound=BaseModel)
-
-
-class StructuredOutputError(ValueError):
-    """A structured reply that does not parse against its schema (cut by ``max_new_tokens``)."""
-
 
 @dataclass(frozen=True)
-class ToolPlan:
-    """What one chat call does with tools.
+class ToolPlan(adapters.ToolPlan):
+    """The core's tool plan of a chat call, and LlamaIndex's ``allow_parallel_tool_calls``.
 
     Attributes:
-        tools: OpenAI-style tools the chat template renders (none: a plain call).
-        grammar: The grammar of a forced call (``tool_choice`` ``"required"`` or a name).
-        format: The model's tool format, when the reply is to be parsed for calls.
         single: Keep only the first call (``allow_parallel_tool_calls=False``).
     """
 
-    tools: tuple[dict[str, Any], ...] = ()
-    grammar: Grammar | None = None
-    format: ToolFormat | None = None
     single: bool = False
-
-    def stream_kwargs(self) -> dict[str, Any]:
-        """What ``engine.stream`` takes for this plan besides the prompt."""
-        return {"tools": list(self.tools)} if self.tools else {}
 
 
 def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
-    """LlamaIndex tools (or OpenAI-style tool dicts) as checked OpenAI-style tools."""
+    """LlamaIndex tools (or OpenAI-style tool dicts) as OpenAI-style tool dicts (the core
+    checks them)."""
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
         raise TypeError(f"tools are a sequence of tools, got {type(tools).__name__}")
     converted = []
@@ -84,50 +56,7 @@ def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
             converted.append(dict(tool))
         else:
             raise TypeError(f"a tool is a LlamaIndex tool or an OpenAI-style dict, got {type(tool).__name__}")
-    return check_tools(converted)
-
-
-def tool_plan(
-    engine: Engine,
-    tools: Sequence[Any] | None,
-    tool_choice: object = None,
-    tool_required: bool = False,
-    allow_parallel_tool_calls: bool = True,
-) -> ToolPlan:
-    """The plan for a call given these tool options, or a clear error.
-
-    ``tool_choice``: ``None`` / ``"auto"`` (the model decides; its reply is parsed for calls),
-    ``"required"`` / ``"any"`` (one call to one of the tools, forced by a grammar), a tool's
-    name or ``{"type": "function", "function": {"name": ...}}`` (one call to it, forced), or
-    ``"none"`` (no tools in the prompt). ``tool_required=True`` makes ``None`` / ``"auto"``
-    ``"required"``.
-    """
-    checked = openai_tools(tools or [])
-    names = [t["function"]["name"] for t in checked]
-    choice = _choice(tool_choice, tool_required, names)
-    if not checked or choice == "none":
-        return ToolPlan()
-    fmt = _tool_format(engine)
-    grammar = None if choice == "auto" else fmt.grammar(checked, None if choice == "any" else choice)
-    return ToolPlan(tuple(checked), grammar, fmt, single=not allow_parallel_tool_calls)
-
-
-def _choice(choice: object, tool_required: bool, names: list[str]) -> str:
-    normalised = normalised_choice(choice, names)
-    if not tool_required or normalised not in ("auto", "none"):
-        return normalised
-    if normalised == "none":
-        raise ValueError("tool_required=True forces a tool call; tool_choice='none' forbids one")
-    return normalised_choice("any", names)
-
-
-def _tool_format(engine: Engine) -> ToolFormat:
-    tokenizer = getattr(engine, "tokenizer", None)
-    if tokenizer is None:
-        raise NotImplementedError(
-            f"tool calling needs a local engine (the model's chat template); {type(engine).__name__} has none"
-        )
-    return detect_tool_format(tokenizer, getattr(engine, "chat_template_kwargs", None))
+    return converted
 
 
 # ---------------------------------------------------------------------------- messages
@@ -178,43 +107,12 @@ def tool_response(text: str, plan: ToolPlan, delta: str | None, extra: dict[str,
     return response
 
 
-def tool_responses(stream: TextStream, plan: ToolPlan) -> Generator[ChatResponse, None, None]:
-    """Streamed responses of a reply that may call tools.
-
-    Text that is surely content streams as it comes; from where a call may begin it is held
-    back, and the last response (with the stats) carries the parsed calls.
-    """
-    assert plan.format is not None
-    shown = 0
-    with stream:
-        for chunk in stream.chunks():
-            if chunk.text:
-                end = plan.format.content_end(stream.text)
-                if end > shown:
-                    yield chat_response(stream.text[:end], stream.text[shown:end], {})
-                    shown = end
-    yield _last(stream, plan, shown)
-
-
-async def atool_responses(stream: TextStream, plan: ToolPlan) -> AsyncGenerator[ChatResponse, None]:
-    """`tool_responses` for async callers (decoding runs in worker threads)."""
-    assert plan.format is not None
-    shown = 0
-    async with aclosing(aiterate(stream.chunks())) as chunks:
-        async for chunk in chunks:
-            if chunk.text:
-                end = plan.format.content_end(stream.text)
-                if end > shown:
-                    yield chat_response(stream.text[:end], stream.text[shown:end], {})
-                    shown = end
-    yield _last(stream, plan, shown)
-
-
-def _last(stream: TextStream, plan: ToolPlan, shown: int) -> ChatResponse:
-    response = tool_response(stream.text, plan, "", usage(stream.stats))
+def last_tool_response(plan: ToolPlan, text: str, shown: str, extra: dict[str, Any]) -> ChatResponse:
+    """The last streamed response of a reply that may call tools, ``shown`` of it already
+    streamed: held-back text that turned out to be content is its delta."""
+    response = tool_response(text, plan, "", extra)
     content = response.message.content or ""
-    # Held-back text that turned out to be content is the last delta.
-    response.delta = content[shown:] if content.startswith(stream.text[:shown]) else ""
+    response.delta = content[len(shown) :] if content.startswith(shown) else ""
     return response
 
 
@@ -239,39 +137,3 @@ def tool_selections(response: ChatResponse, error_on_no_tool_call: bool = True) 
         reason = f": the call did not parse ({'; '.join(errors)})" if errors else ""
         raise ValueError(f"expected at least one tool call in the response{reason}")
     return selections
-
-
-# ---------------------------------------------------------------------------- structured output
-
-
-def schema_grammar(output_cls: type[BaseModel]) -> Grammar:
-    """The grammar of a JSON reply that validates against ``output_cls``'s schema."""
-    if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
-        raise TypeError(f"output_cls is a pydantic model class, got {output_cls!r}")
-    return Grammar.json_schema(output_cls.model_json_schema())
-
-
-def parse_structured(output_cls: type[Model], completion: Completion) -> Model:
-    """``completion``'s text as an ``output_cls`` instance, or `StructuredOutputError` saying why."""
-    try:
-        return output_cls.model_validate_json(completion.text)
-    except ValidationError as err:
-        cut = completion.stats.finish_reason == "length"
-        hint = " (cut by max_new_tokens: raise it)" if cut else ""
-        raise StructuredOutputError(
-            f"the reply is not a valid {output_cls.__name__}{hint}: {completion.text!r}; {err}"
-        ) from None
-
-
-def partial_structured(output_cls: type[BaseModel], text: str) -> FlexibleModel | None:
-    """What of ``output_cls`` a reply decoded so far already holds (every field optional)."""
-    try:
-        value = parse_partial_json(text)
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    try:
-        return create_flexible_model(output_cls).model_validate(value)
-    except ValidationError:
-        return None

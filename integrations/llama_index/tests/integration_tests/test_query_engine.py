@@ -8,13 +8,13 @@ import gc
 from typing import Any
 
 import pytest
-from conftest import MAX_NEW_TOKENS, CallSpy
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.llms import MockLLM
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
+from tests.integration_tests.shared import MAX_NEW_TOKENS, CallSpy
 
 TOP_K = 3
 # Synthesis set-ups making several LLM calls: refine makes one per node; a context window this

@@ -15,8 +15,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 
-from llama_index.llms.rag_lookahead import LookaheadLLM
-from llama_index.llms.rag_lookahead.tools import StructuredOutputError, ToolPlan, tool_response
+from llama_index.llms.rag_lookahead import LookaheadLLM, StructuredOutputError
+from llama_index.llms.rag_lookahead.tools import ToolPlan, tool_response
 from rag_lookahead.structured import ToolFormat
 
 QUESTION = "Who did Rollo sign the treaty of Saint-Clair-sur-Epte with?"

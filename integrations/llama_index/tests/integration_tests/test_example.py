@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llamaindex_rag.py"
+EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "llamaindex_rag.py"
 
 
 def test_example_streams_identical_answers_and_reports_speed(capsys) -> None:

@@ -8,7 +8,6 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import MAX_NEW_TOKENS
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.llms import ChatMessage, MessageRole
 from llama_index.core.llms.custom import CustomLLM
@@ -16,6 +15,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.llms.rag_lookahead import LookaheadLLM
 from rag_lookahead import DEFAULT_MODEL
 from rag_lookahead.drafting import OUTPUT_OWNER
+from tests.integration_tests.shared import MAX_NEW_TOKENS
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 # A passage the model is asked to repeat, so that drafts from it are accepted.

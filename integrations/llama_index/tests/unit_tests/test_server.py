@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,13 +10,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
 from rag_lookahead.server import ServerEngine
-from rag_lookahead.server.testing import Answer, StubServer, stub_server
-
-
-@pytest.fixture
-def stub() -> Iterator[StubServer]:
-    with stub_server() as server:
-        yield server
+from rag_lookahead.server.testing import Answer, StubServer
 
 
 def server_llm(stub: StubServer, kind: Any = "vllm", **kwargs: Any) -> LookaheadLLM:
