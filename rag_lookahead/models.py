@@ -16,12 +16,13 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rag_lookahead.config import keyword_arguments
 from rag_lookahead.progress import progress_bar
+
+if TYPE_CHECKING:  # imported where used: the command line lists the models before torch loads
+    import torch
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -178,6 +179,7 @@ def builtin_name(path: str | Path) -> str | None:
 
 def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel, bar: Any) -> None:
     """Dequantize, then save (``bar`` counts the two steps)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name}
@@ -319,6 +321,8 @@ def load_model(
 
 def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: Any) -> torch.dtype | str:
     """One dtype from the argument or ``model_kwargs`` (``dtype`` or its old name ``torch_dtype``)."""
+    import torch
+
     given = [
         v for v in (dtype, model_kw.pop("dtype", None), model_kw.pop("torch_dtype", None)) if v is not None
     ]
@@ -338,6 +342,8 @@ def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: An
 
 
 def _on_cpu(device: Any, device_map: Any) -> bool:
+    import torch
+
     if device_map is not None:
         return device_map == "cpu" or (
             isinstance(device_map, Mapping) and set(device_map.values()) == {"cpu"}

@@ -9,6 +9,7 @@ silent when standard error is a file or a pipe.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from tqdm import tqdm
@@ -16,10 +17,18 @@ from tqdm import tqdm
 __all__ = ["progress_bar"]
 
 
-def progress_bar(enabled: bool, description: str, total: int | None = None, unit: str = "it") -> Any:
+def progress_bar(
+    enabled: bool,
+    description: str,
+    total: int | None = None,
+    unit: str = "it",
+    iterable: Iterable[Any] | None = None,
+) -> Any:
     """A `tqdm` bar on standard error when ``enabled`` and that is a terminal; otherwise a bar
-    that counts but draws nothing. Use it as a context manager, so that it is closed."""
+    that counts but draws nothing. Use it as a context manager, so that it is closed, or over
+    ``iterable``, which it then yields from."""
     return tqdm(
+        iterable,
         total=total,
         desc=description,
         unit=unit,

@@ -10,10 +10,13 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rag_lookahead.http.settings import ServeSettings
-from rag_lookahead.interface import Engine
 from rag_lookahead.server.launch import BACKENDS, server_command
+
+if TYPE_CHECKING:
+    from rag_lookahead.interface import Engine
 
 __all__ = ["API_KEY_VARIABLE", "SERVE_BACKENDS", "run_serve"]
 
