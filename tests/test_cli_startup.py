@@ -98,7 +98,9 @@ class Terminal(io.StringIO):
 
 
 @pytest.mark.parametrize(("stream", "enabled", "drawn"), [(Terminal, True, True), (io.StringIO, True, False)])
-def test_progress_bars_are_drawn_only_on_a_terminal_and_when_asked(monkeypatch, stream, enabled, drawn) -> None:
+def test_progress_bars_are_drawn_only_on_a_terminal_and_when_asked(
+    monkeypatch, stream, enabled, drawn
+) -> None:
     err = stream()
     monkeypatch.setattr(sys, "stderr", err)
     with progress_bar(enabled, "measuring", total=3) as bar:

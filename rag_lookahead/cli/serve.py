@@ -86,7 +86,9 @@ def _run_local(args: argparse.Namespace) -> int:
     )
     serve = _server()  # before a long load
     config = LookaheadConfig(mode=args.mode) if args.mode is not None else None
-    engine = LookaheadEngine.from_pretrained(args.model, config=config, device=args.device, dtype=args.dtype)
+    engine = LookaheadEngine.from_pretrained(
+        args.model, config=config, device=args.device, dtype=args.dtype, progress=True
+    )
     if settings.api_key is None and not _loopback(args.host):
         print(
             f"rag-lookahead: warning: listening on {args.host} with no API key: anyone who reaches "
