@@ -1,26 +1,432 @@
 """The `rag-lookahead` command: `index`, `ask`, `chat`, `demo`, `measure`, `bench`,
 `eval-retrieval` and `serve`.
 
-The arguments are parsed first (`rag_lookahead.cli.parser` imports nothing heavy); the module
-that runs the command, and torch with it, is imported only then.
+The arguments are parsed before anything heavy is imported: everything imported here is light
+(configs, names, defaults), so ``--help``, ``--version`` and a mistyped flag are answered
+without loading torch. Each command names the function that runs it as ``"module:function"``
+of this package, imported only once the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-from rag_lookahead.cli.parser import build_parser, check_settings
+from rag_lookahead import __version__
+from rag_lookahead.bench.methods import CONCURRENCY_METHODS, METHODS
+from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS
+from rag_lookahead.cli.settings import chunking_config, lookahead_config, retrieval_config
+from rag_lookahead.cli.values import (
+    client_counts,
+    cosine,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.http.settings import ServeSettings
+from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
+from rag_lookahead.rag.chunking import ChunkingConfig
+from rag_lookahead.rag.retrieval import RETRIEVAL_MODES, RetrievalConfig
 
 __all__ = ["build_parser", "main"]
+
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default=None,
+        help=f"a built-in model ({', '.join(BUILTIN_MODELS)}), a local model directory or a hub id "
+        f"already in the local cache (default: {DEFAULT_MODEL}; nothing is downloaded)",
+    )
+    group.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:1 ... (default: cpu, unless --model-kwargs has a device_map)",
+    )
+    group.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float16", "bfloat16"],
+        help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
+    )
+    group.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
+    )
+    group.add_argument(
+        "--trust-remote-code", action="store_true", help="run model code shipped with the checkpoint"
+    )
+    group.add_argument(
+        "--model-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="more arguments for the model's from_pretrained, as a JSON object, e.g. "
+        '\'{"device_map": "auto", "attn_implementation": "sdpa", "revision": "main"}\'',
+    )
+    group.add_argument(
+        "--tokenizer-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="more arguments for the tokenizer's from_pretrained, as a JSON object",
+    )
+    group.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="variables for the chat template, as a JSON object, e.g. '{\"enable_thinking\": false}' "
+        "for Qwen3",
+    )
+    look = parser.add_argument_group("lookahead")
+    defaults = LookaheadConfig()
+    look.add_argument(
+        "--mode",
+        default=defaults.mode,
+        choices=["auto", "trie", "jacobi", "off"],
+        help="auto: trie drafts, Jacobi n-grams when they pay, cost-aware budget; trie / jacobi: "
+        f"that drafter alone, fixed budget; off: plain decoding (default: {defaults.mode})",
+    )
+    look.add_argument(
+        "--decoding-length",
+        type=positive_int,
+        default=defaults.decoding_length,
+        help=f"most draft tokens verified per forward (default: {defaults.decoding_length})",
+    )
+    look.add_argument(
+        "--branch-length",
+        type=positive_int,
+        default=defaults.branch_length,
+        help=f"deepest draft branch (default: {defaults.branch_length})",
+    )
+    look.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time the forward costs that --mode auto plans with again, replacing the cached ones "
+        "(measured once per model, device, dtype and thread count, and kept 30 days); on a quiet "
+        "machine: other work running meanwhile makes drafting look dearer than it is",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=128, help="most tokens per answer (default: 128)"
+    )
+
+
+def _check_settings(args: argparse.Namespace) -> None:
+    """Make every config the flags describe, so that a bad combination of values (an overlap
+    past the chunk size, drafts too short for the Jacobi n-grams) is refused before anything loads."""
+    if hasattr(args, "decoding_length"):
+        lookahead_config(args)
+    if hasattr(args, "top_k"):
+        retrieval_config(args)
+    if hasattr(args, "chunk_size"):
+        chunking_config(args)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object of keyword arguments (argparse reports the error)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object of keyword arguments is needed, got {text!r}")
+    bad = [k for k in value if not k.isidentifier()]
+    if bad:
+        raise argparse.ArgumentTypeError(f"keys must be argument names, got {bad!r}")
+    return value
+
+
+def _retrieval_flags(parser: argparse.ArgumentParser, *, bench: bool = False) -> None:
+    defaults = RetrievalConfig()
+    group = parser.add_argument_group("retrieval")
+    modes = "dense: embeddings' cosine similarity; keyword: BM25 over words; hybrid: both, fused by rank"
+    if bench:
+        group.add_argument(
+            "--retrieval",
+            default="gold",
+            choices=["gold", *RETRIEVAL_MODES, "faiss"],
+            help="gold: each question with its own context; dense, keyword or hybrid: index every "
+            f"context of the file and answer from the top-k retrieved chunks ({modes}; faiss is the "
+            "old name of dense) (default: gold)",
+        )
+    else:
+        group.add_argument(
+            "--retrieval",
+            default=defaults.mode,
+            choices=RETRIEVAL_MODES,
+            help=f"how chunks are found: {modes} (default: {defaults.mode})",
+        )
+    group.add_argument(
+        "--top-k",
+        type=positive_int,
+        default=defaults.top_k,
+        help=f"chunks retrieved per question (default: {defaults.top_k})",
+    )
+    group.add_argument(
+        "--min-score",
+        type=cosine,
+        default=defaults.min_score,
+        help="least cosine similarity of a relevant chunk (dense and hybrid; a keyword hit needs a "
+        f"shared word) (default: {defaults.min_score})",
+    )
+
+
+def _index_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = ChunkingConfig()
+    group = parser.add_argument_group("indexing")
+    group.add_argument(
+        "--chunk-size",
+        type=positive_int,
+        default=defaults.size,
+        help=f"chunk size in --chunk-unit (default: {defaults.size}; the default embedder reads 256 tokens)",
+    )
+    group.add_argument(
+        "--chunk-overlap",
+        type=non_negative_int,
+        default=defaults.overlap,
+        help=f"tokens repeated between neighbouring chunks (default: {defaults.overlap})",
+    )
+    group.add_argument(
+        "--chunk-unit",
+        default=defaults.unit,
+        choices=["tokens", "sentences"],
+        help="pack whole sentences, or cut at any token (default: sentences)",
+    )
+    group.add_argument(
+        "--embedder",
+        default=None,
+        help="sentence-transformers model directory (default: all-MiniLM-L6-v2 from its wheel)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rag-lookahead",
+        description="Lossless lookahead decoding for RAG answers: faster, token for token the same.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    index = sub.add_parser("index", help="build or update a document index")
+    index.add_argument("paths", nargs="+", type=Path, help=".txt, .md, .jsonl files or folders")
+    index.add_argument("--out", required=True, type=Path, help="the index directory")
+    index.add_argument(
+        "--text-field", default="text", help="the text field of .jsonl records (default: text)"
+    )
+    index.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="also index files of a folder that are links to files outside it (default: skipped, "
+        "and listed as skipped)",
+    )
+    _index_flags(index)
+    index.set_defaults(run="answers:run_index")
+
+    ask = sub.add_parser("ask", help="answer one question from an index, streaming, then its sources")
+    ask.add_argument("question")
+    ask.add_argument("--index", required=True, type=Path, help="an index built by `index`")
+    ask.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
+    _retrieval_flags(ask)
+    _model_flags(ask)
+    ask.set_defaults(run="answers:run_ask")
+
+    chat = sub.add_parser("chat", help="ask questions about an index interactively")
+    chat.add_argument("--index", required=True, type=Path, help="an index built by `index`")
+    chat.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
+    chat.add_argument(
+        "--debug",
+        action="store_true",
+        help="mark, per step, the tokens that came from drafts and their source",
+    )
+    _retrieval_flags(chat)
+    _model_flags(chat)
+    chat.set_defaults(run="answers:run_chat")
+
+    demo = sub.add_parser("demo", help="index the bundled corpus, answer with and without lookahead")
+    demo.add_argument(
+        "--questions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="ask only the first N of the bundled questions (default: all of them)",
+    )
+    _retrieval_flags(demo)
+    _model_flags(demo)
+    demo.set_defaults(run="answers:run_demo")
+
+    measure = sub.add_parser(
+        "measure",
+        help="time the model's forward costs again (what --mode auto plans with) and show them",
+        description="Time forwards of every draft size, alone and in batches, replace the cached "
+        "costs with them, and print them with the load the machine was under meanwhile. Run it on "
+        "a quiet machine: every later command plans with what it measures.",
+    )
+    _model_flags(measure)
+    measure.set_defaults(run="benchmark:run_measure")
+
+    bench = sub.add_parser("bench", help="time greedy, prompt lookup and lookahead on a JSONL set")
+    bench.add_argument(
+        "--data",
+        required=True,
+        type=Path,
+        help="JSONL with 'question' and 'context', or 'bundled': the demo's corpus and questions, "
+        "answered from retrieved chunks",
+    )
+    bench.add_argument("--limit", type=positive_int, default=None, help="use the first N records")
+    bench.add_argument("--json", default=None, help="write the summary here")
+    bench.add_argument("--plot", default=None, help="write a PNG chart of the summary here")
+    bench.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated subset of {','.join(METHODS)} (default: greedy,prompt_lookup,lookahead; "
+        "greedy always runs as the reference), or with --concurrency of "
+        f"{','.join(CONCURRENCY_METHODS)} (default: all)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        type=client_counts,
+        default=None,
+        help="comma-separated numbers of concurrent clients, e.g. 1,8: compare serialised and batched "
+        "serving with transformers' static and continuous batching",
+    )
+    bench.add_argument(
+        "--arrival-rate",
+        type=positive_float,
+        default=None,
+        help="with --concurrency: questions arrive as a Poisson process at this rate per second "
+        "(default: all at once)",
+    )
+    bench.add_argument(
+        "--fresh",
+        action="store_true",
+        help="first-time questions: each asked once on a fresh engine, lookahead against the plain "
+        "engine in alternating order, with per-answer ratios",
+    )
+    bench.add_argument(
+        "--cost-curve",
+        default=None,
+        help="with --fresh: plan against this curve instead of the measured one, as size:cost "
+        "pairs (e.g. 1:1,2:1.64,16:2.55 for a steep CPU)",
+    )
+    _retrieval_flags(bench, bench=True)
+    _model_flags(bench)
+    bench.set_defaults(run="benchmark:run_bench")
+
+    evaluate = sub.add_parser(
+        "eval-retrieval",
+        help="recall@1 and recall@4 of each question's own context, per retrieval mode",
+        description="Index every context of a JSONL set of 'question' and 'context' records, search "
+        "each question in every retrieval mode, and report how often its own context is among the "
+        "first 1 and 4 chunks, with the time to build the index and to query it.",
+    )
+    evaluate.add_argument("--data", required=True, type=Path, help="JSONL with 'question' and 'context'")
+    evaluate.add_argument("--limit", type=positive_int, default=None, help="ask the first N questions")
+    evaluate.add_argument("--json", default=None, type=Path, help="write the results here")
+    evaluate.add_argument(
+        "--modes",
+        default=",".join(RETRIEVAL_MODES),
+        help=f"comma-separated retrieval modes (default: {','.join(RETRIEVAL_MODES)})",
+    )
+    evaluate.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
+    )
+    _index_flags(evaluate)
+    evaluate.set_defaults(run="benchmark:run_eval_retrieval")
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve this engine over OpenAI's HTTP API (--backend local), or print (or run) the vLLM "
+        "or SGLang server command with speculative settings for RAG",
+    )
+    serve.add_argument(
+        "--backend",
+        required=True,
+        choices=SERVE_BACKENDS,
+        help="local: this engine behind an OpenAI-compatible server (needs the serve extra); "
+        "vllm or sglang: that serving engine's command",
+    )
+    serve.add_argument(
+        "--model",
+        default=None,
+        help=f"local: a built-in model ({', '.join(BUILTIN_MODELS)}) or a model directory (default: "
+        f"{DEFAULT_MODEL}); vllm and sglang: the model directory (or hub id) to serve (required)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
+    local = serve.add_argument_group("local backend")
+    local.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_VARIABLE} "
+        "if set, else no key)",
+    )
+    served = ServeSettings()
+    local.add_argument(
+        "--max-running",
+        type=positive_int,
+        default=None,
+        help=f"most requests generating at once (default: {served.max_running})",
+    )
+    local.add_argument(
+        "--max-waiting",
+        type=non_negative_int,
+        default=None,
+        help=f"most requests waiting for a running slot; more get 429 (default: {served.max_waiting})",
+    )
+    local.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=None,
+        help=f"largest request body, documents included; larger is 413 (default: {served.max_body_bytes})",
+    )
+    local.add_argument(
+        "--drain-seconds",
+        dest="drain_s",
+        type=non_negative_float,
+        default=None,
+        help="on SIGTERM or Ctrl-C, seconds running requests get to finish while new ones get 503 "
+        f"(default: {served.drain_s:g})",
+    )
+    local.add_argument(
+        "--mode",
+        default=None,
+        choices=["auto", "trie", "jacobi", "off"],
+        help=f"drafting, as for `ask` (off: plain decoding) (default: {LookaheadConfig().mode})",
+    )
+    local.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")
+    local.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float16", "bfloat16"],
+        help="model dtype (default: float32 on CPU, the checkpoint's dtype elsewhere)",
+    )
+    remote = serve.add_argument_group("vllm and sglang backends")
+    remote.add_argument(
+        "--python",
+        default=None,
+        help="interpreter of the environment the backend is installed in (default: python)",
+    )
+    remote.add_argument(
+        "--no-speculation", action="store_true", help="the same server without drafting, to compare"
+    )
+    remote.add_argument("--launch", action="store_true", help="run the command instead of printing it")
+    serve.set_defaults(run="serve:run_serve")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        check_settings(args)
+        _check_settings(args)
         return int(_runner(args.run)(args))
     # A bad index (IndexFormatError) is a ValueError too.
     except (ValueError, FileNotFoundError, FileExistsError) as err:
