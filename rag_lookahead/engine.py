@@ -296,7 +296,7 @@ class LookaheadEngine(EngineBase):
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
         elif drafts and self.config.mode == "auto" and self.runner.costs.claim_remeasure():
-            self.measure_costs(remeasure=True)  # between calls, never within one
+            self.measure_costs(remeasure=True)  # once, before this call starts; only plans change
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
         sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts else []

@@ -190,7 +190,7 @@ def measure_curve(
     repeats: int = 3,
     *,
     tolerance: float = 0.1,
-    max_rounds: int = 10,
+    max_rounds: int = 6,
     bar: Any = None,
 ) -> CostCurve:
     """Time ``forward(k)`` (seconds of one forward over k new tokens) for every k up to ``max_tokens``.
