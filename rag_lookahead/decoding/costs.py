@@ -268,7 +268,7 @@ def cached_curve(
     """The curve stored for ``key`` under ``directory``, measured and stored if missing, stale
     or ``remeasure`` is set."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    path = directory / f"costs-{digest}.json"
+    path = directory / f"costs-v{VERSION}-{digest}.json"  # another version's file is left alone
     curve = None if remeasure else _read(path, key)
     if curve is None:
         curve = measure()
