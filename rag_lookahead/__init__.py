@@ -2,22 +2,30 @@
 
 Drafts come from a token trie of the retrieved documents, the prompt and the model's past
 answers; the model verifies a whole draft tree in one forward pass and keeps what it agrees with.
+
+The names below are imported when first used (`rag_lookahead.lazy`): importing the package
+loads no torch, so that the command line answers ``--help`` at once.
 """
 
-import warnings
-from typing import Any
+from __future__ import annotations
 
-from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
-from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafter
-from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.models import DEFAULT_MODEL, load_model
-from rag_lookahead.prompts import rag_messages
-from rag_lookahead.scope import DocumentScope
-from rag_lookahead.streaming.stats import DecodeStats
-from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
-from rag_lookahead.structured import Grammar
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from rag_lookahead.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from rag_lookahead.config import GenerationParams, LookaheadConfig
+    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.decoding.tree import DraftTree, StepDraft
+    from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafter
+    from rag_lookahead.engine import LookaheadEngine
+    from rag_lookahead.models import DEFAULT_MODEL, load_model
+    from rag_lookahead.prompts import rag_messages
+    from rag_lookahead.scope import DocumentScope
+    from rag_lookahead.streaming.stats import DecodeStats
+    from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
+    from rag_lookahead.structured import Grammar
 
 __version__ = "0.1.0"
 
@@ -43,13 +51,37 @@ __all__ = [
     "rag_messages",
 ]
 
-_RENAMED = {"Chunk": ("StreamChunk", StreamChunk)}
+_exported = lazy_attributes(
+    __name__,
+    {
+        "GenerationParams": "rag_lookahead.config",
+        "LookaheadConfig": "rag_lookahead.config",
+        "CostCurve": "rag_lookahead.decoding.costs",
+        "DraftTree": "rag_lookahead.decoding.tree",
+        "StepDraft": "rag_lookahead.decoding.tree",
+        "Drafter": "rag_lookahead.drafting",
+        "JacobiDrafter": "rag_lookahead.drafting",
+        "TokenTrie": "rag_lookahead.drafting",
+        "TrieDrafter": "rag_lookahead.drafting",
+        "LookaheadEngine": "rag_lookahead.engine",
+        "DEFAULT_MODEL": "rag_lookahead.models",
+        "load_model": "rag_lookahead.models",
+        "rag_messages": "rag_lookahead.prompts",
+        "DocumentScope": "rag_lookahead.scope",
+        "DecodeStats": "rag_lookahead.streaming.stats",
+        "Completion": "rag_lookahead.streaming.stream",
+        "StreamChunk": "rag_lookahead.streaming.stream",
+        "TextStream": "rag_lookahead.streaming.stream",
+        "Grammar": "rag_lookahead.structured",
+    },
+)
+_RENAMED = {"Chunk": "StreamChunk"}
 
 
 def __getattr__(name: str) -> Any:
     # Old names keep working, with a warning, for one release.
     if name in _RENAMED:
-        new, value = _RENAMED[name]
+        new = _RENAMED[name]
         warnings.warn(f"rag_lookahead.{name} is now rag_lookahead.{new}", DeprecationWarning, stacklevel=2)
-        return value
-    raise AttributeError(f"module 'rag_lookahead' has no attribute {name!r}")
+        return _exported(new)
+    return _exported(name)

@@ -67,6 +67,7 @@ class LookaheadEngine(EngineBase):
         cost_curve: CostCurve | None = None,
         cache_dir: Path | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        progress: bool = False,
     ) -> None:
         """Wrap ``model`` and ``tokenizer``.
 
@@ -79,6 +80,8 @@ class LookaheadEngine(EngineBase):
                 `default_cache_dir`).
             chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
                 ``{"enable_thinking": False}`` for Qwen3 (see `encode_prompt`).
+            progress: Show a progress bar on standard error, when it is a terminal, while the
+                costs are measured (see `rag_lookahead.progress`).
         """
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
@@ -98,6 +101,7 @@ class LookaheadEngine(EngineBase):
         self.planner = StepPlanner(self.config, self.runner.costs)
         self.scheduler = _new_scheduler(self.runner, self.config)
         self._cache_dir = cache_dir
+        self._progress = progress
         self._grammars = GrammarCompiler(tokenizer, self.vocab_size)
 
     @classmethod
@@ -112,6 +116,7 @@ class LookaheadEngine(EngineBase):
         model_kwargs: Mapping[str, Any] | None = None,
         tokenizer_kwargs: Mapping[str, Any] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        progress: bool = False,
     ) -> LookaheadEngine:
         """Load a model offline and wrap it.
 
@@ -119,7 +124,9 @@ class LookaheadEngine(EngineBase):
         name (``"gemma3-270m"``, see `rag_lookahead.models.BUILTIN_MODELS`), a local directory
         or a hub id already in the local cache. ``device``, ``dtype``, ``trust_remote_code``,
         ``model_kwargs`` and ``tokenizer_kwargs`` are `rag_lookahead.models.load_model`'s;
-        ``chat_template_kwargs`` go to the chat template of every chat prompt.
+        ``chat_template_kwargs`` go to the chat template of every chat prompt. ``progress``
+        shows progress bars on standard error, when it is a terminal, while a built-in model is
+        converted and while the costs are measured.
         """
         from rag_lookahead.models import load_model
 
@@ -131,8 +138,9 @@ class LookaheadEngine(EngineBase):
             trust_remote_code=trust_remote_code,
             model_kwargs=model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
+            progress=progress,
         )
-        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs)
+        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs, progress=progress)
 
     def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
         """This engine with other drafting settings: the same model, runner and trie.
@@ -229,22 +237,26 @@ class LookaheadEngine(EngineBase):
             raise ValueError("no completion of an empty answer within the context window was found")
         return len(closing)
 
-    def measure_costs(self) -> CostCurve:
+    def measure_costs(self, *, remeasure: bool = False) -> CostCurve:
         """Time forwards of every draft size this config may verify, alone and in batches of
         2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
-        Takes seconds on a CPU, once per model, device, dtype and thread count. Also probes
+        Takes seconds on a CPU, once per model, device, dtype and thread count; ``remeasure``
+        times them again and replaces the cached ones (after a measurement on a busy machine,
+        say). A cached curve that the forwards run on a CPU find too slow is measured again by
+        itself, once, before a later call starts (`CurveCheck`). Also probes
         whether the model verifies trees, and takes the acceptance statistics stored by earlier
         processes: everything a first answer would otherwise pay for. The forwards run in a
         thread of their own (see `in_passing_thread`), not the caller's."""
-        return in_passing_thread(self._measure_costs)
+        return in_passing_thread(functools.partial(self._measure_costs, remeasure))
 
-    def _measure_costs(self) -> CostCurve:
+    def _measure_costs(self, remeasure: bool) -> CostCurve:
         cfg = self.config
         self.runner.tree_problem()  # the one-off probe, here rather than in a first answer
         size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
-        curve = self.runner.measure_costs(size, self._cache_dir)  # every variant plans with it
+        how = {"remeasure": remeasure, "progress": self._progress}
+        curve = self.runner.measure_costs(size, self._cache_dir, **how)  # every variant plans with it
         width = min(_BATCH_WIDTH, cfg.decoding_length + 1)
-        self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir)
+        self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir, **how)
         # What drafts of each source the model accepted in earlier processes: a fresh engine
         # plans its first questions with it rather than with a guess.
         directory = (self._cache_dir or default_cache_dir()) / "acceptance"
@@ -296,6 +308,8 @@ class LookaheadEngine(EngineBase):
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
+        elif drafts and self.config.mode == "auto" and self.runner.costs.claim_remeasure():
+            self.measure_costs(remeasure=True)  # once, before this call starts; only plans change
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
         sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts else []

@@ -16,11 +16,13 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rag_lookahead.config import keyword_arguments
+from rag_lookahead.progress import progress_bar
+
+if TYPE_CHECKING:  # imported where used: the command line lists the models before torch loads
+    import torch
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -142,8 +144,9 @@ def default_model_dir(cache_dir: Path | None = None) -> Path:
     return builtin_model_dir(DEFAULT_MODEL, cache_dir)
 
 
-def builtin_model_dir(name: str, cache_dir: Path | None = None) -> Path:
-    """The built-in model ``name`` as safetensors, converting it from its GGUF file on first use."""
+def builtin_model_dir(name: str, cache_dir: Path | None = None, *, progress: bool = False) -> Path:
+    """The built-in model ``name`` as safetensors, converting it from its GGUF file on first use
+    (with a progress bar on standard error if ``progress`` and that is a terminal)."""
     if name not in BUILTIN_MODELS:
         raise KeyError(f"no built-in model {name!r}; built-in: {', '.join(BUILTIN_MODELS)}")
     model = BUILTIN_MODELS[name]
@@ -154,7 +157,10 @@ def builtin_model_dir(name: str, cache_dir: Path | None = None) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         out = scratch / "model"
-        _convert_gguf(model.gguf(scratch), out, model)
+        with progress_bar(progress, f"converting {name} to safetensors (once)", total=3, unit="step") as bar:
+            gguf = model.gguf(scratch)
+            bar.update(1)
+            _convert_gguf(gguf, out, model, bar)
         try:
             out.rename(target)  # atomic: a concurrent conversion may have won, which is fine
         except OSError:
@@ -171,12 +177,15 @@ def builtin_name(path: str | Path) -> str | None:
     return next((name for name in BUILTIN_MODELS if folder.startswith(f"{name}-")), None)
 
 
-def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel) -> None:
+def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel, bar: Any) -> None:
+    """Dequantize, then save (``bar`` counts the two steps)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    bar.update(1)
     # The dequantized weights are plain fp32; drop the GGUF markers (the config's, and the
     # quantizer that refuses to save) so that they save and load as such.
     if hasattr(model.config, "quantization_config"):
@@ -193,6 +202,7 @@ def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel) -> None:
     # that other loaders, vLLM among them, read as well.
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    bar.update(1)
 
 
 def _packaged_template(name: str) -> str:
@@ -207,11 +217,11 @@ def _add_eos(generation_config: Any, token_id: int) -> None:
     generation_config.eos_token_id = [*ids, token_id] if token_id not in ids else ids
 
 
-def _resolve(name_or_path: str | None, cache_dir: Path | None) -> tuple[str, bool]:
+def _resolve(name_or_path: str | None, cache_dir: Path | None, progress: bool) -> tuple[str, bool]:
     """A loadable location and whether it is a local directory."""
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
     if name in BUILTIN_MODELS:
-        return str(builtin_model_dir(name, cache_dir)), True
+        return str(builtin_model_dir(name, cache_dir, progress=progress)), True
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser()), True
     if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
@@ -249,6 +259,7 @@ def load_model(
     cache_dir: Path | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     tokenizer_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = False,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, offline.
 
@@ -267,6 +278,8 @@ def load_model(
             quantized stays where transformers put it (it is not moved with ``.to()``).
         tokenizer_kwargs: More arguments for ``AutoTokenizer.from_pretrained``; ``revision``
             and ``cache_dir`` default to those in ``model_kwargs``.
+        progress: Show a progress bar while a built-in model is converted on first use (on
+            standard error, when it is a terminal).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -278,7 +291,7 @@ def load_model(
             "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
         )
     model_kw["dtype"] = _dtype(dtype, model_kw, device)
-    location, local = _resolve(name_or_path, cache_dir)
+    location, local = _resolve(name_or_path, cache_dir, progress)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     shared = {k: model_kw[k] for k in _SHARED_WITH_TOKENIZER if k in model_kw}
     try:
@@ -308,6 +321,8 @@ def load_model(
 
 def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: Any) -> torch.dtype | str:
     """One dtype from the argument or ``model_kwargs`` (``dtype`` or its old name ``torch_dtype``)."""
+    import torch
+
     given = [
         v for v in (dtype, model_kw.pop("dtype", None), model_kw.pop("torch_dtype", None)) if v is not None
     ]
@@ -327,6 +342,8 @@ def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: An
 
 
 def _on_cpu(device: Any, device_map: Any) -> bool:
+    import torch
+
     if device_map is not None:
         return device_map == "cpu" or (
             isinstance(device_map, Mapping) and set(device_map.values()) == {"cpu"}

@@ -320,7 +320,10 @@ class Scheduler:
         drafts = self._plan(calls, proposals, costs)
         batch = self._batch
         if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
+            started = time.perf_counter()
             logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
+            # Checks a cached cost curve against this forward (planning only; tokens never change).
+            self.runner.costs.observe(len(drafts[0]), time.perf_counter() - started)
             return drafts, logits.unsqueeze(0)  # [1, T, V]
         batch.prepare()
         inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)

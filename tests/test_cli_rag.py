@@ -74,6 +74,13 @@ def test_demo_indexes_the_bundled_corpus_and_compares(capsys) -> None:
     assert "per answer:" in out and "All 12 answers:" in out and "12/12 identical" in out
 
 
+def test_demo_asks_the_first_questions_and_says_how_busy_the_machine_was(capsys) -> None:
+    assert main(["demo", "--questions", "2", "--max-new-tokens", "8", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 2 and "All 2 answers:" in out and "2/2 identical" in out
+    assert "While timing, the machine was" in out or "load is unknown" in out
+
+
 def test_bench_with_retrieved_contexts_matches_greedy(tmp_path) -> None:
     out = tmp_path / "rag.json"
     with resources.as_file(SAMPLE) as path:

@@ -583,6 +583,9 @@ CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
     ("--arrival-rate 0", _cli("bench", "--data", "d", "--arrival-rate", "0"), "--arrival-rate: must"),
     ("--chunk-size 0", _cli("index", "d", "--out", "o", "--chunk-size", "0"), "--chunk-size: must be"),
     ("--chunk-overlap -1", _cli("index", "d", "--out", "o", "--chunk-overlap", "-1"), "--chunk-overlap"),
+    ("--questions 0", _cli("demo", "--questions", "0"), "--questions: must be a positive integer"),
+    ("--questions x", _cli("demo", "--questions", "x"), "--questions: must be an integer"),
+    ("measure --threads 0", _cli("measure", "--threads", "0"), "--threads: must be a positive"),
 ]
 
 

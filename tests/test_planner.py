@@ -142,8 +142,8 @@ def test_measured_curves_keep_every_size_as_measured() -> None:
 
     curve = measure_curve(forward, max_tokens=5, repeats=3)
     assert curve.sizes == (1, 2, 3, 4, 5)
-    # Injected numbers, no clock involved: each size's median, the 9.0 outlier ignored.
-    assert curve.seconds == (1.0, 3.1, 2.1, 2.5, 4.0)
+    # Injected numbers, no clock involved: each size's least time, the 9.0 outlier ignored.
+    assert curve.seconds == (0.9, 3.0, 2.0, 2.4, 4.0)
     assert calls[5:10] == [1, 2, 3, 4, 5]  # rounds interleave the sizes
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.bench.methods import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import (
     PROMPT_LOOKUP_TOKENS,
     BenchInput,
@@ -40,8 +41,6 @@ from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.engine import LookaheadEngine
 
 __all__ = ["CONCURRENCY_METHODS", "format_concurrency", "poisson_arrivals", "quantile", "run_concurrency"]
-
-CONCURRENCY_METHODS = ("serialised", "batched", "hf_static_batch", "hf_continuous_batching", "prompt_lookup")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.bench.methods import METHODS
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.engine import LookaheadEngine
@@ -33,7 +34,6 @@ __all__ = [
     "run_header",
 ]
 
-METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "jacobi", "auto")
 PROMPT_LOOKUP_TOKENS = 10
 
 

@@ -1,20 +1,26 @@
-"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo`, `bench`, `eval-retrieval` and `serve`."""
+"""The `rag-lookahead` command: `index`, `ask`, `chat`, `demo`, `measure`, `bench`,
+`eval-retrieval` and `serve`.
+
+The arguments are parsed before anything heavy is imported: everything imported here is light
+(configs, names, defaults), so ``--help``, ``--version`` and a mistyped flag are answered
+without loading torch. Each command names the function that runs it as ``"module:function"``
+of this package, imported only once the command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.bench.concurrency import CONCURRENCY_METHODS
-from rag_lookahead.bench.run import METHODS
-from rag_lookahead.cli.answers import run_ask, run_chat, run_demo, run_index
-from rag_lookahead.cli.benchmark import run_bench, run_eval_retrieval
-from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS, run_serve
-from rag_lookahead.cli.setup import chunking_config, lookahead_config, retrieval_config
+from rag_lookahead import __version__
+from rag_lookahead.bench.methods import CONCURRENCY_METHODS, METHODS
+from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS
+from rag_lookahead.cli.settings import chunking_config, lookahead_config, retrieval_config
 from rag_lookahead.cli.values import (
     client_counts,
     cosine,
@@ -27,8 +33,8 @@ from rag_lookahead.cli.values import (
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
-from rag_lookahead.rag import ChunkingConfig, IndexFormatError, RetrievalConfig
-from rag_lookahead.rag.index import RETRIEVAL_MODES
+from rag_lookahead.rag.chunking import ChunkingConfig
+from rag_lookahead.rag.retrieval import RETRIEVAL_MODES, RetrievalConfig
 
 __all__ = ["build_parser", "main"]
 
@@ -101,6 +107,13 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=defaults.branch_length,
         help=f"deepest draft branch (default: {defaults.branch_length})",
+    )
+    look.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time the forward costs that --mode auto plans with again, replacing the cached ones "
+        "(measured once per model, device, dtype and thread count, and kept 30 days); on a quiet "
+        "machine: other work running meanwhile makes drafting look dearer than it is",
     )
     parser.add_argument(
         "--max-new-tokens", type=positive_int, default=128, help="most tokens per answer (default: 128)"
@@ -200,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rag-lookahead",
         description="Lossless lookahead decoding for RAG answers: faster, token for token the same.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     index = sub.add_parser("index", help="build or update a document index")
@@ -215,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and listed as skipped)",
     )
     _index_flags(index)
-    index.set_defaults(run=run_index)
+    index.set_defaults(run="answers:run_index")
 
     ask = sub.add_parser("ask", help="answer one question from an index, streaming, then its sources")
     ask.add_argument("question")
@@ -223,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
     _retrieval_flags(ask)
     _model_flags(ask)
-    ask.set_defaults(run=run_ask)
+    ask.set_defaults(run="answers:run_ask")
 
     chat = sub.add_parser("chat", help="ask questions about an index interactively")
     chat.add_argument("--index", required=True, type=Path, help="an index built by `index`")
@@ -235,12 +249,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _retrieval_flags(chat)
     _model_flags(chat)
-    chat.set_defaults(run=run_chat)
+    chat.set_defaults(run="answers:run_chat")
 
     demo = sub.add_parser("demo", help="index the bundled corpus, answer with and without lookahead")
+    demo.add_argument(
+        "--questions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="ask only the first N of the bundled questions (default: all of them)",
+    )
     _retrieval_flags(demo)
     _model_flags(demo)
-    demo.set_defaults(run=run_demo)
+    demo.set_defaults(run="answers:run_demo")
+
+    measure = sub.add_parser(
+        "measure",
+        help="time the model's forward costs again (what --mode auto plans with) and show them",
+        description="Time forwards of every draft size, alone and in batches, replace the cached "
+        "costs with them, and print them with the load the machine was under meanwhile. Run it on "
+        "a quiet machine: every later command plans with what it measures.",
+    )
+    _model_flags(measure)
+    measure.set_defaults(run="benchmark:run_measure")
 
     bench = sub.add_parser("bench", help="time greedy, prompt lookup and lookahead on a JSONL set")
     bench.add_argument(
@@ -288,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _retrieval_flags(bench, bench=True)
     _model_flags(bench)
-    bench.set_defaults(run=run_bench)
+    bench.set_defaults(run="benchmark:run_bench")
 
     evaluate = sub.add_parser(
         "eval-retrieval",
@@ -309,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)"
     )
     _index_flags(evaluate)
-    evaluate.set_defaults(run=run_eval_retrieval)
+    evaluate.set_defaults(run="benchmark:run_eval_retrieval")
 
     serve = sub.add_parser(
         "serve",
@@ -427,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-speculation", action="store_true", help="the same server without drafting, to compare"
     )
     remote.add_argument("--launch", action="store_true", help="run the command instead of printing it")
-    serve.set_defaults(run=run_serve)
+    serve.set_defaults(run="serve:run_serve")
     return parser
 
 
@@ -435,10 +466,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_settings(args)
-        return int(args.run(args))
-    except (ValueError, FileNotFoundError, FileExistsError, IndexFormatError) as err:
+        return int(_runner(args.run)(args))
+    # A bad index (IndexFormatError) is a ValueError too.
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"rag-lookahead: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+
+
+def _runner(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function ``"module:function"`` of this package that runs a command."""
+    module, function = name.split(":")
+    runner: Callable[[argparse.Namespace], int] = getattr(
+        importlib.import_module(f"rag_lookahead.cli.{module}"), function
+    )
+    return runner

@@ -24,11 +24,12 @@ from rag_lookahead.cli.setup import (
     progress,
     retrieval_config,
 )
+from rag_lookahead.decoding.load import watch_load
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
 from rag_lookahead.rag.index import check_mode
 
-__all__ = ["BUNDLED", "run_bench", "run_eval_retrieval"]
+__all__ = ["BUNDLED", "run_bench", "run_eval_retrieval", "run_measure"]
 
 BUNDLED = "bundled"  # --data: the bundled corpus and its questions, with retrieval
 
@@ -57,6 +58,30 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.retrieval != "gold":
         summary["top_k"] = args.top_k
     return _report(args, summary, format_table, "plot_summary")
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    """Time the forward costs again, replacing the cached ones, and show them with the load
+    the machine was under meanwhile."""
+    engine = make_engine(args, measure=False)
+    if not engine.tree_verification:
+        raise ValueError("this model cannot verify draft trees: it decodes plainly, with no costs to plan")
+    with watch_load() as seen:
+        curve = engine.measure_costs(remeasure=True)
+    one = curve.seconds[0]
+    where = f"{engine.model_name} on {engine.runner.device}"
+    print(f"Forward costs of {where}, relative to one token ({one * 1e3:.1f} ms):")
+    print("  tokens: " + " ".join(f"{size:>5}" for size in curve.sizes))
+    print("  cost:   " + " ".join(f"{seconds / one:>5.2f}" for seconds in curve.seconds))
+    batch = engine.runner.costs.batch
+    for rows, by_width in batch.curves if batch is not None else ():
+        widths = " ".join(
+            f"{w}: {s / one:.2f}" for w, s in zip(by_width.sizes, by_width.seconds, strict=True)
+        )
+        print(f"  {rows} rows, by tokens per row: {widths}")
+    print(f"While timing, {seen[0].describe()}.")
+    print("Cached for later runs; run `rag-lookahead measure` again on a quiet machine to replace them.")
+    return 0
 
 
 def run_eval_retrieval(args: argparse.Namespace) -> int:

@@ -10,11 +10,14 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.http.settings import ServeSettings
-from rag_lookahead.interface import Engine
 from rag_lookahead.server.launch import BACKENDS, server_command
+
+if TYPE_CHECKING:
+    from rag_lookahead.interface import Engine
 
 __all__ = ["API_KEY_VARIABLE", "SERVE_BACKENDS", "run_serve"]
 
@@ -90,7 +93,7 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(
-        args.model, config=_config(args), device=args.device, dtype=args.dtype
+        args.model, config=_config(args), device=args.device, dtype=args.dtype, progress=True
     )
     _announce(args, settings)
     serve(engine, settings, args.host, args.port)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from importlib import resources
@@ -12,16 +11,10 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.cli.settings import chunking_config, lookahead_config, retrieval_config
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.rag import (
-    ChunkingConfig,
-    DocumentIndex,
-    RagPipeline,
-    RetrievalConfig,
-    SentenceTransformerEmbedder,
-)
-from rag_lookahead.rag.index import check_mode
+from rag_lookahead.progress import progress_bar
+from rag_lookahead.rag import DocumentIndex, RagPipeline, SentenceTransformerEmbedder
 
 __all__ = [
     "bundled_index",
@@ -36,8 +29,9 @@ __all__ = [
 ]
 
 
-def make_engine(args: argparse.Namespace) -> LookaheadEngine:
-    """The engine the model and lookahead flags describe (measuring its cost curve first)."""
+def make_engine(args: argparse.Namespace, measure: bool = True) -> LookaheadEngine:
+    """The engine the model and lookahead flags describe (measuring its cost curve first, or
+    reading it from the cache, unless not ``measure``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(
@@ -49,25 +43,12 @@ def make_engine(args: argparse.Namespace) -> LookaheadEngine:
         model_kwargs=args.model_kwargs,
         tokenizer_kwargs=args.tokenizer_kwargs,
         chat_template_kwargs=args.chat_template_kwargs,
+        progress=True,  # bars on a terminal only
     )
-    if engine.config.mode == "auto" and engine.tree_verification:
+    if measure and engine.config.mode == "auto" and engine.tree_verification:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.
-        engine.measure_costs()
+        engine.measure_costs(remeasure=args.remeasure)
     return engine
-
-
-def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:
-    """The lookahead flags' settings."""
-    return LookaheadConfig(
-        mode="off" if getattr(args, "no_lookahead", False) else args.mode,
-        decoding_length=args.decoding_length,
-        branch_length=args.branch_length,
-    )
-
-
-def chunking_config(args: argparse.Namespace) -> ChunkingConfig:
-    """The indexing flags' chunking settings."""
-    return ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
 
 
 def make_embedder(path: str | None) -> SentenceTransformerEmbedder:
@@ -80,19 +61,11 @@ def make_pipeline(args: argparse.Namespace) -> RagPipeline:
     return RagPipeline(make_engine(args), index, retrieval_config(args))
 
 
-def retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
-    """The retrieval flags' settings (`bench --retrieval gold` retrieves nothing, except from the
-    bundled corpus, which it searches the default way)."""
-    named = {"faiss": "dense", "gold": RetrievalConfig().mode}.get(args.retrieval, args.retrieval)
-    return RetrievalConfig(top_k=args.top_k, min_score=args.min_score, mode=check_mode(named))
-
-
 def progress(description: str) -> Any:
-    """A progress-bar wrapper for the library's ``progress`` arguments."""
-    from tqdm import tqdm
+    """A progress-bar wrapper for the library's ``progress`` arguments (drawn on a terminal only)."""
 
     def wrap(items: Iterable[Any]) -> Iterator[Any]:
-        return iter(tqdm(items, desc=description, file=sys.stderr, leave=False))
+        return iter(progress_bar(True, description, iterable=items))
 
     return wrap
 

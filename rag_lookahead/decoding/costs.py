@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,16 @@ __all__ = [
     "Calibration",
     "CostCurve",
     "CostModel",
+    "CurveCheck",
     "cached_curve",
     "curve_key",
     "measure_curve",
     "model_digest",
+    "settled",
 ]
 
 FORMAT = "rag-lookahead-costs"
-VERSION = 2  # 1: sparse sizes, forced non-decreasing
+VERSION = 3  # 1: sparse sizes, forced non-decreasing; 2: medians of three, kept however spread
 MAX_AGE_SECONDS = 30 * 24 * 3600
 
 
@@ -102,6 +105,24 @@ class CostModel:
 
     curve: CostCurve | None = None  # one row, by new tokens
     batch: BatchCosts | None = None  # several rows, by width
+    # Watches a curve read from the disk cache against the forwards really timed (None: a
+    # curve measured in this process or given, trusted as it is).
+    check: CurveCheck | None = None
+    _claim: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def claim_remeasure(self) -> bool:
+        """Whether the forwards run so far say the cached curve is wrong, so that it should be
+        measured again; true for one caller only (the check ends with it)."""
+        with self._claim:
+            if self.check is None or not self.check.stale():
+                return False
+            self.check = None
+            return True
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One forward over ``tokens`` new tokens took ``seconds`` (for `CurveCheck`)."""
+        if self.check is not None and self.curve is not None:
+            self.check.record(self.curve(tokens), seconds)
 
     def batched(self) -> Callable[[int, int], float] | None:
         """Seconds of a batched forward by rows and width: as measured, else one row's curve
@@ -136,23 +157,87 @@ class Calibration:
         self._ratios[key] = ratio if old is None else old + self.weight * (ratio - old)
 
 
-def measure_curve(forward: Callable[[int], float], max_tokens: int, repeats: int = 3) -> CostCurve:
+class CurveCheck:
+    """Whether a cached cost curve is too slow for the forwards really run now.
+
+    A curve measured while other work shared the cores is too slow, and often too steep, for
+    the quiet machine that reads it back later. Real forwards hold longer contexts than the
+    measured ones, so they should cost at least what the curve says: when, over ``samples``
+    forwards, even the slower half ran in under ``ratio`` of the curve's time, the curve was
+    measured under a load that has gone. Forwards slower than the curve prove nothing (a load
+    now, or a long context), so they never call for a measurement: that would measure a load.
+    """
+
+    def __init__(self, samples: int = 16, ratio: float = 0.6) -> None:
+        if samples < 1 or not 0 < ratio < 1:
+            raise ValueError("a curve check needs samples >= 1 and a ratio in (0, 1)")
+        self.samples = samples
+        self.ratio = ratio
+        self._ratios: list[float] = []
+
+    def record(self, predicted: float, observed: float) -> None:
+        if len(self._ratios) < self.samples and predicted > 0:
+            self._ratios.append(observed / predicted)
+
+    def stale(self) -> bool:
+        ratios = sorted(self._ratios)
+        return len(ratios) >= self.samples and ratios[len(ratios) // 2] < self.ratio
+
+
+def measure_curve(
+    forward: Callable[[int], float],
+    max_tokens: int,
+    repeats: int = 3,
+    *,
+    tolerance: float = 0.1,
+    max_rounds: int = 6,
+    bar: Any = None,
+) -> CostCurve:
     """Time ``forward(k)`` (seconds of one forward over k new tokens) for every k up to ``max_tokens``.
 
     Every size is measured, and kept as measured even where it is cheaper than a smaller one: on
     a CPU the matrix kernels favour some shapes, and the planner should use those. Rounds run
-    over all sizes in turn, so a passing load slows every size alike, and each size keeps its
-    median.
+    over all sizes in turn, and each size keeps the least of its times: other work on the
+    machine only ever adds time, so the least is the nearest to the forward's own cost. A size
+    whose two least times still differ by more than ``tolerance`` was never timed unhindered
+    twice: it is timed again, round after round, up to ``max_rounds`` rounds in all. ``bar``, a
+    `tqdm` bar, counts the forwards.
     """
+    if repeats < 2 or max_rounds < repeats:
+        raise ValueError("measure_curve needs at least 2 repeats and max_rounds >= repeats")
     sizes = range(1, max_tokens + 1)
+    if bar is not None:
+        bar.total = (repeats + 1) * max_tokens
     for k in sizes:
         forward(k)  # warm-up: allocator and kernel selection for this shape
+        _tick(bar)
     runs: list[list[float]] = [[] for _ in sizes]
-    for _ in range(repeats):
-        for k in sizes:
+    timed: Sequence[int] = sizes
+    for round_ in range(max_rounds):
+        if round_ >= repeats:
+            timed = [k for k in sizes if not settled(runs[k - 1], tolerance)]
+            if not timed:
+                break
+            if bar is not None:
+                bar.total += len(timed)
+        for k in timed:
             runs[k - 1].append(forward(k))
-    seconds = tuple(sorted(r)[repeats // 2] for r in runs)
-    return CostCurve(tuple(sizes), seconds)
+            _tick(bar)
+    return CostCurve(tuple(sizes), tuple(min(r) for r in runs))
+
+
+def settled(times: Sequence[float], tolerance: float) -> bool:
+    """Whether the two least of ``times`` agree within ``tolerance`` (relative): the least was
+    seen twice, so it is the forward's own cost, not a lucky or a hindered one."""
+    if len(times) < 2:
+        return False
+    first, second = sorted(times)[:2]
+    return second <= first * (1 + tolerance)
+
+
+def _tick(bar: Any) -> None:
+    if bar is not None:
+        bar.update(1)
 
 
 def model_digest(model: Any) -> str:
@@ -177,11 +262,14 @@ def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, An
     }
 
 
-def cached_curve(directory: Path, key: dict[str, Any], measure: Callable[[], CostCurve]) -> CostCurve:
-    """The curve stored for ``key`` under ``directory``, measured and stored if missing or stale."""
+def cached_curve(
+    directory: Path, key: dict[str, Any], measure: Callable[[], CostCurve], *, remeasure: bool = False
+) -> CostCurve:
+    """The curve stored for ``key`` under ``directory``, measured and stored if missing, stale
+    or ``remeasure`` is set."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    path = directory / f"costs-{digest}.json"
-    curve = _read(path, key)
+    path = directory / f"costs-v{VERSION}-{digest}.json"  # another version's file is left alone
+    curve = None if remeasure else _read(path, key)
     if curve is None:
         curve = measure()
         _write(path, key, curve)

@@ -23,6 +23,7 @@ from rag_lookahead.decoding.costs import (
     BatchCosts,
     CostCurve,
     CostModel,
+    CurveCheck,
     cached_curve,
     curve_key,
     measure_curve,
@@ -32,6 +33,7 @@ from rag_lookahead.decoding.layer_masks import LayerMasks
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
+from rag_lookahead.progress import progress_bar
 
 __all__ = ["ModelRunner"]
 
@@ -121,25 +123,49 @@ class ModelRunner:
             attention_mask=self.layer_masks(inputs, [past]),
         )
 
-    def measure_costs(self, max_tokens: int, cache_dir: Path | None = None) -> CostCurve:
-        """Forward seconds by size up to ``max_tokens``: cached on disk, else measured now;
-        `costs` holds them from now on."""
+    def measure_costs(
+        self,
+        max_tokens: int,
+        cache_dir: Path | None = None,
+        *,
+        remeasure: bool = False,
+        progress: bool = False,
+    ) -> CostCurve:
+        """Forward seconds by size up to ``max_tokens``: cached on disk (unless ``remeasure``),
+        else measured now (with a progress bar if ``progress``); `costs` holds them from now on.
+        A curve read from the disk is checked against the forwards run on a CPU (`CurveCheck`)."""
         from rag_lookahead.models import default_cache_dir
 
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
         context = min(256, window // 2)
         key = curve_key(self.model, self.device, max_tokens)
         directory = (cache_dir or default_cache_dir()) / "costs"
-        curve = cached_curve(directory, key, lambda: measure_curve(self.chain_timer(context), max_tokens))
+
+        measured = []
+
+        def measure() -> CostCurve:
+            measured.append(True)
+            with progress_bar(progress, "measuring forward costs (once)", unit="forward") as bar:
+                return measure_curve(self.chain_timer(context), max_tokens, bar=bar)
+
+        curve = cached_curve(directory, key, measure, remeasure=remeasure)
         self.costs.curve = curve
+        # Only where a forward's time is known when it returns: a GPU's would need a sync.
+        self.costs.check = CurveCheck() if not measured and self.device.type == "cpu" else None
         return curve
 
     def measure_batch_costs(
-        self, max_rows: int, max_width: int, cache_dir: Path | None = None
+        self,
+        max_rows: int,
+        max_width: int,
+        cache_dir: Path | None = None,
+        *,
+        remeasure: bool = False,
+        progress: bool = False,
     ) -> BatchCosts | None:
         """Batched forward seconds by width for 2, 4, 8, ... rows up to ``max_rows`` (cached on
-        disk, else measured now; `costs` holds them from now on); ``None`` when no batch has
-        two rows."""
+        disk unless ``remeasure``, else measured now; `costs` holds them from now on); ``None``
+        when no batch has two rows."""
         from rag_lookahead.models import default_cache_dir
 
         directory = (cache_dir or default_cache_dir()) / "costs"
@@ -147,14 +173,15 @@ class ModelRunner:
         rows = 2
         while rows <= max_rows:
             key = {**curve_key(self.model, self.device, max_width), "rows": rows, "context": _BATCH_CONTEXT}
-            measure = functools.partial(self._measure_batch, rows, max_width)
-            curves.append((rows, cached_curve(directory, key, measure)))
+            measure = functools.partial(self._measure_batch, rows, max_width, progress)
+            curves.append((rows, cached_curve(directory, key, measure, remeasure=remeasure)))
             rows *= 2
         self.costs.batch = BatchCosts(tuple(curves)) if curves else None
         return self.costs.batch
 
-    def _measure_batch(self, rows: int, max_width: int) -> CostCurve:
-        return measure_curve(self._batch_timer(rows), max_width)
+    def _measure_batch(self, rows: int, max_width: int, progress: bool) -> CostCurve:
+        with progress_bar(progress, f"measuring costs of {rows}-row batches (once)", unit="forward") as bar:
+            return measure_curve(self._batch_timer(rows), max_width, bar=bar)
 
     def _batch_timer(self, rows: int) -> Callable[[int], float]:
         """Seconds of one batched forward of ``rows`` rows, each a chain of ``width`` tokens."""

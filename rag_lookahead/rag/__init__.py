@@ -8,28 +8,30 @@ index, skipped = DocumentIndex.build(["docs/"], SentenceTransformerEmbedder())
 index.save("docs.index")
 hits = DocumentIndex.load("docs.index").search("How do I rotate the keys?", k=4, mode="hybrid")
 ```
+
+Its names are imported when first used (`rag_lookahead.lazy`).
 """
 
-from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
-from rag_lookahead.rag.documents import Document, Skipped, load_documents
-from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
-from rag_lookahead.rag.index import (
-    RETRIEVAL_MODES,
-    BuildTimings,
-    DocumentIndex,
-    Hit,
-    IndexFormatError,
-    Progress,
-    RetrievalMode,
-    UpdateReport,
-)
-from rag_lookahead.rag.pipeline import (
-    Answer,
-    AnswerStream,
-    PreparedQuery,
-    RagPipeline,
-    RetrievalConfig,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rag_lookahead.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
+    from rag_lookahead.rag.documents import Document, Skipped, load_documents
+    from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
+    from rag_lookahead.rag.index import (
+        BuildTimings,
+        DocumentIndex,
+        Hit,
+        IndexFormatError,
+        Progress,
+        UpdateReport,
+    )
+    from rag_lookahead.rag.pipeline import Answer, AnswerStream, PreparedQuery, RagPipeline
+    from rag_lookahead.rag.retrieval import RETRIEVAL_MODES, RetrievalConfig, RetrievalMode
 
 __all__ = [
     "DEFAULT_EMBEDDER",
@@ -55,3 +57,31 @@ __all__ = [
     "load_documents",
     "split_document",
 ]
+
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "DocumentIndex": "rag_lookahead.rag.index",
+        "SentenceTransformerEmbedder": "rag_lookahead.rag.embedding",
+        "Chunk": "rag_lookahead.rag.chunking",
+        "ChunkingConfig": "rag_lookahead.rag.chunking",
+        "split_document": "rag_lookahead.rag.chunking",
+        "Document": "rag_lookahead.rag.documents",
+        "Skipped": "rag_lookahead.rag.documents",
+        "load_documents": "rag_lookahead.rag.documents",
+        "DEFAULT_EMBEDDER": "rag_lookahead.rag.embedding",
+        "Embedder": "rag_lookahead.rag.embedding",
+        "RETRIEVAL_MODES": "rag_lookahead.rag.retrieval",
+        "BuildTimings": "rag_lookahead.rag.index",
+        "Hit": "rag_lookahead.rag.index",
+        "IndexFormatError": "rag_lookahead.rag.index",
+        "Progress": "rag_lookahead.rag.index",
+        "RetrievalMode": "rag_lookahead.rag.retrieval",
+        "UpdateReport": "rag_lookahead.rag.index",
+        "Answer": "rag_lookahead.rag.pipeline",
+        "AnswerStream": "rag_lookahead.rag.pipeline",
+        "PreparedQuery": "rag_lookahead.rag.pipeline",
+        "RagPipeline": "rag_lookahead.rag.pipeline",
+        "RetrievalConfig": "rag_lookahead.rag.retrieval",
+    },
+)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import faiss
 import numpy as np
@@ -30,6 +30,7 @@ from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, split_document
 from rag_lookahead.rag.documents import Document, Skipped, load_documents
 from rag_lookahead.rag.embedding import Embedder
 from rag_lookahead.rag.keyword import KeywordIndex
+from rag_lookahead.rag.retrieval import RETRIEVAL_MODES, RetrievalMode, check_mode
 from rag_lookahead.rag.store import IndexFormatError
 
 __all__ = [
@@ -44,8 +45,6 @@ __all__ = [
     "check_mode",
 ]
 
-RetrievalMode = Literal["dense", "keyword", "hybrid"]
-RETRIEVAL_MODES: tuple[RetrievalMode, ...] = ("dense", "keyword", "hybrid")
 # Reciprocal rank fusion: the constant of its paper (it damps the head of each ranking), and how
 # deep each ranking is read: a chunk ranked below that on both sides never makes a top k.
 _RRF_K = 60
@@ -57,14 +56,6 @@ Progress = Callable[[Iterable[Any]], Iterable[Any]]
 # Texts per `embed` call (so per progress step): small enough for a lively progress bar, big
 # enough to batch well.
 _EMBED_BATCH = 64
-
-
-def check_mode(mode: object) -> RetrievalMode:
-    """`mode` if it is a retrieval mode, else a clear error."""
-    for known in RETRIEVAL_MODES:
-        if mode == known:
-            return known
-    raise ValueError(f"retrieval mode must be one of {', '.join(RETRIEVAL_MODES)}; got {mode!r}")
 
 
 @dataclass(frozen=True)

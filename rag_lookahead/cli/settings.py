@@ -1,0 +1,32 @@
+"""The configs the flags describe, made before anything loads (a bad combination is refused at once)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.rag.chunking import ChunkingConfig
+from rag_lookahead.rag.retrieval import RetrievalConfig, check_mode
+
+__all__ = ["chunking_config", "lookahead_config", "retrieval_config"]
+
+
+def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:
+    """The lookahead flags' settings."""
+    return LookaheadConfig(
+        mode="off" if getattr(args, "no_lookahead", False) else args.mode,
+        decoding_length=args.decoding_length,
+        branch_length=args.branch_length,
+    )
+
+
+def chunking_config(args: argparse.Namespace) -> ChunkingConfig:
+    """The indexing flags' chunking settings."""
+    return ChunkingConfig(args.chunk_size, args.chunk_overlap, args.chunk_unit)
+
+
+def retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
+    """The retrieval flags' settings (`bench --retrieval gold` retrieves nothing, except from the
+    bundled corpus, which it searches the default way)."""
+    named = {"faiss": "dense", "gold": RetrievalConfig().mode}.get(args.retrieval, args.retrieval)
+    return RetrievalConfig(top_k=args.top_k, min_score=args.min_score, mode=check_mode(named))
