@@ -30,6 +30,7 @@ __all__ = [
     "DEAD_END_FORMAT",
     "WAIT_S",
     "LiveServer",
+    "ScopedCalls",
     "leftovers",
     "recording_documents",
     "served_engine",
@@ -105,6 +106,23 @@ def recording_documents(engine: LookaheadEngine, into: list[list[str]]) -> Calla
         return stream(*args, **kwargs)
 
     return recording
+
+
+class ScopedCalls:
+    """``engine`` with each of its calls recorded: the number of sequences in the call's scope
+    (0 without one) and its stream, to read what a served call drafted from."""
+
+    def __init__(self, engine: LookaheadEngine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[int, TextStream]] = []
+        stream = engine.stream
+
+        def recording(*args: Any, **kwargs: Any) -> TextStream:
+            scope = kwargs.get("scope")
+            self.calls.append((len(scope.sequences) if scope is not None else 0, stream(*args, **kwargs)))
+            return self.calls[-1][1]
+
+        engine.stream = recording  # type: ignore[method-assign]
 
 
 def leftovers(state: ServerState) -> list[str]:

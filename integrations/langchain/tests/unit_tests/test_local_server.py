@@ -5,7 +5,6 @@ retrieved documents reach the served call as a corpus, and the answer is the in-
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -20,8 +19,7 @@ from langchain_rag_lookahead.chat_models import to_chat_messages
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer
-from rag_lookahead.streaming.stream import TextStream
+from rag_lookahead.http.testing import LiveServer, ScopedCalls
 from rag_lookahead.testing import tiny_engine
 
 N = 40
@@ -44,31 +42,15 @@ def rag_chain(llm: Runnable, documents: list[Document]) -> Runnable:
     return retrieve | RunnableLambda(lambda x: x["question"]) | llm | StrOutputParser()
 
 
-class Served:
-    """The served engine, with the scope and the stream of each of its calls."""
-
-    def __init__(self) -> None:
-        self.engine = tiny_engine()
-        self.calls: list[tuple[Any, TextStream]] = []
-        stream = self.engine.stream
-
-        def recording(*args: Any, **kwargs: Any) -> TextStream:
-            scope = kwargs.get("scope")
-            self.calls.append((len(scope.sequences) if scope is not None else 0, stream(*args, **kwargs)))
-            return self.calls[-1][1]
-
-        self.engine.stream = recording  # type: ignore[method-assign]
-
-
 @pytest.fixture
-def served() -> Iterator[tuple[Served, LiveServer]]:
-    server = Served()
+def served() -> Iterator[tuple[ScopedCalls, LiveServer]]:
+    server = ScopedCalls(tiny_engine())
     with LiveServer(create_app(server.engine, ServeSettings(model_name=MODEL))) as live:
         yield server, live
 
 
 @pytest.mark.enable_socket
-def test_a_chain_on_the_server_keeps_its_drafts(served: tuple[Served, LiveServer]) -> None:
+def test_a_chain_on_the_server_keeps_its_drafts(served: tuple[ScopedCalls, LiveServer]) -> None:
     server, live = served
     off = LookaheadEngine(server.engine.model, server.engine.tokenizer, LookaheadConfig(mode="off"))
     reference = off.complete(to_chat_messages([HumanMessage(QUESTION)]), max_new_tokens=N).text

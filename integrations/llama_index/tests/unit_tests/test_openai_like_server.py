@@ -18,6 +18,9 @@ from rag_lookahead import LookaheadEngine
 from rag_lookahead.http import ServeSettings, create_app
 from rag_lookahead.http.testing import LiveServer, leftovers, recording_documents, served_engine, wait_until
 
+# A server on 127.0.0.1 only: sockets stay off for every other host.
+pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])
+
 MODEL = "tiny"
 N = 16
 QUESTION = "Who were the Normans?"

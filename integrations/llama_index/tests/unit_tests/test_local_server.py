@@ -15,10 +15,12 @@ from llama_index.core.embeddings import MockEmbedding
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer
+from rag_lookahead.http.testing import LiveServer, ScopedCalls
 from rag_lookahead.server import ServerEngine
-from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import tiny_engine
+
+# A server on 127.0.0.1 only: sockets stay off for every other host.
+pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])
 
 MODEL = "tiny"
 N = 16
@@ -32,25 +34,9 @@ def wide_engine() -> Any:
     return engine
 
 
-class Served:
-    """The served engine, with the scope and the stream of each of its calls."""
-
-    def __init__(self) -> None:
-        self.engine = wide_engine()
-        self.calls: list[tuple[int, TextStream]] = []
-        stream = self.engine.stream
-
-        def recording(*args: Any, **kwargs: Any) -> TextStream:
-            scope = kwargs.get("scope")
-            self.calls.append((len(scope.sequences) if scope is not None else 0, stream(*args, **kwargs)))
-            return self.calls[-1][1]
-
-        self.engine.stream = recording  # type: ignore[method-assign]
-
-
 @pytest.fixture
-def served() -> Iterator[tuple[Served, LiveServer]]:
-    server = Served()
+def served() -> Iterator[tuple[ScopedCalls, LiveServer]]:
+    server = ScopedCalls(wide_engine())
     with LiveServer(create_app(server.engine, ServeSettings(model_name=MODEL))) as live:
         yield server, live
 
@@ -63,7 +49,7 @@ def ask(llm: LookaheadLLM) -> str:
     return str(engine.query("Where is the lighthouse?"))
 
 
-def test_a_query_engine_on_the_server_keeps_its_drafts(served: tuple[Served, LiveServer]) -> None:
+def test_a_query_engine_on_the_server_keeps_its_drafts(served: tuple[ScopedCalls, LiveServer]) -> None:
     server, live = served
     expected = ask(LookaheadLLM(engine=wide_engine(), max_new_tokens=N))
     engine = ServerEngine(live.base_url, MODEL, "rag-lookahead", max_retries=0, context_window=4096)
@@ -75,7 +61,7 @@ def test_a_query_engine_on_the_server_keeps_its_drafts(served: tuple[Served, Liv
     assert live.server.config.app.state.lookahead.corpora.count == 0
 
 
-def test_a_call_s_documents_travel_in_its_request(served: tuple[Served, LiveServer]) -> None:
+def test_a_call_s_documents_travel_in_its_request(served: tuple[ScopedCalls, LiveServer]) -> None:
     server, live = served
     expected = LookaheadLLM(engine=tiny_engine(), max_new_tokens=N).complete("Lighthouse?", documents=TEXTS)
     llm = LookaheadLLM(
