@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -24,7 +24,7 @@ from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
-from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine
+from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine, TextStream
 from rag_lookahead.adapters import FINISH_REASONS, CallKind, CallPlan, RequestError, display_name, plan_call
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import check_loading_options
@@ -345,7 +345,7 @@ class LookaheadSettings(BaseModel):
         scope = link.scope(engine)
         with engine.stream(plan.prompt, plan.params, scope=scope, **plan.stream_kwargs()) as stream:
             # A server's `timeout` is its own; without one it is the whole call's deadline.
-            deadline = _Deadline(self.timeout if self.base_url is None else None, stream.close)
+            deadline = _Deadline(self.timeout if self.base_url is None else None, stream)
             with deadline:
                 yield from stream
             deadline.check(stream.stats)
@@ -368,17 +368,17 @@ class _Deadline:
     than returning a silently cut answer.
     """
 
-    def __init__(self, seconds: float | None, close: Callable[[], None]) -> None:
+    def __init__(self, seconds: float | None, stream: TextStream) -> None:
         self.seconds = seconds
         self._expired = threading.Event()
-        self._close = close
+        self._stream = stream
         self._timer = threading.Timer(seconds, self._expire) if seconds is not None else None
         if self._timer is not None:
             self._timer.daemon = True
 
     def _expire(self) -> None:
         self._expired.set()
-        self._close()
+        self._stream.close()
 
     def check(self, stats: DecodeStats) -> None:
         """Raise if the deadline closed the call (one that finished first keeps its reason)."""
