@@ -274,6 +274,7 @@ class LookaheadEngine(EngineBase):
         documents: Iterable[str] = (),
         scope: DocumentScope | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        drafter: Drafter | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt``, yielding new text as it is decided.
@@ -288,7 +289,12 @@ class LookaheadEngine(EngineBase):
             scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
             tools: OpenAI-style function tools the chat template renders into the prompt (see
                 `rag_lookahead.structured.tools`); parse the reply with the model's `ToolFormat`.
+            drafter: Your own `Drafter` for this call, in place of the trie's and Jacobi's (the
+                documents then reach the drafts only through it); the engine closes it when the
+                call ends. Its drafts are verified like any other, so the output is the same.
         """
+        if drafter is not None and self.config.mode == "off":
+            raise ValueError("a drafter needs an engine that drafts: this one's mode is 'off'")
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = document_texts(documents)
         prompt_ids = self.encode(prompt, tools=tools)
@@ -312,7 +318,7 @@ class LookaheadEngine(EngineBase):
             self.measure_costs(remeasure=True)  # once, before this call starts; only plans change
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
-        sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts else []
+        sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts and drafter is None else []
         call = Call(
             prompt_ids=prompt_ids,
             config=self.config,
@@ -328,7 +334,9 @@ class LookaheadEngine(EngineBase):
             ),
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
             context_window=self.context_window or 1 << 62,
-            make_drafter=functools.partial(self._drafter, sequences, scope, grammar) if drafts else None,
+            make_drafter=functools.partial(self._drafter, sequences, scope, grammar, drafter)
+            if drafts
+            else None,
             batchable=batchable,
             grammar=grammar,
         )
@@ -387,11 +395,16 @@ class LookaheadEngine(EngineBase):
         return self.runner.tree_problem() is None
 
     def _drafter(
-        self, sequences: list[list[int]], scope: DocumentScope | None, grammar: GrammarState | None
+        self,
+        sequences: list[list[int]],
+        scope: DocumentScope | None,
+        grammar: GrammarState | None,
+        own: Drafter | None,
     ) -> Drafter:
-        """The call's drafter over its prompt's and documents' token ids (inserted into the trie
-        once its prefill is under way), under its grammar if it has one."""
-        drafter = build_drafter(self.config, self.trie, sequences, scope)
+        """The call's drafter (the caller's ``own``, else one over its prompt's and documents'
+        token ids, inserted into the trie once its prefill is under way), under its grammar if
+        it has one."""
+        drafter = own if own is not None else build_drafter(self.config, self.trie, sequences, scope)
         return drafter if grammar is None else GrammarDrafter(drafter, grammar)
 
     def _tokenize(self, text: str) -> list[int]:

@@ -216,11 +216,22 @@ def test_lark_translation_of_each_kind() -> None:
     assert to_lark(Grammar.regex("a/b")) == "start: r0\nr0: /a\\/b/\n"
 
 
+def test_a_pydantic_model_is_its_json_schema() -> None:
+    pydantic = pytest.importorskip("pydantic")  # not a core dependency
+
+    class Joke(pydantic.BaseModel):
+        setup: str
+        punchline: str = pydantic.Field(max_length=40)
+
+    assert Grammar.json_schema(Joke) == Grammar.json_schema(Joke.model_json_schema())
+
+
 # (case, how the grammar is made or passed, error, words of its message)
 HOSTILE: list[tuple[str, Any, type[Exception], str]] = [
     ("schema not JSON", lambda: Grammar.json_schema("{type: object"), ValueError, "not valid JSON"),
     ("schema a list", lambda: Grammar.json_schema("[1, 2]"), ValueError, "JSON object"),
     ("schema an int", lambda: Grammar.json_schema(3), TypeError, "mapping"),  # type: ignore[arg-type]
+    ("schema a plain class", lambda: Grammar.json_schema(dict), TypeError, "pydantic model"),
     ("schema with NaN", lambda: Grammar.json_schema({"const": float("nan")}), ValueError, "JSON"),
     ("bad regex", lambda: Grammar.regex("(a"), ValueError, "does not compile"),
     ("empty regex", lambda: Grammar.regex(""), ValueError, "non-empty"),

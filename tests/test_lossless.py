@@ -1,6 +1,7 @@
 """The proof of losslessness: lookahead output == plain greedy `generate`, whatever is drafted."""
 
 import random
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -8,8 +9,18 @@ from hypothesis import strategies as st
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.testing import FAMILIES, VOCAB, CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.testing import (
+    ASCII_VOCAB,
+    FAMILIES,
+    VOCAB,
+    AsciiTokenizer,
+    CharTokenizer,
+    greedy_reference,
+    tiny_engine,
+    tiny_model,
+)
 
 NEW_TOKENS = 24
 # Injected forward costs: free drafting, a CPU-like curve, and one where drafting never pays.
@@ -105,3 +116,50 @@ def test_documents_drive_drafts_and_are_eliminated() -> None:
     assert completion.token_ids == reference
     assert sum(completion.stats.accepted_per_step) > NEW_TOKENS // 2
     assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+class RandomDrafter:
+    """A user's own `Drafter`: random chains, with the true continuation now and then."""
+
+    def __init__(self, truth: list[int], prompt_length: int, seed: int) -> None:
+        self.truth, self.prompt_length = truth, prompt_length
+        self.rng = random.Random(seed)
+        self.proposed = 0
+        self.closed = False
+
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        self.proposed += 1
+        done = len(context) - self.prompt_length
+        if self.rng.random() < 0.5:
+            chain = self.truth[done : done + budget]
+        else:
+            chain = [self.rng.randrange(ASCII_VOCAB) for _ in range(self.rng.randint(0, budget))]
+        tree = DraftTree.from_draft(context[-1], chain, list(range(-1, len(chain) - 1)), "mine")
+        return StepDraft(tree)
+
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_users_own_drafter_changes_no_token(seed: int) -> None:
+    # Free drafting: every draft is verified.
+    engine = LookaheadEngine(
+        tiny_model("llama", 0, ASCII_VOCAB), AsciiTokenizer(), cost_curve=CostCurve.flat()
+    )
+    rng = random.Random(seed)
+    prompt = [rng.randrange(ASCII_VOCAB) for _ in range(8)]
+    reference = engine.plain().complete(prompt, max_new_tokens=NEW_TOKENS).token_ids
+    drafter = RandomDrafter(reference, len(prompt), seed)
+    result = engine.complete(prompt, max_new_tokens=NEW_TOKENS, drafter=drafter)
+    assert result.token_ids == reference
+    assert drafter.proposed and drafter.closed and "mine" in result.stats.draft_sources
+    assert sum(result.stats.accepted_per_step) > 0  # its true drafts were taken
+
+
+def test_a_drafter_needs_an_engine_that_drafts() -> None:
+    with pytest.raises(ValueError, match="mode is 'off'"):
+        tiny_engine().plain().stream([1, 2], drafter=RandomDrafter([], 2, 0))

@@ -71,8 +71,11 @@ class Grammar:
             )
 
     @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | str) -> Grammar:
-        """JSON that validates against ``schema`` (a mapping or its JSON text)."""
+    def json_schema(cls, schema: Mapping[str, Any] | str | type) -> Grammar:
+        """JSON that validates against ``schema``: a mapping, its JSON text, or a pydantic model
+        class (its ``model_json_schema()``; pydantic itself is not needed here)."""
+        if isinstance(schema, type):
+            schema = _model_schema(schema)
         text = schema if isinstance(schema, str) else _dumps(schema)
         return cls("json_schema", text)
 
@@ -106,6 +109,14 @@ class Grammar:
         ``closes_in_budget``): a structured answer or a tool call that a small budget would
         otherwise cut off inside a string comes out complete, its last value shortened."""
         return dataclasses.replace(self, closes_in_budget=True)
+
+
+def _model_schema(model: type) -> Mapping[str, Any]:
+    make = getattr(model, "model_json_schema", None)
+    if not callable(make):
+        raise TypeError(f"a class given as a JSON schema must be a pydantic model, got {model.__name__}")
+    schema: Mapping[str, Any] = make()
+    return schema
 
 
 def _dumps(schema: Mapping[str, Any]) -> str:

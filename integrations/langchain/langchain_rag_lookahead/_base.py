@@ -24,7 +24,7 @@ from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
-from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine
+from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine, TextStream
 from rag_lookahead.adapters import FINISH_REASONS, CallKind, CallPlan, RequestError, display_name, plan_call
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import check_loading_options
@@ -64,7 +64,7 @@ _LOCAL_FIELDS = frozenset(
         "chat_template_kwargs",
     }
 )
-_SERVER_FIELDS = frozenset({"api_key", "timeout", "max_retries", "server_kind"})
+_SERVER_FIELDS = frozenset({"server_kind"})
 
 
 class LookaheadSettings(BaseModel):
@@ -97,12 +97,22 @@ class LookaheadSettings(BaseModel):
         description="With `base_url`: 'vllm', 'sglang', 'rag-lookahead' (`rag-lookahead serve`) or 'openai' "
         "(see `ServerEngine`).",
     )
-    api_key: SecretStr | None = Field(default=None, description="With `base_url`: the server's API key.")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="With `base_url`: the server's API key. Accepted and unused without it (a "
+        "local model needs none), so code written for other chat models runs unchanged.",
+    )
     timeout: float | None = Field(
-        default=None, gt=0, description="With `base_url`: seconds to wait for the server (default 600)."
+        default=None,
+        gt=0,
+        description="With `base_url`: seconds to wait for the server (default 600). Without it: "
+        "seconds a whole call may take; past them the call stops and raises `TimeoutError`.",
     )
     max_retries: int | None = Field(
-        default=None, ge=0, description="With `base_url`: retries on 429, 5xx and timeouts (default 2)."
+        default=None,
+        ge=0,
+        description="With `base_url`: retries on 429, 5xx and timeouts (default 2). Accepted and "
+        "unused without it (a local call is not retried).",
     )
     lookahead: bool = Field(
         default=True,
@@ -334,7 +344,11 @@ class LookaheadSettings(BaseModel):
         engine = self.get_engine()
         scope = link.scope(engine)
         with engine.stream(plan.prompt, plan.params, scope=scope, **plan.stream_kwargs()) as stream:
-            yield from stream
+            # A server's `timeout` is its own; without one it is the whole call's deadline.
+            deadline = _Deadline(self.timeout if self.base_url is None else None, stream)
+            with deadline:
+                yield from stream
+            deadline.check(stream.stats)
             yield stream.stats
 
     def _response_metadata(self, stats: DecodeStats) -> dict[str, Any]:
@@ -344,6 +358,41 @@ class LookaheadSettings(BaseModel):
             "finish_reason": FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
             "lookahead": stats.as_dict(),
         }
+
+
+class _Deadline:
+    """A local call's deadline: its stream is closed once ``seconds`` have passed.
+
+    The close comes from a timer thread (so a call waiting for its turn ends too, a step later
+    at most); `check` then raises `TimeoutError` as other chat models' timeouts do, rather
+    than returning a silently cut answer.
+    """
+
+    def __init__(self, seconds: float | None, stream: TextStream) -> None:
+        self.seconds = seconds
+        self._expired = threading.Event()
+        self._stream = stream
+        self._timer = threading.Timer(seconds, self._expire) if seconds is not None else None
+        if self._timer is not None:
+            self._timer.daemon = True
+
+    def _expire(self) -> None:
+        self._expired.set()
+        self._stream.close()
+
+    def check(self, stats: DecodeStats) -> None:
+        """Raise if the deadline closed the call (one that finished first keeps its reason)."""
+        if self._expired.is_set() and stats.finish_reason == "abandoned":
+            raise TimeoutError(f"the call ran past its timeout of {self.seconds} s")
+
+    def __enter__(self) -> Self:
+        if self._timer is not None:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def usage(stats: DecodeStats) -> dict[str, int]:

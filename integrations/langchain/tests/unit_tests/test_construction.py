@@ -25,7 +25,7 @@ def test_unknown_fields_are_rejected(cls: type) -> None:
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         cls(organization="x")
     with pytest.raises(ValidationError, match="apply to a server"):
-        cls(api_key="x")  # known, but only with `base_url`
+        cls(server_kind="vllm")  # known, but only with `base_url`
     with pytest.raises(ValidationError):
         cls(max_tokens=0)
     with pytest.raises(ValidationError):

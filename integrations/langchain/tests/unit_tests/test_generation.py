@@ -3,6 +3,7 @@ text, stop sequences, callbacks, metadata, call-time documents."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -172,3 +173,18 @@ def test_call_options_override_fields(engine) -> None:
     sampled = ChatLookahead(engine=engine, max_tokens=N, temperature=0.7, seed=1, lookahead=False)
     assert sampled.invoke(QUESTION).content == sampled.invoke(QUESTION).content
     assert ChatLookahead(engine=engine, max_tokens=N, temperature=0.7).invoke(QUESTION).content
+
+
+def test_other_chat_models_settings_are_accepted_by_a_local_model(engine) -> None:
+    # LangChain's standard parameters: the key and retries are unused, a loose timeout changes nothing.
+    llm = ChatLookahead(engine=engine, max_tokens=N, api_key="unused", max_retries=2, timeout=600)
+    assert llm.invoke(QUESTION).content == plain(engine, chat_prompt())
+
+
+def test_a_local_call_past_its_timeout_raises(engine) -> None:
+    llm = ChatLookahead(engine=engine, max_tokens=200, timeout=0.05)
+    chunks = llm.stream(QUESTION)
+    next(chunks)
+    time.sleep(1.0)  # an unread stream does not advance: the deadline passes while it waits
+    with pytest.raises(TimeoutError, match="timeout of 0.05 s"):
+        list(chunks)

@@ -46,9 +46,7 @@ def test_server_settings_build_a_server_engine() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"timeout": 5}, "base_url"),
-        ({"api_key": "k"}, "base_url"),
-        ({"max_retries": 1}, "base_url"),
+        ({"server_kind": "vllm"}, "base_url"),
         ({"base_url": SERVER}, "served model"),
         ({"base_url": SERVER, "model": "m", "device": "cuda"}, "local model"),
         ({"base_url": SERVER, "model": "m", "lookahead": False}, "lookahead=False"),

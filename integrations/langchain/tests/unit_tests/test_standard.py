@@ -11,9 +11,5 @@ class TestChatLookaheadUnit(LocalChatModelCapabilities, ChatModelUnitTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         # The embedded default model: construction is cheap, the model loads on first call.
+        # The suite's default parameters (api_key, timeout, max_retries) apply as they are.
         return {"lookahead": True}
-
-    @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        # A local model has no API key, request timeout or retries: they need `base_url` (see test_server).
-        return {"temperature": 0, "max_tokens": 100, "stop": []}

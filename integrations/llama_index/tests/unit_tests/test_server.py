@@ -53,3 +53,37 @@ def test_query_engine_on_vllm_sends_the_prompt_alone(stub: StubServer, index: An
     engine = LookaheadQueryEngine.from_index(index, llm=server_llm(stub, "vllm"), similarity_top_k=3)
     assert str(engine.query("What is the capital of France?")) == "Hello, world"
     assert not [r for r in stub.requests if "corpus" in r.path]
+
+
+def test_base_url_answers_on_that_server(stub: StubServer) -> None:
+    llm = LookaheadLLM(
+        base_url=stub.base_url,
+        model="served-model",
+        server_kind="vllm",
+        api_key="k",
+        max_retries=0,
+        timeout=5,
+    )
+    engine = llm.engine
+    assert isinstance(engine, ServerEngine) and llm.metadata.model_name == "served-model"
+    assert (engine.config.kind, engine.config.api_key, engine.config.max_retries) == ("vllm", "k", 0)
+    assert engine.config.timeout == 5
+    stub.reply(Answer(("Blue", "."), usage=(11, 2)))
+    assert llm.chat([ChatMessage(role=MessageRole.USER, content="Sky colour?")]).message.content == "Blue."
+    assert stub.completions()[-1].body["model"] == "served-model"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"base_url": "http://127.0.0.1:9/v1"}, "served model"),
+        ({"base_url": "http://127.0.0.1:9/v1", "model": "m", "device": "cpu"}, "local model"),
+        ({"base_url": "http://127.0.0.1:9/v1", "model": "m", "engine": object()}, "either"),
+        ({"model": "m", "model_name": "n"}, "either `model`"),
+        ({"api_key": "k"}, "base_url"),
+        ({"server_kind": "sglang"}, "base_url"),
+    ],
+)
+def test_bad_server_settings(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LookaheadLLM(**settings)

@@ -36,7 +36,7 @@ from llama_index.core.tools.types import BaseTool
 
 from llama_index.llms.rag_lookahead import calls
 from llama_index.llms.rag_lookahead.calls import Call, Settings
-from llama_index.llms.rag_lookahead.loading import plain_engine, resolve_engine
+from llama_index.llms.rag_lookahead.loading import plain_engine, resolve_engine, server_arguments
 from llama_index.llms.rag_lookahead.responses import (
     Shape,
     alast,
@@ -57,6 +57,7 @@ from llama_index.llms.rag_lookahead.tools import (
 from rag_lookahead import DEFAULT_MODEL, LookaheadConfig, TextStream
 from rag_lookahead.adapters import RequestError, display_name, plan_call
 from rag_lookahead.interface import Engine
+from rag_lookahead.server import ServerKind
 
 __all__ = ["LookaheadLLM"]
 
@@ -157,6 +158,12 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         model_kwargs: dict[str, Any] | None = None,
         tokenizer_kwargs: dict[str, Any] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        model: str | None = None,
+        base_url: str | None = None,
+        server_kind: ServerKind = "openai",
+        api_key: str | None = None,
+        timeout: float | None = None,
+        max_retries: int | None = None,
         **kwargs: Any,
     ) -> None:
         """Wrap ``engine``, or load ``model_name`` offline with ``config`` and the loading
@@ -165,8 +172,25 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         attn_implementation, revision...), ``tokenizer_kwargs`` and ``chat_template_kwargs``
         (e.g. ``{"enable_thinking": False}`` for Qwen3).
 
+        Or, with ``base_url`` (an OpenAI-compatible API root such as
+        ``"http://localhost:8000/v1"``), answer on that server as LangChain's ``ChatLookahead``
+        does: ``model`` is then the served model's name, and ``server_kind`` ('vllm', 'sglang',
+        'rag-lookahead' or 'openai'), ``api_key``, ``timeout`` (seconds to wait for the server,
+        default 600) and ``max_retries`` (default 2) go to its `ServerEngine`. ``model`` is
+        ``model_name`` under LangChain's and OpenAI's name.
+
         Other keyword arguments set the fields above (and `CustomLLM`'s, e.g. ``system_prompt``).
         """
+        if model is not None and kwargs.setdefault("model_name", model) != model:
+            raise ValueError("pass either `model` or `model_name`, not both")
+        server = server_arguments(
+            base_url,
+            server_kind=server_kind,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            context_window=kwargs.get("context_window"),
+        )
         load = {
             "config": config,
             "device": device,
@@ -176,7 +200,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
             "tokenizer_kwargs": tokenizer_kwargs,
             "chat_template_kwargs": chat_template_kwargs,
         }
-        engine = resolve_engine(engine, kwargs.get("model_name"), load)
+        engine = resolve_engine(engine, kwargs.get("model_name"), load, server)
         kwargs.setdefault("model_name", display_name(engine))
         window = engine.context_window
         if window is not None:
