@@ -121,3 +121,10 @@ def test_a_decode_of_its_own_keeps_the_whole_decode() -> None:
     tokenizer.__class__ = Shouting
     assert incremental_backend(tokenizer) is None
     assert TextAssembler(tokenizer).preview([ord("a") - 32]) == "A"
+
+
+def test_a_decode_set_on_the_object_keeps_the_whole_decode() -> None:
+    tokenizer = ascii_fast_tokenizer()
+    tokenizer.decode = lambda ids, **kwargs: "replaced"
+    assert incremental_backend(tokenizer) is None
+    assert TextAssembler(tokenizer).preview([1]) == "replaced"

@@ -76,11 +76,11 @@ def incremental_backend(tokenizer: Any) -> Any | None:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
         return None
-    kind = type(tokenizer)
+    # Not overridden, by a subclass or on the object itself.
     stock = (
         isinstance(tokenizer, TokenizersBackend)
-        and kind.decode is PreTrainedTokenizerBase.decode
-        and kind._decode is TokenizersBackend._decode
+        and getattr(tokenizer.decode, "__func__", None) is PreTrainedTokenizerBase.decode
+        and getattr(tokenizer._decode, "__func__", None) is TokenizersBackend._decode
     )
     backend: Any = tokenizer.backend_tokenizer if stock else None
     if backend is None or type(backend.decoder).__name__ != "ByteLevel":
