@@ -137,3 +137,31 @@ def test_a_second_conversion_waits_for_the_first_and_takes_its_model(tmp_path: P
         (target / "model.safetensors").write_bytes(b"")
     waiter.join(timeout=30)
     assert got == [target] and not converted
+
+
+def test_a_waiting_process_says_so_then_runs_once_the_other_is_done(tmp_path: Path, monkeypatch) -> None:
+    target = tmp_path / "costs.json"
+    acquired, said = threading.Event(), threading.Event()
+    lines: list[str] = []
+
+    class Stderr:
+        def write(self, text: str) -> None:
+            lines.append(text)
+            said.set()  # the other process finishes only once this one has said that it waits
+
+        def flush(self) -> None:
+            pass
+
+    def other() -> None:
+        with held(lock_beside(target)):
+            acquired.set()
+            said.wait(timeout=30)
+
+    holder = threading.Thread(target=other)
+    holder.start()
+    acquired.wait(timeout=30)
+    monkeypatch.setattr("sys.stderr", Stderr())
+    with exclusive(target, "waiting for another process ..."):
+        ran = True
+    holder.join(timeout=30)
+    assert ran and "".join(lines) == "waiting for another process ...\n"

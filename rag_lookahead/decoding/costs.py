@@ -263,10 +263,16 @@ def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, An
 
 
 def cached_curve(
-    directory: Path, key: dict[str, Any], measure: Callable[[], CostCurve], *, remeasure: bool = False
+    directory: Path,
+    key: dict[str, Any],
+    measure: Callable[[], CostCurve],
+    *,
+    remeasure: bool = False,
+    waiting: str | None = None,
 ) -> CostCurve:
     """The curve stored for ``key`` under ``directory``, measured and stored if missing, stale
-    or ``remeasure`` is set."""
+    or ``remeasure`` is set; while another process measures it, this one waits for its curve
+    (saying ``waiting`` on standard error, if given)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = directory / f"costs-v{VERSION}-{digest}.json"  # another version's file is left alone
     asked = time.time()
@@ -275,7 +281,7 @@ def cached_curve(
         return curve
     # One process measures, another waiting meanwhile reads its curve: two measuring at once
     # would slow each other's forwards and both keep a curve that is too steep.
-    with exclusive(path):
+    with exclusive(path, waiting):
         # Measured by another process while this one waited (after it asked, if it remeasures).
         curve = _read(path, key, since=asked if remeasure else None)
         if curve is None:
