@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["TextAssembler", "incremental_backend"]
@@ -100,7 +100,7 @@ class _DecodedSoFar:
     stream: Any = None
     complete: str = ""  # the text up to the stream's last chunk, which ends in a whole character
     context: tuple[int, ...] = ()  # the ids of that last chunk: the stream decodes after them
-    pending: tuple[int, ...] = field(default=())  # ids since, whose text is not complete yet
+    pending: tuple[int, ...] = ()  # ids since, whose text is not complete yet
 
     def extended(self, tokens: Sequence[int]) -> _DecodedSoFar:
         if not tokens:
