@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_lookahead.config import keyword_arguments
+from rag_lookahead.files import exclusive
 from rag_lookahead.progress import progress_bar
 
 if TYPE_CHECKING:  # imported where used: the command line lists the models before torch loads
@@ -153,6 +154,16 @@ def builtin_model_dir(name: str, cache_dir: Path | None = None, *, progress: boo
     target = (cache_dir or default_cache_dir()) / "models" / f"{name}-{model.stamp()}-{_LAYOUT}"
     if (target / "model.safetensors").is_file():
         return target
+    # A second process converting at once waits for the first, then takes its conversion.
+    with exclusive(target, f"waiting for another process converting {name} ..." if progress else None):
+        if not (target / "model.safetensors").is_file():
+            _convert_into(target, model, progress)
+    return target
+
+
+def _convert_into(target: Path, model: BuiltinModel, progress: bool) -> None:
+    """Convert ``model`` in a scratch folder beside ``target``, then rename it into place."""
+    name = model.name
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -162,13 +173,12 @@ def builtin_model_dir(name: str, cache_dir: Path | None = None, *, progress: boo
             bar.update(1)
             _convert_gguf(gguf, out, model, bar)
         try:
-            out.rename(target)  # atomic: a concurrent conversion may have won, which is fine
+            out.rename(target)  # atomic: a conversion not holding the lock may have won, which is fine
         except OSError:
             if not (target / "model.safetensors").is_file():
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # with an assembled GGUF file in it
-    return target
 
 
 def builtin_name(path: str | Path) -> str | None:

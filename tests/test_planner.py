@@ -159,7 +159,7 @@ def test_curves_are_cached_per_key_and_remeasured_when_stale(tmp_path) -> None:
     assert cached_curve(tmp_path, key, measure) == first and len(calls) == 1
     cached_curve(tmp_path, {"model": "m", "threads": 4}, measure)
     assert len(calls) == 2
-    (path,) = [p for p in tmp_path.iterdir() if json.loads(p.read_text())["key"] == key]
+    (path,) = [p for p in tmp_path.glob("costs-*.json") if json.loads(p.read_text())["key"] == key]
     data = json.loads(path.read_text())
     data["measured_at"] = 0  # far too old
     path.write_text(json.dumps(data))

@@ -11,8 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from filelock import Timeout
-
 from rag_lookahead.cli.setup import (
     bundled_index,
     bundled_questions,
@@ -24,6 +22,7 @@ from rag_lookahead.cli.setup import (
     retrieval_config,
 )
 from rag_lookahead.decoding.load import watch_load
+from rag_lookahead.files import held
 from rag_lookahead.interface import Engine
 from rag_lookahead.rag import (
     AnswerStream,
@@ -113,18 +112,8 @@ def _warn_long_lines(args: argparse.Namespace, indexed: Mapping[str, str]) -> No
 @contextmanager
 def _locked(out: Path) -> Iterator[None]:
     """Hold the lock of the index at `out`, saying so when another run holds it first."""
-    lock = DocumentIndex.lock(out)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        print(
-            f"waiting for another `rag-lookahead index` to finish with {out} ...", file=sys.stderr, flush=True
-        )
-        lock.acquire()
-    try:
+    with held(DocumentIndex.lock(out), f"waiting for another `rag-lookahead index` to finish with {out} ..."):
         yield
-    finally:
-        lock.release()
 
 
 def run_ask(args: argparse.Namespace) -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.files import atomic_write
 
 __all__ = ["AcceptanceModel", "load_acceptance", "save_acceptance"]
 
@@ -156,9 +156,7 @@ def save_acceptance(path: Path, key: dict[str, Any], model: AcceptanceModel) -> 
     payload = {"format": FORMAT, "version": VERSION, "key": key, **model.state()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write(path, json.dumps(payload))
     except OSError:
         pass  # a read-only cache only costs the next process its head start
 

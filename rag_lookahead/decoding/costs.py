@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from rag_lookahead.decoding.attention import attention_used
+from rag_lookahead.files import atomic_write, exclusive
 
 __all__ = [
     "BatchCosts",
@@ -263,23 +263,39 @@ def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, An
 
 
 def cached_curve(
-    directory: Path, key: dict[str, Any], measure: Callable[[], CostCurve], *, remeasure: bool = False
+    directory: Path,
+    key: dict[str, Any],
+    measure: Callable[[], CostCurve],
+    *,
+    remeasure: bool = False,
+    waiting: str | None = None,
 ) -> CostCurve:
     """The curve stored for ``key`` under ``directory``, measured and stored if missing, stale
-    or ``remeasure`` is set."""
+    or ``remeasure`` is set; while another process measures it, this one waits for its curve
+    (saying ``waiting`` on standard error, if given)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = directory / f"costs-v{VERSION}-{digest}.json"  # another version's file is left alone
+    asked = time.time()
     curve = None if remeasure else _read(path, key)
-    if curve is None:
-        curve = measure()
-        _write(path, key, curve)
+    if curve is not None:
+        return curve
+    # One process measures, another waiting meanwhile reads its curve: two measuring at once
+    # would slow each other's forwards and both keep a curve that is too steep.
+    with exclusive(path, waiting):
+        # Measured by another process while this one waited (after it asked, if it remeasures).
+        curve = _read(path, key, since=asked if remeasure else None)
+        if curve is None:
+            curve = measure()
+            _write(path, key, curve)
     return curve
 
 
-def _read(path: Path, key: dict[str, Any]) -> CostCurve | None:
+def _read(path: Path, key: dict[str, Any], since: float | None = None) -> CostCurve | None:
+    """The curve at ``path`` if it is for ``key``, fresh, and measured at ``since`` or later."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        fresh = time.time() - float(data["measured_at"]) < MAX_AGE_SECONDS
+        measured_at = float(data["measured_at"])
+        fresh = time.time() - measured_at < MAX_AGE_SECONDS and (since is None or measured_at >= since)
         if (
             data.get("format") != FORMAT
             or data.get("version") != VERSION
@@ -303,8 +319,6 @@ def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(payload, indent=1))
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time

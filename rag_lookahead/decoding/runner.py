@@ -148,7 +148,7 @@ class ModelRunner:
             with progress_bar(progress, "measuring forward costs (once)", unit="forward") as bar:
                 return measure_curve(self.chain_timer(context), max_tokens, bar=bar)
 
-        curve = cached_curve(directory, key, measure, remeasure=remeasure)
+        curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
         self.costs.curve = curve
         # Only where a forward's time is known when it returns: a GPU's would need a sync.
         self.costs.check = CurveCheck() if not measured and self.device.type == "cpu" else None
@@ -174,7 +174,8 @@ class ModelRunner:
         while rows <= max_rows:
             key = {**curve_key(self.model, self.device, max_width), "rows": rows, "context": _BATCH_CONTEXT}
             measure = functools.partial(self._measure_batch, rows, max_width, progress)
-            curves.append((rows, cached_curve(directory, key, measure, remeasure=remeasure)))
+            curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
+            curves.append((rows, curve))
             rows *= 2
         self.costs.batch = BatchCosts(tuple(curves)) if curves else None
         return self.costs.batch
@@ -224,3 +225,8 @@ class ModelRunner:
             return elapsed
 
         return seconds
+
+
+def _waiting(progress: bool) -> str | None:
+    """What to say while another process measures the same costs (where progress is shown)."""
+    return "waiting for another process measuring the same forward costs ..." if progress else None

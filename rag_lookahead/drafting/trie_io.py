@@ -8,12 +8,15 @@ This module knows nodes, not tries: `TokenTrie.save` hands it the nodes in creat
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import IO, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import IO, Any, BinaryIO
 
 from rag_lookahead.drafting.trie_nodes import NO_OWNER, Node, is_int
+from rag_lookahead.files import atomic_file
 
 __all__ = ["FORMAT", "SETTINGS", "VERSION", "read_trie_file", "restore_nodes", "write_trie_file"]
 
@@ -38,14 +41,8 @@ def write_trie_file(
         # Creation order with parent indices: parents precede children and ties replay exactly.
         "nodes": [[n.token, index[n.parent], n.counts] for n in ordered],  # type: ignore[index]
     }
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with _open_text(path, "w", tmp) as handle:
-            json.dump(payload, handle, separators=(",", ":"))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_file(path) as raw, _text_writer(path, raw) as handle:
+        json.dump(payload, handle, separators=(",", ":"))
 
 
 def read_trie_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Any]]:
@@ -85,9 +82,23 @@ def restore_nodes(entries: list[Any], root: Node, attach: Attach) -> None:
         built.append(attach(parent, token, counts))
 
 
-def _open_text(path: str | os.PathLike[str], mode: str, actual: str | None = None) -> IO[str]:
-    # ``path`` picks the compression; ``actual`` (a temporary file) is what gets opened.
-    where = os.fspath(path) if actual is None else actual
+def _open_text(path: str | os.PathLike[str], mode: str) -> IO[str]:
     if os.fspath(path).endswith(".gz"):
-        return gzip.open(where, mode + "t", encoding="utf-8")  # type: ignore[return-value]
-    return open(where, mode, encoding="utf-8")
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, mode, encoding="utf-8")
+
+
+@contextmanager
+def _text_writer(path: str | os.PathLike[str], raw: BinaryIO) -> Iterator[IO[str]]:
+    """Text into ``raw`` (a temporary file, left open), compressed if ``path`` names a ``.gz`` file."""
+    # The gzip header names ``path``, not the temporary file.
+    gz = os.fspath(path).endswith(".gz")
+    binary = gzip.GzipFile(filename=os.path.basename(path), mode="wb", fileobj=raw) if gz else raw
+    text = io.TextIOWrapper(binary, encoding="utf-8")
+    try:
+        yield text
+    finally:
+        text.flush()
+        text.detach()
+        if gz:
+            binary.close()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -45,6 +44,7 @@ import faiss
 import numpy as np
 from filelock import FileLock
 
+from rag_lookahead.files import fsync_file, lock_beside
 from rag_lookahead.rag import keyword
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
@@ -119,8 +119,8 @@ def save(
         }
         _write_text(scratch / _META, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
         for path in (scratch / _INDEX, scratch / _CHUNKS, *(scratch / _KEYWORD / n for n in files)):
-            _fsync(path)
-        _fsync(scratch / _META)
+            fsync_file(path)
+        fsync_file(scratch / _META)
         _swap(scratch, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # gone already after a successful swap
@@ -143,9 +143,7 @@ def refuse_foreign(target: Path) -> None:
 def lock(target: Path) -> FileLock:
     """The inter-process lock of the index at `target` (its file is beside it: the directory
     itself is replaced on every save). Creates `target`'s parent folder."""
-    path = Path(os.path.abspath(target))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(path.with_name(f".{path.name}.lock"))
+    return lock_beside(target)
 
 
 def _swap(scratch: Path, target: Path) -> None:
@@ -184,15 +182,6 @@ def _row_digests(index: Any) -> list[str]:
 def _write_text(path: Path, text: str) -> None:
     with path.open("w", encoding="utf-8", newline="\n") as file:
         file.write(text)
-
-
-def _fsync(path: Path) -> None:
-    # Without it a power cut after the rename can leave the new names pointing at empty files.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------------- loading
