@@ -93,8 +93,8 @@ def test_a_drafter_that_fails_ends_its_call_alone() -> None:
     engine = engine_for()
     build = engine._drafter
 
-    def drafter(sequences: list[list[int]], scope: Any, grammar: Any) -> Any:
-        made = build(sequences, scope, grammar)
+    def drafter(sequences: list[list[int]], scope: Any, grammar: Any, own: Any) -> Any:
+        made = build(sequences, scope, grammar, own)
         if sequences[0] == FAILING_PROMPT:
             made.propose = _raises(LookupError("the drafter broke"))
         return made
