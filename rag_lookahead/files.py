@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from filelock import FileLock, Timeout
 
-__all__ = ["atomic_file", "atomic_write", "exclusive", "fsync_file", "held", "lock_beside"]
+__all__ = ["atomic_file", "atomic_write", "exclusive", "fsync_file", "held", "lock_beside", "scratch_dir"]
 
 
 @contextmanager
@@ -47,6 +47,20 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Write ``data`` (text as UTF-8, newlines as given) to ``path`` atomically."""
     with atomic_file(path) as handle:
         handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def scratch_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named folder in ``parent``, made like any folder the user makes (it follows
+    the umask: ``tempfile.mkdtemp``'s is 0700, which would keep the group out of what is renamed
+    from it)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.mkdir(0o777)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free scratch folder name in {parent}")
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:

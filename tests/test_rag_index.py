@@ -2,7 +2,9 @@
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -320,6 +322,18 @@ def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> N
         assert [h.chunk for h in before] == [h.chunk for h in after]
         assert [h.score for h in before] == pytest.approx([h.score for h in after])
     assert not list(tmp_path.glob(".idx*"))  # no scratch left behind
+
+
+def test_a_saved_index_follows_the_umask_like_any_file(built, tmp_path: Path) -> None:
+    old = os.umask(0o027)  # group may read, others may not
+    try:
+        built.save(tmp_path / "idx")
+    finally:
+        os.umask(old)
+    root = tmp_path / "idx"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o750  # not mkdtemp's 0700
+    for path in root.rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == (0o750 if path.is_dir() else 0o640), path
 
 
 def test_load_errors_say_what_to_do(built, embedder, tmp_path: Path) -> None:

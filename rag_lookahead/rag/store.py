@@ -34,7 +34,6 @@ import hashlib
 import json
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ import faiss
 import numpy as np
 from filelock import FileLock
 
-from rag_lookahead.files import fsync_file, lock_beside
+from rag_lookahead.files import fsync_file, lock_beside, scratch_dir
 from rag_lookahead.rag import keyword
 from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
@@ -107,7 +106,7 @@ def save(
     )
     meta = {**meta, "chunks_sha256": hashlib.sha256(lines.encode("utf-8")).hexdigest()}
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    scratch = scratch_dir(target.parent, f".{target.name}.tmp-")
     try:
         faiss.write_index(index, str(scratch / _INDEX))
         _write_text(scratch / _CHUNKS, lines)
