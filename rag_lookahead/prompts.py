@@ -22,9 +22,17 @@ RAG_SYSTEM = (
 )
 
 
-def rag_messages(question: str, context: str, system: str | None = RAG_SYSTEM) -> list[dict[str, str]]:
-    """Chat messages asking ``question`` about ``context``."""
+def rag_messages(
+    question: str,
+    context: str,
+    system: str | None = RAG_SYSTEM,
+    history: Sequence[tuple[str, str]] = (),
+) -> list[dict[str, str]]:
+    """Chat messages asking ``question`` about ``context``, after the earlier turns of the
+    conversation (``(question, answer)`` pairs, oldest first; shown without their context)."""
     messages = [{"role": "system", "content": system}] if system else []
+    for asked, answered in history:
+        messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
     messages.append({"role": "user", "content": f"Context:\n{context}\n\nQuestion: {question}"})
     return messages
 

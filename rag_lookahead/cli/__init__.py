@@ -208,6 +208,9 @@ def _index_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_DEBUG_HELP = "mark, per step, the tokens that came from drafts and their source"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rag-lookahead",
@@ -235,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question")
     ask.add_argument("--index", required=True, type=Path, help="an index built by `index`")
     ask.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
+    output = ask.add_mutually_exclusive_group()
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (answer, sources, finish_reason, stats) and nothing else on stdout",
+    )
+    output.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     _retrieval_flags(ask)
     _model_flags(ask)
     ask.set_defaults(run="answers:run_ask")
@@ -242,11 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="ask questions about an index interactively")
     chat.add_argument("--index", required=True, type=Path, help="an index built by `index`")
     chat.add_argument("--no-lookahead", action="store_true", help="decode plainly, to compare")
-    chat.add_argument(
-        "--debug",
-        action="store_true",
-        help="mark, per step, the tokens that came from drafts and their source",
-    )
+    chat.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     _retrieval_flags(chat)
     _model_flags(chat)
     chat.set_defaults(run="answers:run_chat")

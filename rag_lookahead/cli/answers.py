@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from rag_lookahead.cli.setup import (
     bundled_index,
@@ -118,13 +119,47 @@ def _locked(out: Path) -> Iterator[None]:
 
 def run_ask(args: argparse.Namespace) -> int:
     pipeline = make_pipeline(args)
-    _answer(pipeline.stream(args.question, max_new_tokens=args.max_new_tokens), sys.stdout)
+    stream = pipeline.stream(args.question, max_new_tokens=args.max_new_tokens)
+    if not args.json:
+        _answer(stream, sys.stdout, args.max_new_tokens, debug=args.debug, engine=pipeline.engine)
+        return 0
+    for note in stream.notes:  # stdout holds the JSON object alone
+        print(f"note: {note}", file=sys.stderr)
+    with stream:
+        answer = stream.answer()
+    print(json.dumps(_as_json(answer), ensure_ascii=False))
     return 0
+
+
+def _as_json(answer: Answer) -> dict[str, Any]:
+    """The answer as `ask --json` prints it: its text, its sources as the human output numbers
+    them, why it stopped and the decode stats."""
+    sources = [
+        {
+            "id": i,
+            "chunk_id": hit.chunk.id,
+            "title": source_label(hit.chunk),
+            "source": hit.chunk.source,
+            "similarity": hit.similarity,  # None for a keyword match
+            "score": hit.score,
+            "text": hit.chunk.text,
+        }
+        for i, hit in enumerate(answer.sources, 1)
+    ]
+    return {
+        "question": answer.question,
+        "answer": answer.text,
+        "sources": sources,
+        "notes": list(answer.notes),
+        "finish_reason": answer.stats.finish_reason,
+        "stats": answer.stats.as_dict(),
+    }
 
 
 def run_chat(args: argparse.Namespace) -> int:
     pipeline = make_pipeline(args)
     print(f"Chatting over {args.index} ({len(pipeline.index)} chunks). An empty line or Ctrl-D ends.")
+    history: list[tuple[str, str]] = []  # earlier turns: each question sees the conversation
     while True:
         try:
             question = input("\nyou> ").strip()
@@ -134,11 +169,12 @@ def run_chat(args: argparse.Namespace) -> int:
         if not question or question in {"exit", "quit"}:
             return 0
         try:
-            stream = pipeline.stream(question, max_new_tokens=args.max_new_tokens)
+            stream = pipeline.stream(question, max_new_tokens=args.max_new_tokens, history=history)
         except ValueError as err:
             print(f"error: {err}")
             continue
-        _answer(stream, sys.stdout, debug=args.debug, engine=pipeline.engine)
+        answer = _answer(stream, sys.stdout, args.max_new_tokens, debug=args.debug, engine=pipeline.engine)
+        history.append((question, answer.text))
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -180,6 +216,8 @@ def _timed_answers(
         fast, plain = answers["lookahead"], answers["plain"]
         print(f"\n=== {question}")
         print(fast.text.strip())
+        if _was_cut(fast):
+            print(_cut_mark(args.max_new_tokens))
         _print_sources(fast, sys.stdout)
         for name in order:
             s = answers[name].stats
@@ -197,8 +235,14 @@ def _timed_answers(
 _WARM_UP = "What is this text about?"
 
 
-def _answer(stream: AnswerStream, out: TextIO, debug: bool = False, engine: Engine | None = None) -> None:
-    """Stream an answer to ``out``, then its sources and stats."""
+def _answer(
+    stream: AnswerStream,
+    out: TextIO,
+    max_new_tokens: int,
+    debug: bool = False,
+    engine: Engine | None = None,
+) -> Answer:
+    """Stream an answer to ``out``, then its sources and stats; return it."""
     for note in stream.notes:
         out.write(f"note: {note}\n")
     with stream:
@@ -210,17 +254,32 @@ def _answer(stream: AnswerStream, out: TextIO, debug: bool = False, engine: Engi
                 out.flush()
         answer = stream.answer()
     out.write("\n")
+    if _was_cut(answer):
+        out.write(_cut_mark(max_new_tokens) + "\n")
     _print_sources(answer, out)
     s = answer.stats
     out.write(
         f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per "
         f"forward, {s.steps} forwards]\n"
     )
+    return answer
+
+
+def _was_cut(answer: Answer) -> bool:
+    return answer.stats.finish_reason == "length"
+
+
+def _cut_mark(max_new_tokens: int) -> str:
+    return f"[cut at --max-new-tokens {max_new_tokens}: the answer may be incomplete]"
 
 
 def _debug_steps(stream: AnswerStream, engine: Engine, out: TextIO) -> None:
-    """Each step's drafted tokens as ``[source|text]``, then the model's own token."""
-    decode = engine.tokenizer.decode
+    """Each step's drafted tokens as ``[source|text]``, then the model's own token (special
+    tokens left out, as in the plain answer)."""
+
+    def decode(ids: list[int]) -> str:
+        return str(engine.tokenizer.decode(ids, skip_special_tokens=True))
+
     for n, chunk in enumerate(stream.chunks()):
         stats = stream.stats
         step = n - 1  # the first chunk is the prefill's token, which belongs to no step

@@ -9,7 +9,7 @@ in the trie and help later questions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,12 @@ from rag_lookahead.rag.retrieval import RetrievalConfig
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.streaming.stream import StreamChunk, TextStream
 
-__all__ = ["Answer", "AnswerStream", "PreparedQuery", "RagPipeline", "RetrievalConfig"]
+__all__ = ["Answer", "AnswerStream", "History", "PreparedQuery", "RagPipeline", "RetrievalConfig"]
 
 NO_SOURCES = "No relevant documents were found for this question."
+
+# Earlier ``(question, answer)`` turns of a conversation, oldest first.
+History = Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -172,39 +175,73 @@ class RagPipeline:
         hits = self.index.search(question, self.config.top_k, self.config.mode)
         return [hit for hit in hits if hit.similarity is None or hit.similarity >= self.config.min_score]
 
-    def prepare(self, question: str, max_new_tokens: int) -> PreparedQuery:
-        """Retrieve, and build the prompt through the chat template within the token budget."""
+    def prepare(self, question: str, max_new_tokens: int, history: History = ()) -> PreparedQuery:
+        """Retrieve, and build the prompt through the chat template within the token budget.
+
+        ``history``'s oldest turns are dropped (with a note) while the prompt with the best
+        source would not fit: the sources come before the conversation.
+        """
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
         hits = self.retrieve(question)
+        budget = self._budget(max_new_tokens)
+        turns, notes = self._fit_history(question, hits[:1], history, budget)
         if not hits:
-            ids = self._encode(question, NO_SOURCES)
+            ids = self._encode(question, NO_SOURCES, turns)
             note = f"{NO_SOURCES} The answer is not grounded in the index."
-            return PreparedQuery(question, ids, (), (), (note,))
-        shown, notes = self._fit(question, hits, self._budget(max_new_tokens))
+            return PreparedQuery(question, ids, (), (), (*notes, note))
+        shown, cut = self._fit(question, hits, budget, turns)
         if not shown:
             raise ValueError("the question alone fills the context window; shorten it")
-        ids = self._encode(question, format_sources(shown))
+        ids = self._encode(question, format_sources(shown), turns)
         # The prompt's branches already hold what it shows; the rest feeds drafts as documents.
         in_full = {h.chunk.id for h in shown}
         documents = tuple(h.chunk.text for h in hits if h.chunk.id not in in_full)
-        return PreparedQuery(question, ids, tuple(shown), documents, tuple(notes))
+        return PreparedQuery(question, ids, tuple(shown), documents, (*notes, *cut))
 
-    def stream(self, question: str, params: GenerationParams | None = None, **overrides: Any) -> AnswerStream:
-        """Answer ``question``, streaming the text; sources and notes are on the returned stream."""
+    def stream(
+        self,
+        question: str,
+        params: GenerationParams | None = None,
+        *,
+        history: History = (),
+        **overrides: Any,
+    ) -> AnswerStream:
+        """Answer ``question`` (after the conversation's earlier ``(question, answer)`` turns in
+        ``history``, oldest first), streaming the text; sources and notes are on the returned stream."""
         params = (params or GenerationParams()).with_overrides(**overrides)
-        query = self.prepare(question, params.max_new_tokens)
+        query = self.prepare(question, params.max_new_tokens, history)
         # An engine that drafts only from the prompt (vLLM) is not given what the prompt left out.
         documents = query.documents if self.engine.drafts_from_documents else ()
         return AnswerStream(query, self.engine.stream(query.prompt_ids, params, documents=documents))
 
-    def ask(self, question: str, params: GenerationParams | None = None, **overrides: Any) -> Answer:
+    def ask(
+        self,
+        question: str,
+        params: GenerationParams | None = None,
+        *,
+        history: History = (),
+        **overrides: Any,
+    ) -> Answer:
         """Blocking `stream`."""
-        with self.stream(question, params, **overrides) as stream:
+        with self.stream(question, params, history=history, **overrides) as stream:
             return stream.answer()
 
-    def _encode(self, question: str, context: str) -> list[int]:
-        return self.engine.encode(rag_messages(question, context, self.system_prompt))
+    def _encode(self, question: str, context: str, history: History = ()) -> list[int]:
+        return self.engine.encode(rag_messages(question, context, self.system_prompt, history))
+
+    def _fit_history(
+        self, question: str, best: list[Hit], history: History, budget: int | None
+    ) -> tuple[History, list[str]]:
+        """The latest turns of ``history`` that fit ``budget`` with the question and ``best``."""
+        kept = list(history)
+        while kept and budget is not None and self._measure(question, best, kept) > budget:
+            kept.pop(0)
+        dropped = len(history) - len(kept)
+        if not dropped:
+            return kept, []
+        note = f"The {dropped} oldest turn(s) of the conversation were left out to fit the context window."
+        return kept, [note]
 
     def _budget(self, max_new_tokens: int) -> int | None:
         window = self.engine.context_window
@@ -212,15 +249,17 @@ class RagPipeline:
         limits = [x for x in (room, self.config.max_context_tokens) if x is not None]
         return min(limits) if limits else None
 
-    def _fit(self, question: str, hits: list[Hit], budget: int | None) -> tuple[list[Hit], list[str]]:
+    def _fit(
+        self, question: str, hits: list[Hit], budget: int | None, history: History = ()
+    ) -> tuple[list[Hit], list[str]]:
         """As many sources as fit ``budget`` prompt tokens; the first that does not is cut to fit."""
         shown: list[Hit] = []
         for hit in hits:
-            if budget is None or self._measure(question, [*shown, hit]) <= budget:
+            if budget is None or self._measure(question, [*shown, hit], history) <= budget:
                 shown.append(hit)
                 continue
             notes = []
-            cut = self._trim(question, shown, hit, budget)
+            cut = self._trim(question, shown, hit, budget, history)
             if cut is not None:
                 shown.append(cut)
                 notes.append(
@@ -233,16 +272,16 @@ class RagPipeline:
             return shown, notes
         return shown, []
 
-    def _measure(self, question: str, hits: list[Hit]) -> int:
-        return len(self._encode(question, format_sources(hits)))
+    def _measure(self, question: str, hits: list[Hit], history: History = ()) -> int:
+        return len(self._encode(question, format_sources(hits) if hits else NO_SOURCES, history))
 
-    def _trim(self, question: str, shown: list[Hit], hit: Hit, budget: int) -> Hit | None:
+    def _trim(self, question: str, shown: list[Hit], hit: Hit, budget: int, history: History) -> Hit | None:
         """``hit`` cut to the tokens that still fit after ``shown``, or None if none do."""
         encoded = self.engine.tokenizer(hit.chunk.text, add_special_tokens=False, return_offsets_mapping=True)
         ends = [end for _, end in encoded.offset_mapping]  # where each token's text ends
         keep = len(ends)
         for _ in range(4):  # a cut text may tokenize a little differently in the prompt: re-measure
-            over = self._measure(question, [*shown, _prefix(hit, ends[keep - 1])]) - budget
+            over = self._measure(question, [*shown, _prefix(hit, ends[keep - 1])], history) - budget
             if over <= 0:
                 return _prefix(hit, ends[keep - 1])
             keep -= over

@@ -1,0 +1,133 @@
+"""`ask --json`, the mark of an answer cut at the token limit, `chat`'s history and `--debug`
+without special tokens: the commands over a tiny random model (it never ends an answer, so every
+answer is cut) and a small index, with the model loading replaced."""
+
+import json
+
+import pytest
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.cli import main
+from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+from rag_lookahead.testing import ASCII_VOCAB, AsciiTokenizer, tiny_model
+
+DOCS = {
+    "bees.txt": "Honeybees dance to show where flowers are.",
+    "bread.txt": "Feed a sourdough starter once a day.",
+}
+QUESTION = "How often is a sourdough starter fed?"
+
+
+class SpecialsShown(AsciiTokenizer):
+    """Shows an end-of-turn token unless told to skip special tokens."""
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        text = super().decode(ids)
+        return text if skip_special_tokens else text + "<|eot|>"
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> DocumentIndex:
+    corpus = tmp_path_factory.mktemp("docs")
+    for name, text in DOCS.items():
+        (corpus / name).write_text(text)
+    return DocumentIndex.build([corpus], SentenceTransformerEmbedder())[0]
+
+
+@pytest.fixture
+def pipelines(index, monkeypatch) -> list[RagPipeline]:
+    """The pipelines the commands ran with (a fresh one per command)."""
+    made: list[RagPipeline] = []
+
+    def make(args) -> RagPipeline:
+        model = tiny_model("llama", 0, ASCII_VOCAB)
+        engine = LookaheadEngine(model, SpecialsShown(), LookaheadConfig(mode="trie", min_query_length=1))
+        made.append(RagPipeline(engine, index, RetrievalConfig(top_k=1), system_prompt=None))
+        return made[-1]
+
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_pipeline", make)
+    return made
+
+
+def ask(*flags: str) -> int:
+    return main(["ask", "--index", "unused", QUESTION, "--max-new-tokens", "8", *flags])
+
+
+def chat(lines: list[str], monkeypatch, *flags: str) -> int:
+    given = iter(lines)
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(given))
+    return main(["chat", "--index", "unused", *flags])
+
+
+def test_ask_json_prints_one_object_and_nothing_else(pipelines, capsys) -> None:
+    assert ask("--json") == 0
+    out = capsys.readouterr().out
+    reply = json.loads(out)  # the whole of stdout
+    assert set(reply) == {"question", "answer", "sources", "notes", "finish_reason", "stats"}
+    assert reply["question"] == QUESTION and reply["finish_reason"] == "length"
+    assert reply["stats"]["new_tokens"] == 8 and reply["stats"]["finish_reason"] == "length"
+    assert {"tokens_per_s", "tokens_per_step", "accepted_per_step"} <= set(reply["stats"])
+    [source] = reply["sources"]
+    assert source["id"] == 1 and source["title"] == "bread.txt" and source["source"].endswith("bread.txt")
+    assert source["text"] == DOCS["bread.txt"] and 0 < source["similarity"] <= 1
+    assert "sources:" not in out and "[cut" not in out
+
+
+def test_ask_and_json_and_debug_are_exclusive(capsys) -> None:
+    with pytest.raises(SystemExit):
+        ask("--json", "--debug")
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_an_answer_cut_at_the_token_limit_is_marked(pipelines, capsys) -> None:
+    assert ask() == 0
+    out = capsys.readouterr().out
+    assert "[cut at --max-new-tokens 8: the answer may be incomplete]" in out
+    assert out.index("[cut at") < out.index("sources:")
+
+
+def test_debug_shows_no_special_tokens(pipelines, capsys) -> None:
+    assert ask("--debug") == 0
+    out = capsys.readouterr().out
+    assert "<|eot|>" not in out and "sources:" in out
+
+
+def test_chat_answers_each_question_after_the_earlier_turns(pipelines, capsys, monkeypatch) -> None:
+    prompts: list[str] = []
+    prepare = RagPipeline.prepare
+
+    def seen(self, question, max_new_tokens, history=()):
+        query = prepare(self, question, max_new_tokens, history)
+        prompts.append(self.engine.tokenizer.decode(query.prompt_ids, skip_special_tokens=True))
+        return query
+
+    monkeypatch.setattr(RagPipeline, "prepare", seen)
+    follow_up = "And the bees?"
+    assert chat([QUESTION, follow_up, ""], monkeypatch, "--max-new-tokens", "8") == 0
+    out = capsys.readouterr().out
+    first_answer = out.split("ends.\n")[1].split("\n")[0]  # the line after the greeting
+    assert len(prompts) == 2 and follow_up not in prompts[0]
+    assert prompts[1].index(QUESTION) < prompts[1].index(follow_up)
+    assert first_answer.strip() and first_answer.strip() in prompts[1]
+    assert "oldest turn" not in out
+
+
+def test_chat_drops_the_oldest_turns_that_no_longer_fit(pipelines, capsys, monkeypatch) -> None:
+    # 512 positions: a 300-token answer leaves no room for itself in the next prompt.
+    assert chat([QUESTION, QUESTION, ""], monkeypatch, "--max-new-tokens", "300") == 0
+    out = capsys.readouterr().out
+    assert out.count("sources:") == 2
+    assert "note: The 1 oldest turn(s) of the conversation were left out to fit the context window." in out
+
+
+def test_history_turns_are_kept_while_they_fit(index) -> None:
+    model = tiny_model("llama", 0, ASCII_VOCAB)
+    engine = LookaheadEngine(model, AsciiTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    pipeline = RagPipeline(engine, index, RetrievalConfig(top_k=1), system_prompt=None)
+    turns = [(f"question {i}?", "x" * 60) for i in range(6)]
+    query = pipeline.prepare(QUESTION, 100, turns)
+    [note] = query.notes
+    dropped = int(note.split()[1])
+    text = engine.tokenizer.decode(query.prompt_ids)
+    assert 0 < dropped < 6 and f"question {dropped}?" in text and f"question {dropped - 1}?" not in text
+    assert len(query.prompt_ids) <= 512 - 100 and query.sources
