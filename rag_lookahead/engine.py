@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.call import Call
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.decoding.constraint import GrammarCompiler, GrammarState
 from rag_lookahead.decoding.costs import CostCurve, model_digest
@@ -32,7 +33,7 @@ from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.interface import EngineBase
 from rag_lookahead.models import default_cache_dir
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
-from rag_lookahead.scheduler import Call, Scheduler
+from rag_lookahead.scheduler import Scheduler
 from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping

@@ -31,29 +31,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
-from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.call import END as _END
+from rag_lookahead.call import Call, choose, propose, release, verify
 from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.costs import Calibration
 from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.planner import StepPlanner, plan_batch
+from rag_lookahead.decoding.planner import plan_batch
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
-from rag_lookahead.decoding.verify import TokenChooser, accept
-from rag_lookahead.drafting.protocol import Drafter
-from rag_lookahead.streaming.stats import StepRecorder
-from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import StreamChunk
 
-__all__ = ["Call", "Scheduler"]
+__all__ = ["Scheduler"]
 
-_END = None  # the outbox's last item
 T = TypeVar("T")
 
 # How long a reader waits for its chunk before it checks whether it should drive the loop.
@@ -61,33 +55,6 @@ _POLL_SECONDS = 0.02
 # How long the thread that last drove the loop may be away (between two chunks, or between
 # one call and its next) before another reader takes the loop over.
 _HANDOVER_SECONDS = 0.05
-
-
-@dataclass(eq=False)
-class Call:
-    """One generation call, from submission to its last token."""
-
-    prompt_ids: list[int]
-    config: LookaheadConfig
-    planner: StepPlanner
-    chooser: TokenChooser
-    stopping: Stopping
-    recorder: StepRecorder
-    context_window: int
-    make_drafter: Callable[[], Drafter] | None  # None: decode plainly (under its grammar if any)
-    batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
-    grammar: GrammarState | None = None  # the grammar every token keeps to, if any
-    outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
-    cancelled: bool = False
-    ended: threading.Event = field(default_factory=threading.Event)  # set once it holds nothing
-    ids: list[int] = field(default_factory=list)
-    cache: Any = None  # its own cache, while prefilling (and for calls outside the batch)
-    prefilled: int = 0
-    drafter: Drafter | None = None
-    side_predictions: list[int] = field(default_factory=list)  # the model's argmax at the side rows
-
-    def __post_init__(self) -> None:
-        self.ids = list(self.prompt_ids)
 
 
 class Scheduler:
@@ -266,7 +233,7 @@ class Scheduler:
             self._prefixes.store(prompt, call.cache)
         # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
         call.drafter = call.make_drafter() if call.make_drafter is not None else None
-        tokens = _choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
+        tokens = choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
         call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
         self._joining.remove(call)
         if self._release(call, tokens):
@@ -283,7 +250,7 @@ class Scheduler:
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
         logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
-        tokens = _choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
+        tokens = choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
         call.recorder.step(0, 0, "none")
         self._release(call, tokens)  # an ended call has left `_alone`
 
@@ -291,7 +258,7 @@ class Scheduler:
         """One step of every row. A row's own work (drafting, choosing its tokens, releasing
         them) failing ends that row's call with the error while the others step on; only a
         failure of the shared work (the forward, the cache) reaches `_guarded`."""
-        proposals = [_attempt(self._propose, call) for call in calls]
+        proposals = [_attempt(propose, call) for call in calls]
         failed = [i for i, p in enumerate(proposals) if isinstance(p, Exception)]
         if failed:  # they leave before the forward
             self._end_rows(calls, proposals, failed)
@@ -301,7 +268,7 @@ class Scheduler:
                 return
         drafts, logits = self._forward(calls, [p for p in proposals if isinstance(p, StepDraft)])
         verdicts = [
-            _attempt(self._verify, call, draft, logits[i])
+            _attempt(verify, call, draft, logits[i])
             for i, (call, draft) in enumerate(zip(calls, drafts, strict=True))
         ]
         # A failed row keeps only its root (the columns past it stay hidden) and leaves below.
@@ -334,15 +301,6 @@ class Scheduler:
             self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
         return drafts, logits
 
-    def _verify(self, call: Call, draft: StepDraft, logits: torch.Tensor) -> tuple[list[int], list[int]]:
-        """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
-        tree = draft.tree
-        accepted = accept(tree, _choose(call, logits[: len(tree)], tree))
-        call.side_predictions = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
-        call.planner.learn(tree, accepted.nodes)
-        call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-        return accepted.tokens, accepted.nodes
-
     def _end_rows(self, calls: list[Call], outcomes: Sequence[object], gone: list[int]) -> None:
         """The rows ``gone`` leave the batch (``calls`` are its rows): those whose outcome is
         an error end with it (the others have ended already)."""
@@ -352,13 +310,6 @@ class Scheduler:
                 self._end(calls[i], outcome)
         if gone:
             self._drop_rows(gone)
-
-    def _propose(self, call: Call) -> StepDraft:
-        # Room for the drafted tokens plus the model's own one.
-        budget = min(call.config.decoding_length, call.stopping.room() - 1)
-        if call.drafter is None or budget <= 0:
-            return StepDraft(DraftTree.root_only(call.ids[-1]))
-        return call.drafter.propose(call.ids, budget)
 
     def _plan(
         self, calls: list[Call], proposals: list[StepDraft], costs: Callable[[int, int], float] | None
@@ -377,19 +328,10 @@ class Scheduler:
 
     def _release(self, call: Call, tokens: list[int]) -> bool:
         """Pass a step's tokens through the call's stopping; whether the call has ended."""
-        released = call.stopping.release(tokens)
-        call.ids += released.token_ids
-        if call.grammar is not None and released.reason is None:
-            call.grammar.advance(released.token_ids)
-        elif call.grammar is not None and released.reason == "eos":  # "eos" means complete
-            call.grammar.finish(released.token_ids)
-        call.recorder.new_tokens += len(released.token_ids)
-        if call.drafter is not None:
-            call.drafter.observe(released.token_ids, call.side_predictions)
-        call.outbox.put(StreamChunk(released.token_ids, released.text))
-        if released.reason is None:
+        reason = release(call, tokens)
+        if reason is None:
             return False
-        call.recorder.finish(released.reason)
+        call.recorder.finish(reason)
         self._end(call)
         return True
 
@@ -422,12 +364,3 @@ def _attempt(run: Callable[..., T], *args: Any) -> T | Exception:
         return run(*args)
     except Exception as err:
         return err
-
-
-def _choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
-    """The model's token at each node of ``tree`` (``logits`` [n, V]), within the call's grammar
-    (and, for a grammar that closes in budget, within the tokens the call has left)."""
-    if call.grammar is None:
-        return call.chooser.choose(logits, call.ids, tree)
-    chosen = call.chooser.choose(logits, call.ids, tree, call.grammar.allowed(tree))
-    return call.grammar.within_budget(tree, chosen, call.stopping.room())
