@@ -237,9 +237,9 @@ class LookaheadEngine(EngineBase):
         whether the model verifies trees, and takes the acceptance statistics stored by earlier
         processes: everything a first answer would otherwise pay for. The forwards run in a
         thread of their own (see `in_passing_thread`), not the caller's."""
-        how = {"remeasure": remeasure, "progress": self._progress}
         args = (self.runner, self.planner, self.config, self._cache_dir)
-        return in_passing_thread(functools.partial(measure_costs, *args, **how))
+        measure = functools.partial(measure_costs, *args, remeasure=remeasure, progress=self._progress)
+        return in_passing_thread(measure)
 
     # ------------------------------------------------------------------ public calls
 
