@@ -19,14 +19,13 @@ import torch
 
 from rag_lookahead.call import Call
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.constraint import GrammarCompiler, GrammarState
+from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.verify import TokenChooser
-from rag_lookahead.drafting.compose import build_drafter
-from rag_lookahead.drafting.constrained import GrammarDrafter
+from rag_lookahead.drafting.compose import call_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.interface import EngineBase
@@ -34,7 +33,7 @@ from rag_lookahead.measurement import measure_costs
 from rag_lookahead.model_facts import ModelFacts
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
 from rag_lookahead.scheduler import Scheduler
-from rag_lookahead.scope import DocumentScope, document_texts
+from rag_lookahead.scope import DocumentScope, check_scope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
@@ -99,7 +98,6 @@ class LookaheadEngine(EngineBase):
         self.scheduler = _new_scheduler(self.runner, self.config)
         self._cache_dir = cache_dir
         self._progress = progress
-        self._grammars = GrammarCompiler(tokenizer, self.vocab_size)
 
     @classmethod
     def from_pretrained(
@@ -220,12 +218,7 @@ class LookaheadEngine(EngineBase):
         closes in budget (`Grammar.closes_in_budget`): the tokens of the completion such a
         grammar forces on an empty answer, its end-of-sequence token included. A smaller budget
         may still end complete (the model's own values can be shorter), or be cut."""
-        window = self.context_window or 1 << 16
-        state = self._grammars.state(grammar.closing_in_budget(), self.eos_token_ids, window)
-        closing = state.closing(window)
-        if closing is None:
-            raise ValueError("no completion of an empty answer within the context window was found")
-        return len(closing)
+        return self._facts.budget_to_close(grammar)
 
     def measure_costs(self, *, remeasure: bool = False) -> CostCurve:
         """Time forwards of every draft size this config may verify, alone and in batches of
@@ -276,17 +269,9 @@ class LookaheadEngine(EngineBase):
         texts = document_texts(documents)
         prompt_ids = self.encode(prompt, tools=tools)
         self._facts.check_prompt(prompt_ids)
-        if scope is not None and scope.closed:
-            raise ValueError("the document scope passed to this call is closed")
-        if scope is not None and scope.trie is not self.trie:
-            # Its branches live in another trie: this call could neither see nor release them.
-            raise ValueError("the document scope passed to this call belongs to another engine")
+        check_scope(scope, self.trie)
         eos = self._facts.call_eos(params.eos_token_id)
-        grammar = (
-            self._grammars.state(params.grammar, eos, self.context_window)
-            if params.grammar is not None
-            else None
-        )
+        grammar = self._facts.grammar_state(params.grammar, eos)
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
@@ -353,11 +338,8 @@ class LookaheadEngine(EngineBase):
         grammar: GrammarState | None,
         own: Drafter | None,
     ) -> Drafter:
-        """The call's drafter (the caller's ``own``, else one over its prompt's and documents'
-        token ids, inserted into the trie once its prefill is under way), under its grammar if
-        it has one."""
-        drafter = own if own is not None else build_drafter(self.config, self.trie, sequences, scope)
-        return drafter if grammar is None else GrammarDrafter(drafter, grammar)
+        """The call's drafter (see `call_drafter`): made once its prefill is under way."""
+        return call_drafter(self.config, self.trie, sequences, scope, grammar, own)
 
     def _tokenize(self, text: str) -> list[int]:
         return self._facts.tokenize(text)

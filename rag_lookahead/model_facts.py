@@ -12,8 +12,10 @@ from types import MappingProxyType
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
+from rag_lookahead.decoding.constraint import GrammarCompiler, GrammarState
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
 from rag_lookahead.streaming.stopping import Stopping
+from rag_lookahead.structured.grammar import Grammar
 
 __all__ = ["ModelFacts"]
 
@@ -25,6 +27,7 @@ class ModelFacts:
         self.model = model
         self.tokenizer = tokenizer
         self.template_kwargs = MappingProxyType(check_chat_template_kwargs(chat_template_kwargs))
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size)
 
     @property
     def vocab_size(self) -> int:
@@ -76,6 +79,19 @@ class ModelFacts:
         if bad is not None:
             raise ValueError(f"eos_token_id {bad} is outside the model's {vocab}-token vocabulary")
         return eos
+
+    def grammar_state(self, grammar: Grammar | None, eos: tuple[int, ...]) -> GrammarState | None:
+        """A call's matcher for ``grammar`` ending on ``eos`` (none without a grammar)."""
+        return None if grammar is None else self.grammars.state(grammar, eos, self.context_window)
+
+    def budget_to_close(self, grammar: Grammar) -> int:
+        """See `LookaheadEngine.budget_to_close`."""
+        window = self.context_window or 1 << 16
+        state = self.grammars.state(grammar.closing_in_budget(), self.eos_token_ids, window)
+        closing = state.closing(window)
+        if closing is None:
+            raise ValueError("no completion of an empty answer within the context window was found")
+        return len(closing)
 
     def stopping(self, params: GenerationParams, eos: tuple[int, ...], prompt_length: int) -> Stopping:
         """Where a call with ``params`` and ``eos`` stops, after a prompt of ``prompt_length``."""
