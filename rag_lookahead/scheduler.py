@@ -35,12 +35,11 @@ from typing import Any, TypeVar
 
 import torch
 
+from rag_lookahead.batch_forward import BatchForward
 from rag_lookahead.call import END as _END
 from rag_lookahead.call import Call, choose, propose, release, verify
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.costs import Calibration
+from rag_lookahead.decoding.batch import BatchCache
 from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.planner import plan_batch
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
@@ -82,7 +81,7 @@ class Scheduler:
         self._rows: list[Call] = []  # the batch, in row order
         self._alone: list[Call] = []
         self._batch = BatchCache()
-        self._calibration = Calibration()
+        self._forward = BatchForward(runner, max_tokens_per_forward)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     def submit(self, call: Call) -> None:
@@ -266,7 +265,9 @@ class Scheduler:
             proposals = [p for i, p in enumerate(proposals) if i not in failed]
             if not calls:
                 return
-        drafts, logits = self._forward(calls, [p for p in proposals if isinstance(p, StepDraft)])
+        drafts, logits = self._forward.run(
+            self._batch, calls, [p for p in proposals if isinstance(p, StepDraft)]
+        )
         verdicts = [
             _attempt(verify, call, draft, logits[i])
             for i, (call, draft) in enumerate(zip(calls, drafts, strict=True))
@@ -280,27 +281,6 @@ class Scheduler:
         ]
         self._end_rows(calls, outcomes, [i for i, ended in enumerate(outcomes) if ended is not False])
 
-    def _forward(self, calls: list[Call], proposals: list[StepDraft]) -> tuple[list[StepDraft], torch.Tensor]:
-        """Plan the rows' drafts jointly and verify them in one forward; the drafts and their
-        logits ``[B, T, V]``."""
-        costs = self.runner.costs.batched() if len(calls) > 1 else None
-        drafts = self._plan(calls, proposals, costs)
-        batch = self._batch
-        if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
-            started = time.perf_counter()
-            logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
-            # Checks a cached cost curve against this forward (planning only; tokens never change).
-            self.runner.costs.observe(len(drafts[0]), time.perf_counter() - started)
-            return drafts, logits.unsqueeze(0)  # [1, T, V]
-        batch.prepare()
-        inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
-        started = time.perf_counter()
-        logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths)  # [B, T, V]
-        if costs is not None:
-            width, seconds = inputs.input_ids.shape[1], time.perf_counter() - started
-            self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
-        return drafts, logits
-
     def _end_rows(self, calls: list[Call], outcomes: Sequence[object], gone: list[int]) -> None:
         """The rows ``gone`` leave the batch (``calls`` are its rows): those whose outcome is
         an error end with it (the others have ended already)."""
@@ -310,19 +290,6 @@ class Scheduler:
                 self._end(calls[i], outcome)
         if gone:
             self._drop_rows(gone)
-
-    def _plan(
-        self, calls: list[Call], proposals: list[StepDraft], costs: Callable[[int, int], float] | None
-    ) -> list[StepDraft]:
-        if len(calls) == 1:
-            call = calls[0]
-            return [call.planner.plan(proposals[0], call.context_window - len(call.ids))]
-        # Several rows: side rows stay out (each would widen every row), the plan is joint, by
-        # width, against the batch costs as calibrated so far.
-        ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
-        rows = len(calls)
-        by_width = None if costs is None else lambda w: costs(rows, w) * self._calibration.factor(rows, w)
-        return [StepDraft(tree) for tree in plan_batch(ranked, by_width, self.max_tokens_per_forward)]
 
     # ------------------------------------------------------------------ outcomes
 
