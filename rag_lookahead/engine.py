@@ -13,37 +13,33 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
+from rag_lookahead.call import Call
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.constraint import GrammarCompiler, GrammarState
-from rag_lookahead.decoding.costs import CostCurve, model_digest
+from rag_lookahead.decoding.constraint import GrammarState
+from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.verify import TokenChooser
-from rag_lookahead.drafting.compose import build_drafter
-from rag_lookahead.drafting.constrained import GrammarDrafter
+from rag_lookahead.drafting.compose import call_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.interface import EngineBase
-from rag_lookahead.models import default_cache_dir
-from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
-from rag_lookahead.scheduler import Call, Scheduler
-from rag_lookahead.scope import DocumentScope, document_texts
+from rag_lookahead.measurement import measure_costs
+from rag_lookahead.model_facts import ModelFacts
+from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
+from rag_lookahead.scheduler import Scheduler
+from rag_lookahead.scope import DocumentScope, check_scope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
-from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
 
 __all__ = ["LookaheadEngine"]
 
-# The widest draft per row that batch costs are measured for (wider is extrapolated): in a
-# batch the spare compute is shared, and on a CPU a few tokens per row already use it up.
-_BATCH_WIDTH = 6
 # Draft nodes learned between two writes of the acceptance statistics to disk.
 _SAVE_EVERY = 256
 
@@ -87,7 +83,7 @@ class LookaheadEngine(EngineBase):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
         self.model = model
         self.tokenizer = tokenizer
-        self._template_kwargs = MappingProxyType(check_chat_template_kwargs(chat_template_kwargs))
+        self._facts = ModelFacts(model, tokenizer, chat_template_kwargs)
         self.config = config or LookaheadConfig()
         self.trie = trie or _new_trie(self.config)
         largest = self.trie.largest_token()
@@ -102,7 +98,6 @@ class LookaheadEngine(EngineBase):
         self.scheduler = _new_scheduler(self.runner, self.config)
         self._cache_dir = cache_dir
         self._progress = progress
-        self._grammars = GrammarCompiler(tokenizer, self.vocab_size)
 
     @classmethod
     def from_pretrained(
@@ -173,12 +168,12 @@ class LookaheadEngine(EngineBase):
     @property
     def chat_template_kwargs(self) -> Mapping[str, Any]:
         """The chat template's variables for every chat prompt (read-only)."""
-        return self._template_kwargs
+        return self._facts.template_kwargs
 
     def encode(self, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """``prompt``'s token ids, as a call would see them (see `encode_prompt`), with ``tools``
         rendered by the chat template."""
-        return encode_prompt(self.tokenizer, prompt, self._template_kwargs, tools)
+        return self._facts.encode(prompt, tools)
 
     @property
     def device(self) -> torch.device:
@@ -187,23 +182,16 @@ class LookaheadEngine(EngineBase):
     @property
     def vocab_size(self) -> int:
         """Token ids this model can take: its input embedding's rows."""
-        embeddings = self.model.get_input_embeddings()
-        rows = getattr(embeddings, "num_embeddings", None)
-        return int(rows if rows is not None else self.model.config.vocab_size)
+        return self._facts.vocab_size
 
     @property
     def context_window(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
+        return self._facts.context_window
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """The model's end-of-sequence tokens (generation config first, then tokenizer)."""
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        if eos is None:
-            return ()
-        return (eos,) if isinstance(eos, int) else tuple(eos)
+        return self._facts.eos_token_ids
 
     @property
     def model_name(self) -> str:
@@ -230,12 +218,7 @@ class LookaheadEngine(EngineBase):
         closes in budget (`Grammar.closes_in_budget`): the tokens of the completion such a
         grammar forces on an empty answer, its end-of-sequence token included. A smaller budget
         may still end complete (the model's own values can be shorter), or be cut."""
-        window = self.context_window or 1 << 16
-        state = self._grammars.state(grammar.closing_in_budget(), self.eos_token_ids, window)
-        closing = state.closing(window)
-        if closing is None:
-            raise ValueError("no completion of an empty answer within the context window was found")
-        return len(closing)
+        return self._facts.budget_to_close(grammar)
 
     def measure_costs(self, *, remeasure: bool = False) -> CostCurve:
         """Time forwards of every draft size this config may verify, alone and in batches of
@@ -247,22 +230,9 @@ class LookaheadEngine(EngineBase):
         whether the model verifies trees, and takes the acceptance statistics stored by earlier
         processes: everything a first answer would otherwise pay for. The forwards run in a
         thread of their own (see `in_passing_thread`), not the caller's."""
-        return in_passing_thread(functools.partial(self._measure_costs, remeasure))
-
-    def _measure_costs(self, remeasure: bool) -> CostCurve:
-        cfg = self.config
-        self.runner.tree_problem()  # the one-off probe, here rather than in a first answer
-        size = cfg.decoding_length + 1 + cfg.window_size * (cfg.ngram_size - 1)
-        how = {"remeasure": remeasure, "progress": self._progress}
-        curve = self.runner.measure_costs(size, self._cache_dir, **how)  # every variant plans with it
-        width = min(_BATCH_WIDTH, cfg.decoding_length + 1)
-        self.runner.measure_batch_costs(cfg.max_batch_size, width, self._cache_dir, **how)
-        # What drafts of each source the model accepted in earlier processes: a fresh engine
-        # plans its first questions with it rather than with a guess.
-        directory = (self._cache_dir or default_cache_dir()) / "acceptance"
-        digest = model_digest(self.model)
-        self.planner.load_acceptance(directory / f"acceptance-{digest}.json", {"model": digest})
-        return curve
+        args = (self.runner, self.planner, self.config, self._cache_dir)
+        measure = functools.partial(measure_costs, *args, remeasure=remeasure, progress=self._progress)
+        return in_passing_thread(measure)
 
     # ------------------------------------------------------------------ public calls
 
@@ -298,18 +268,10 @@ class LookaheadEngine(EngineBase):
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = document_texts(documents)
         prompt_ids = self.encode(prompt, tools=tools)
-        self._check_prompt(prompt_ids)
-        if scope is not None and scope.closed:
-            raise ValueError("the document scope passed to this call is closed")
-        if scope is not None and scope.trie is not self.trie:
-            # Its branches live in another trie: this call could neither see nor release them.
-            raise ValueError("the document scope passed to this call belongs to another engine")
-        eos = self.eos_token_ids if params.eos_token_id is None else self._checked_eos(params.eos_token_id)
-        grammar = (
-            self._grammars.state(params.grammar, eos, self.context_window)
-            if params.grammar is not None
-            else None
-        )
+        self._facts.check_prompt(prompt_ids)
+        check_scope(scope, self.trie)
+        eos = self._facts.call_eos(params.eos_token_id)
+        grammar = self._facts.grammar_state(params.grammar, eos)
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
@@ -324,14 +286,7 @@ class LookaheadEngine(EngineBase):
             config=self.config,
             planner=self.planner,
             chooser=TokenChooser(params),
-            stopping=Stopping(
-                self.tokenizer,
-                eos=eos,
-                stop_strings=params.stop_strings,
-                max_new_tokens=params.max_new_tokens,
-                prompt_length=len(prompt_ids),
-                context_window=self.context_window,
-            ),
+            stopping=self._facts.stopping(params, eos, len(prompt_ids)),
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
             context_window=self.context_window or 1 << 62,
             make_drafter=functools.partial(self._drafter, sequences, scope, grammar, drafter)
@@ -371,24 +326,6 @@ class LookaheadEngine(EngineBase):
 
     # ------------------------------------------------------------------ decoding
 
-    def _check_prompt(self, prompt_ids: Sequence[int]) -> None:
-        limit = self.context_window
-        if limit is not None and len(prompt_ids) >= limit:
-            raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context window is {limit}"
-            )
-        vocab = self.vocab_size
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"the prompt holds token id {bad}, outside the model's {vocab}-token vocabulary")
-
-    def _checked_eos(self, eos: tuple[int, ...]) -> tuple[int, ...]:
-        vocab = self.vocab_size
-        bad = next((t for t in eos if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"eos_token_id {bad} is outside the model's {vocab}-token vocabulary")
-        return eos
-
     def _batchable(self) -> bool:
         """Whether calls may share the batch (and draft): the model verifies trees. Else each
         decodes plainly, alone."""
@@ -401,14 +338,11 @@ class LookaheadEngine(EngineBase):
         grammar: GrammarState | None,
         own: Drafter | None,
     ) -> Drafter:
-        """The call's drafter (the caller's ``own``, else one over its prompt's and documents'
-        token ids, inserted into the trie once its prefill is under way), under its grammar if
-        it has one."""
-        drafter = own if own is not None else build_drafter(self.config, self.trie, sequences, scope)
-        return drafter if grammar is None else GrammarDrafter(drafter, grammar)
+        """The call's drafter (see `call_drafter`): made once its prefill is under way."""
+        return call_drafter(self.config, self.trie, sequences, scope, grammar, own)
 
     def _tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return self._facts.tokenize(text)
 
 
 def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:

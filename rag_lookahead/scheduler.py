@@ -31,29 +31,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
-from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.constraint import GrammarState
-from rag_lookahead.decoding.costs import Calibration
+from rag_lookahead.batch_forward import BatchForward
+from rag_lookahead.call import END as _END
+from rag_lookahead.call import Call, choose, propose, release, verify
+from rag_lookahead.decoding.batch import BatchCache
 from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.planner import StepPlanner, plan_batch
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
-from rag_lookahead.decoding.verify import TokenChooser, accept
-from rag_lookahead.drafting.protocol import Drafter
-from rag_lookahead.streaming.stats import StepRecorder
-from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import StreamChunk
 
-__all__ = ["Call", "Scheduler"]
+__all__ = ["Scheduler"]
 
-_END = None  # the outbox's last item
 T = TypeVar("T")
 
 # How long a reader waits for its chunk before it checks whether it should drive the loop.
@@ -61,33 +54,6 @@ _POLL_SECONDS = 0.02
 # How long the thread that last drove the loop may be away (between two chunks, or between
 # one call and its next) before another reader takes the loop over.
 _HANDOVER_SECONDS = 0.05
-
-
-@dataclass(eq=False)
-class Call:
-    """One generation call, from submission to its last token."""
-
-    prompt_ids: list[int]
-    config: LookaheadConfig
-    planner: StepPlanner
-    chooser: TokenChooser
-    stopping: Stopping
-    recorder: StepRecorder
-    context_window: int
-    make_drafter: Callable[[], Drafter] | None  # None: decode plainly (under its grammar if any)
-    batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
-    grammar: GrammarState | None = None  # the grammar every token keeps to, if any
-    outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
-    cancelled: bool = False
-    ended: threading.Event = field(default_factory=threading.Event)  # set once it holds nothing
-    ids: list[int] = field(default_factory=list)
-    cache: Any = None  # its own cache, while prefilling (and for calls outside the batch)
-    prefilled: int = 0
-    drafter: Drafter | None = None
-    side_predictions: list[int] = field(default_factory=list)  # the model's argmax at the side rows
-
-    def __post_init__(self) -> None:
-        self.ids = list(self.prompt_ids)
 
 
 class Scheduler:
@@ -115,7 +81,7 @@ class Scheduler:
         self._rows: list[Call] = []  # the batch, in row order
         self._alone: list[Call] = []
         self._batch = BatchCache()
-        self._calibration = Calibration()
+        self._forward = BatchForward(runner, max_tokens_per_forward)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     def submit(self, call: Call) -> None:
@@ -266,7 +232,7 @@ class Scheduler:
             self._prefixes.store(prompt, call.cache)
         # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
         call.drafter = call.make_drafter() if call.make_drafter is not None else None
-        tokens = _choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
+        tokens = choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
         call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
         self._joining.remove(call)
         if self._release(call, tokens):
@@ -283,7 +249,7 @@ class Scheduler:
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
         logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
-        tokens = _choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
+        tokens = choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
         call.recorder.step(0, 0, "none")
         self._release(call, tokens)  # an ended call has left `_alone`
 
@@ -291,7 +257,7 @@ class Scheduler:
         """One step of every row. A row's own work (drafting, choosing its tokens, releasing
         them) failing ends that row's call with the error while the others step on; only a
         failure of the shared work (the forward, the cache) reaches `_guarded`."""
-        proposals = [_attempt(self._propose, call) for call in calls]
+        proposals = [_attempt(propose, call) for call in calls]
         failed = [i for i, p in enumerate(proposals) if isinstance(p, Exception)]
         if failed:  # they leave before the forward
             self._end_rows(calls, proposals, failed)
@@ -299,9 +265,11 @@ class Scheduler:
             proposals = [p for i, p in enumerate(proposals) if i not in failed]
             if not calls:
                 return
-        drafts, logits = self._forward(calls, [p for p in proposals if isinstance(p, StepDraft)])
+        drafts, logits = self._forward.run(
+            self._batch, calls, [p for p in proposals if isinstance(p, StepDraft)]
+        )
         verdicts = [
-            _attempt(self._verify, call, draft, logits[i])
+            _attempt(verify, call, draft, logits[i])
             for i, (call, draft) in enumerate(zip(calls, drafts, strict=True))
         ]
         # A failed row keeps only its root (the columns past it stay hidden) and leaves below.
@@ -313,36 +281,6 @@ class Scheduler:
         ]
         self._end_rows(calls, outcomes, [i for i, ended in enumerate(outcomes) if ended is not False])
 
-    def _forward(self, calls: list[Call], proposals: list[StepDraft]) -> tuple[list[StepDraft], torch.Tensor]:
-        """Plan the rows' drafts jointly and verify them in one forward; the drafts and their
-        logits ``[B, T, V]``."""
-        costs = self.runner.costs.batched() if len(calls) > 1 else None
-        drafts = self._plan(calls, proposals, costs)
-        batch = self._batch
-        if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
-            started = time.perf_counter()
-            logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
-            # Checks a cached cost curve against this forward (planning only; tokens never change).
-            self.runner.costs.observe(len(drafts[0]), time.perf_counter() - started)
-            return drafts, logits.unsqueeze(0)  # [1, T, V]
-        batch.prepare()
-        inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
-        started = time.perf_counter()
-        logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths)  # [B, T, V]
-        if costs is not None:
-            width, seconds = inputs.input_ids.shape[1], time.perf_counter() - started
-            self._calibration.record(len(calls), width, costs(len(calls), width), seconds)
-        return drafts, logits
-
-    def _verify(self, call: Call, draft: StepDraft, logits: torch.Tensor) -> tuple[list[int], list[int]]:
-        """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
-        tree = draft.tree
-        accepted = accept(tree, _choose(call, logits[: len(tree)], tree))
-        call.side_predictions = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
-        call.planner.learn(tree, accepted.nodes)
-        call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-        return accepted.tokens, accepted.nodes
-
     def _end_rows(self, calls: list[Call], outcomes: Sequence[object], gone: list[int]) -> None:
         """The rows ``gone`` leave the batch (``calls`` are its rows): those whose outcome is
         an error end with it (the others have ended already)."""
@@ -353,43 +291,14 @@ class Scheduler:
         if gone:
             self._drop_rows(gone)
 
-    def _propose(self, call: Call) -> StepDraft:
-        # Room for the drafted tokens plus the model's own one.
-        budget = min(call.config.decoding_length, call.stopping.room() - 1)
-        if call.drafter is None or budget <= 0:
-            return StepDraft(DraftTree.root_only(call.ids[-1]))
-        return call.drafter.propose(call.ids, budget)
-
-    def _plan(
-        self, calls: list[Call], proposals: list[StepDraft], costs: Callable[[int, int], float] | None
-    ) -> list[StepDraft]:
-        if len(calls) == 1:
-            call = calls[0]
-            return [call.planner.plan(proposals[0], call.context_window - len(call.ids))]
-        # Several rows: side rows stay out (each would widen every row), the plan is joint, by
-        # width, against the batch costs as calibrated so far.
-        ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
-        rows = len(calls)
-        by_width = None if costs is None else lambda w: costs(rows, w) * self._calibration.factor(rows, w)
-        return [StepDraft(tree) for tree in plan_batch(ranked, by_width, self.max_tokens_per_forward)]
-
     # ------------------------------------------------------------------ outcomes
 
     def _release(self, call: Call, tokens: list[int]) -> bool:
         """Pass a step's tokens through the call's stopping; whether the call has ended."""
-        released = call.stopping.release(tokens)
-        call.ids += released.token_ids
-        if call.grammar is not None and released.reason is None:
-            call.grammar.advance(released.token_ids)
-        elif call.grammar is not None and released.reason == "eos":  # "eos" means complete
-            call.grammar.finish(released.token_ids)
-        call.recorder.new_tokens += len(released.token_ids)
-        if call.drafter is not None:
-            call.drafter.observe(released.token_ids, call.side_predictions)
-        call.outbox.put(StreamChunk(released.token_ids, released.text))
-        if released.reason is None:
+        reason = release(call, tokens)
+        if reason is None:
             return False
-        call.recorder.finish(released.reason)
+        call.recorder.finish(reason)
         self._end(call)
         return True
 
@@ -422,12 +331,3 @@ def _attempt(run: Callable[..., T], *args: Any) -> T | Exception:
         return run(*args)
     except Exception as err:
         return err
-
-
-def _choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
-    """The model's token at each node of ``tree`` (``logits`` [n, V]), within the call's grammar
-    (and, for a grammar that closes in budget, within the tokens the call has left)."""
-    if call.grammar is None:
-        return call.chooser.choose(logits, call.ids, tree)
-    chosen = call.chooser.choose(logits, call.ids, tree, call.grammar.allowed(tree))
-    return call.grammar.within_budget(tree, chosen, call.stopping.room())

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from rag_lookahead.drafting.trie import TokenTrie
 
-__all__ = ["DocumentScope", "document_texts"]
+__all__ = ["DocumentScope", "check_scope", "document_texts"]
 
 
 def document_texts(documents: Iterable[str]) -> list[str]:
@@ -79,3 +79,12 @@ class DocumentScope:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
             self.close()
+
+
+def check_scope(scope: DocumentScope | None, trie: TokenTrie) -> None:
+    """Refuse a call ``scope`` that is closed, or that is not over ``trie`` (its engine's)."""
+    if scope is not None and scope.closed:
+        raise ValueError("the document scope passed to this call is closed")
+    if scope is not None and scope.trie is not trie:
+        # Its branches live in another trie: this call could neither see nor release them.
+        raise ValueError("the document scope passed to this call belongs to another engine")

@@ -644,10 +644,10 @@ def test_a_grammar_no_answer_can_complete_fails_its_call_and_loses_nothing(
 
 def test_an_end_of_sequence_at_a_dead_end_is_an_error_not_eos() -> None:
     engine = grammar_engine()
-    state = engine._grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
+    state = engine._facts.grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
     with pytest.raises(RuntimeError, match="dead end"):
         state.finish([*engine.tokenizer.encode("a"), ASCII_VOCAB])
-    state = engine._grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
+    state = engine._facts.grammars.state(Grammar.regex("ab"), [ASCII_VOCAB])
     state.finish([*engine.tokenizer.encode("ab"), ASCII_VOCAB])  # complete: a true end
 
 

@@ -7,13 +7,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.drafting.constrained import GrammarDrafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
 
-__all__ = ["ComposedDrafter", "SharedDocuments", "build_drafter"]
+__all__ = ["ComposedDrafter", "SharedDocuments", "build_drafter", "call_drafter"]
 
 
 class SharedDocuments(Protocol):
@@ -52,6 +54,21 @@ def build_drafter(
         pooled = [*sequences, *shared.sequences] if shared is not None else list(sequences)
         drafters.append(JacobiDrafter(pooled, config.window_size, config.ngram_size, config.guess_set_size))
     return ComposedDrafter(drafters)
+
+
+def call_drafter(
+    config: LookaheadConfig,
+    trie: TokenTrie,
+    sequences: Sequence[Sequence[int]],
+    shared: SharedDocuments | None,
+    grammar: GrammarState | None,
+    own: Drafter | None,
+) -> Drafter:
+    """A call's drafter (the caller's ``own``, else one over its prompt's and documents'
+    token ids, inserted into the trie once its prefill is under way), under its grammar if
+    it has one."""
+    drafter = own if own is not None else build_drafter(config, trie, sequences, shared)
+    return drafter if grammar is None else GrammarDrafter(drafter, grammar)
 
 
 class ComposedDrafter:
