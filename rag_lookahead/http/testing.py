@@ -10,7 +10,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -18,6 +19,8 @@ import uvicorn
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.http.app import create_app
+from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
 
@@ -34,6 +37,7 @@ __all__ = [
     "leftovers",
     "recording_documents",
     "served_engine",
+    "settled_server",
     "wait_until",
 ]
 
@@ -123,6 +127,18 @@ class ScopedCalls:
             return self.calls[-1][1]
 
         engine.stream = recording  # type: ignore[method-assign]
+
+
+@contextmanager
+def settled_server(engine: LookaheadEngine, model_name: str) -> Iterator[LiveServer]:
+    """``engine``'s app on loopback; on leaving, once every call has ended (`leftovers` is
+    empty, or the wait fails), the server stops."""
+    server = LiveServer(create_app(engine, ServeSettings(model_name=model_name)))
+    try:
+        yield server
+        wait_until(lambda: not leftovers(server.app.state.lookahead))
+    finally:
+        server.stop()
 
 
 def leftovers(state: ServerState) -> list[str]:

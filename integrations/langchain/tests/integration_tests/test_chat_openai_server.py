@@ -15,8 +15,12 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer, leftovers, recording_documents, served_engine, wait_until
+from rag_lookahead.http.testing import (
+    LiveServer,
+    recording_documents,
+    served_engine,
+    settled_server,
+)
 from rag_lookahead.structured import Grammar
 
 pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])  # the loopback server only
@@ -41,10 +45,8 @@ def engine() -> LookaheadEngine:
 
 @pytest.fixture(scope="module")
 def live(engine: LookaheadEngine) -> Iterator[LiveServer]:
-    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL)))
-    yield server
-    wait_until(lambda: not leftovers(server.app.state.lookahead))  # every call ended
-    server.stop()
+    with settled_server(engine, MODEL) as server:
+        yield server
 
 
 def chat_openai(live: LiveServer, **kwargs: object) -> ChatOpenAI:

@@ -15,8 +15,12 @@ from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer, leftovers, recording_documents, served_engine, wait_until
+from rag_lookahead.http.testing import (
+    LiveServer,
+    recording_documents,
+    served_engine,
+    settled_server,
+)
 
 # A server on 127.0.0.1 only: sockets stay off for every other host.
 pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])
@@ -36,10 +40,8 @@ def engine() -> LookaheadEngine:
 
 @pytest.fixture(scope="module")
 def live(engine: LookaheadEngine) -> Iterator[LiveServer]:
-    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL)))
-    yield server
-    wait_until(lambda: not leftovers(server.app.state.lookahead))  # every call ended
-    server.stop()
+    with settled_server(engine, MODEL) as server:
+        yield server
 
 
 def openai_like(live: LiveServer, **kwargs: object) -> OpenAILike:
