@@ -14,7 +14,8 @@ documents into the model's draft trie for that run, and takes them out when the 
 
 Run (nothing is downloaded):
     pip install -e . -e 'integrations/langchain[test]'
-    HF_HUB_OFFLINE=1 python examples/langchain_rag.py [--max-tokens 96] [--questions 3] [--retrieval hybrid]
+    HF_HUB_OFFLINE=1 python examples/langchain_rag.py [--max-new-tokens 96] [--questions 3] \
+        [--top-k 3] [--retrieval hybrid]
 
 The same chain on a vLLM server (`rag-lookahead serve --backend vllm --model DIR` prints the
 command that starts one with n-gram speculation); the server drafts by its own settings, so there
@@ -38,6 +39,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadRetriever, with_retrieved_documents
+from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.rag import ChunkingConfig, DocumentIndex, SentenceTransformerEmbedder
 from rag_lookahead.rag import Document as SourceDocument
 from rag_lookahead.server import KINDS, ServerEngine
@@ -95,9 +97,9 @@ def decode_rate(stats: dict[str, Any]) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     """Index the sample, answer its questions with lookahead on and off, compare speeds."""
     parser = argparse.ArgumentParser(description="RAG with LangChain and rag-lookahead")
-    parser.add_argument("--max-tokens", type=int, default=96, help="new tokens per answer")
+    add_max_new_tokens(parser, default=96, help="new tokens per answer")
     parser.add_argument("--questions", type=int, default=3, help="how many sample questions")
-    parser.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
+    add_top_k(parser, default=3, help="chunks retrieved per question")
     parser.add_argument(
         "--retrieval", default="hybrid", choices=["dense", "keyword", "hybrid"], help="how chunks are found"
     )
@@ -112,18 +114,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--base-url and --model go together")
 
     questions, index = load_corpus()
-    retriever = LookaheadRetriever(index=index, k=args.k, mode=args.retrieval)
+    retriever = LookaheadRetriever(index=index, k=args.top_k, mode=args.retrieval)
     print(f"Index: {len(index)} chunks of {len(questions)} passages, {args.retrieval} retrieval\n")
     if args.base_url is not None:
         llm = ChatLookahead(
-            base_url=args.base_url, model=args.model, server_kind=args.server_kind, max_tokens=args.max_tokens
+            base_url=args.base_url,
+            model=args.model,
+            server_kind=args.server_kind,
+            max_tokens=args.max_new_tokens,
         )
         engine = llm.get_engine()
         assert isinstance(engine, ServerEngine)  # what `base_url` builds
         return answer_on_server(rag_chain(llm, retriever), engine, questions[: args.questions])
 
-    fast = ChatLookahead(max_tokens=args.max_tokens)  # the embedded SmolLM2-135M-Instruct
-    plain = ChatLookahead(engine=fast.get_engine(), lookahead=False, max_tokens=args.max_tokens)
+    fast = ChatLookahead(max_tokens=args.max_new_tokens)  # the embedded SmolLM2-135M-Instruct
+    plain = ChatLookahead(engine=fast.get_engine(), lookahead=False, max_tokens=args.max_new_tokens)
     with_lookahead, without = rag_chain(fast, retriever), rag_chain(plain, retriever)
     without.invoke("warm-up")  # first-call costs (probing, measuring) are not what we compare
     with_lookahead.invoke("warm-up")

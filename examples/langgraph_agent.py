@@ -10,7 +10,7 @@ the tool's grammar in the model's own ``<tool_call>`` format; the tool's result 
 
 Run (nothing is downloaded):
     pip install -e . -e 'integrations/langchain[test]'
-    HF_HUB_OFFLINE=1 python examples/langgraph_agent.py [--max-tokens 64] [--questions 2]
+    HF_HUB_OFFLINE=1 python examples/langgraph_agent.py [--max-new-tokens 64] [--questions 2]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadRetriever
+from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.rag import DocumentIndex, SentenceTransformerEmbedder
 
 
@@ -63,12 +64,12 @@ def agent(llm: ChatLookahead, tool: BaseTool) -> CompiledStateGraph[Any, Any, An
 def main(argv: Sequence[str] | None = None) -> int:
     """Ask the first questions of the bundled corpus; print each step of the agent."""
     parser = argparse.ArgumentParser(description="A LangGraph agent with a retriever tool")
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per model turn")
+    add_max_new_tokens(parser, default=64, help="new tokens per model turn")
     parser.add_argument("--questions", type=int, default=2, help="how many bundled questions")
-    parser.add_argument("--k", type=int, default=2, help="chunks the tool retrieves")
+    add_top_k(parser, default=2, help="chunks the tool retrieves")
     args = parser.parse_args(argv)
     questions = (resources.files("rag_lookahead") / "data" / "demo_questions.txt").read_text("utf-8")
-    graph = agent(ChatLookahead(max_tokens=args.max_tokens), corpus_tool(args.k))
+    graph = agent(ChatLookahead(max_tokens=args.max_new_tokens), corpus_tool(args.top_k))
     for question in [q for q in questions.splitlines() if q.strip()][: args.questions]:
         print(f"\n=== {question}")
         result = graph.invoke({"messages": [HumanMessage(question)]})
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  tool call: {calls}")
             elif isinstance(message, AIMessage) and message.invalid_tool_calls:
                 errors = message.response_metadata.get("tool_call_errors")
-                print(f"  the tool call did not parse (raise --max-tokens?): {errors}")
+                print(f"  the tool call did not parse (raise --max-new-tokens?): {errors}")
             elif isinstance(message, ToolMessage):
                 print(f"  tool result: {len(message.text)} characters")
             else:

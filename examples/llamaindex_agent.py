@@ -35,6 +35,7 @@ from llama_index.core.schema import MetadataMode
 from llama_index.core.tools import FunctionTool
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadRetriever
+from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.rag import DocumentIndex, SentenceTransformerEmbedder
 
 TOOL = "search_corpus"
@@ -119,9 +120,9 @@ async def ask(workflow: FunctionAgent, question: str, max_iterations: int, stats
 def main(argv: Sequence[str] | None = None) -> int:
     """Ask the first questions of the bundled corpus; print each step of the agent."""
     parser = argparse.ArgumentParser(description="A LlamaIndex FunctionAgent with a retriever tool")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per model turn")
+    add_max_new_tokens(parser, default=64, help="new tokens per model turn")
     parser.add_argument("--questions", type=int, default=2, help="how many bundled questions")
-    parser.add_argument("--top-k", type=int, default=2, help="chunks the tool retrieves")
+    add_top_k(parser, default=2, help="chunks the tool retrieves")
     parser.add_argument("--max-iterations", type=int, default=3, help="agent turns per question")
     args = parser.parse_args(argv)
     questions = (resources.files("rag_lookahead") / "data" / "demo_questions.txt").read_text("utf-8")

@@ -40,6 +40,7 @@ from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
 
 import rag_lookahead
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine, LookaheadRetriever
+from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.rag import Document, DocumentIndex, SentenceTransformerEmbedder
 from rag_lookahead.server import KINDS, ServerEngine
 
@@ -105,8 +106,8 @@ def summarize(calls: list[dict[str, Any]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--top-k", type=int, default=2, help="nodes retrieved per question")
+    add_max_new_tokens(parser, default=128, help="new tokens per answer")
+    add_top_k(parser, default=2, help="nodes retrieved per question")
     parser.add_argument("--response-mode", default="compact", help="compact, refine, ...")
     parser.add_argument("--retrieval", default="hybrid", choices=["dense", "keyword", "hybrid"])
     server = parser.add_argument_group("a server instead of the local model")

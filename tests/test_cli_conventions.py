@@ -1,13 +1,16 @@
 """`ask --json`, the mark of an answer cut at the token limit, `chat`'s history and `--debug`
 without special tokens: the commands over a tiny random model (it never ends an answer, so every
-answer is cut) and a small index, with the model loading replaced."""
+answer is cut) and a small index, with the model loading replaced; and one spelling of each
+option in every command and example, the older spellings still accepted."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.cli import main
+from rag_lookahead.cli import build_parser, main
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
 from rag_lookahead.testing import ASCII_VOCAB, AsciiTokenizer, tiny_model
 
@@ -131,3 +134,71 @@ def test_history_turns_are_kept_while_they_fit(index) -> None:
     text = engine.tokenizer.decode(query.prompt_ids)
     assert 0 < dropped < 6 and f"question {dropped}?" in text and f"question {dropped - 1}?" not in text
     assert len(query.prompt_ids) <= 512 - 100 and query.sources
+
+
+# One spelling of each option in every command and example (transformers' names), the older
+# spellings still accepted but not listed in --help.
+COMMANDS_WITH_BOTH = {
+    "ask": ["ask", "q", "--index", "i"],
+    "chat": ["chat", "--index", "i"],
+    "demo": ["demo"],
+    "bench": ["bench", "--data", "d"],
+}
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# Each example with the package it needs beyond the core.
+EXAMPLE_SCRIPTS = {
+    "langchain_rag.py": "langchain_rag_lookahead",
+    "langgraph_agent.py": "langgraph",
+    "llamaindex_rag.py": "llama_index.llms.rag_lookahead",
+    "llamaindex_agent.py": "llama_index.llms.rag_lookahead",
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS_WITH_BOTH)
+def test_every_command_takes_the_canonical_names_and_the_old_ones(command: str) -> None:
+    parser = build_parser()
+    base = COMMANDS_WITH_BOTH[command]
+    canonical = parser.parse_args([*base, "--max-new-tokens", "7", "--top-k", "3"])
+    old = parser.parse_args([*base, "--max-tokens", "7", "--k", "3"])
+    default = parser.parse_args(base)
+    assert (canonical.max_new_tokens, canonical.top_k) == (old.max_new_tokens, old.top_k) == (7, 3)
+    assert (default.max_new_tokens, default.top_k) == (128, RetrievalConfig().top_k)
+
+
+@pytest.mark.parametrize("command", [*COMMANDS_WITH_BOTH, "measure"])
+def test_help_lists_only_the_canonical_names(command: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "--max-new-tokens" in out and "--max-tokens" not in out and "--k " not in out
+    assert ("--top-k" in out) == (command != "measure")
+
+
+def test_an_old_name_is_checked_like_the_canonical_one(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["ask", "q", "--index", "i", "--k", "-3"])
+    assert "argument --k: must be a positive integer" in capsys.readouterr().err
+
+
+def test_the_old_and_the_canonical_name_together_last_wins() -> None:
+    args = build_parser().parse_args(["ask", "q", "--index", "i", "--top-k", "2", "--k", "5"])
+    assert args.top_k == 5
+
+
+@pytest.mark.parametrize("script", EXAMPLE_SCRIPTS)
+def test_every_example_takes_the_canonical_names_and_the_old_ones(script: str, capsys) -> None:
+    pytest.importorskip(EXAMPLE_SCRIPTS[script])
+    spec = importlib.util.spec_from_file_location(f"example_{script[:-3]}", EXAMPLES / script)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with pytest.raises(SystemExit):
+        example.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "--max-new-tokens" in help_text and "--top-k" in help_text
+    assert "--max-tokens" not in help_text and "--k " not in help_text
+    # A bad value stops the parse before anything loads, naming the spelling that was read.
+    for flag in ("--max-new-tokens", "--max-tokens", "--top-k", "--k"):
+        with pytest.raises(SystemExit):
+            example.main([flag, "many"])
+        assert f"argument {flag}: invalid int value: 'many'" in capsys.readouterr().err

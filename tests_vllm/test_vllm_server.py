@@ -55,7 +55,7 @@ def test_documents_not_in_the_prompt_are_refused(ngram_engine: ServerEngine) -> 
 @pytest.mark.parametrize(
     ("script", "options"),
     [
-        ("langchain_rag.py", ["--questions", "2", "--max-tokens", "32"]),
+        ("langchain_rag.py", ["--questions", "2", "--max-new-tokens", "32"]),
         ("llamaindex_rag.py", ["--max-new-tokens", "32"]),
     ],
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 from rag_lookahead import __version__
 from rag_lookahead.bench.methods import CONCURRENCY_METHODS, METHODS
+from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS
 from rag_lookahead.cli.settings import chunking_config, lookahead_config, retrieval_config
 from rag_lookahead.cli.values import (
@@ -115,9 +116,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         "(measured once per model, device, dtype and thread count, and kept 30 days); on a quiet "
         "machine: other work running meanwhile makes drafting look dearer than it is",
     )
-    parser.add_argument(
-        "--max-new-tokens", type=positive_int, default=128, help="most tokens per answer (default: 128)"
-    )
+    add_max_new_tokens(parser, type=positive_int, default=128, help="most tokens per answer (default: 128)")
 
 
 def _check_settings(args: argparse.Namespace) -> None:
@@ -165,8 +164,8 @@ def _retrieval_flags(parser: argparse.ArgumentParser, *, bench: bool = False) ->
             choices=RETRIEVAL_MODES,
             help=f"how chunks are found: {modes} (default: {defaults.mode})",
         )
-    group.add_argument(
-        "--top-k",
+    add_top_k(
+        group,
         type=positive_int,
         default=defaults.top_k,
         help=f"chunks retrieved per question (default: {defaults.top_k})",

@@ -15,7 +15,7 @@ def test_the_agent_calls_the_retriever_tool_then_answers(capsys) -> None:
     assert spec is not None and spec.loader is not None, f"{EXAMPLE} is missing"
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    assert example.main(["--max-tokens", "64", "--questions", "1", "--k", "1"]) == 0
+    assert example.main(["--max-new-tokens", "64", "--questions", "1", "--top-k", "1"]) == 0
     out = capsys.readouterr().out
     assert "tool call: search_corpus({'query': " in out
     assert "tool result: " in out and "answer: " in out

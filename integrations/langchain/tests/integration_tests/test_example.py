@@ -15,6 +15,6 @@ def test_example_streams_identical_answers_and_reports_speed(capsys) -> None:
     assert spec is not None and spec.loader is not None, f"{EXAMPLE} is missing"
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    assert example.main(["--max-tokens", "16", "--questions", "1", "--k", "2"]) == 0
+    assert example.main(["--max-new-tokens", "16", "--questions", "1", "--top-k", "2"]) == 0
     out = capsys.readouterr().out
     assert "hybrid retrieval" in out and "Identical answers." in out and "tok/s" in out
