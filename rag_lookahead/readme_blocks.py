@@ -1,0 +1,170 @@
+"""The READMEs' Python blocks, run by the three test suites as a reader would run them.
+
+Every fenced ``python`` block of a markdown file is run as written, each in a namespace of its
+own, unless an HTML comment right before it says otherwise (the reason is shown in the rendered
+file's source and in the test report)::
+
+    <!-- readme-test: skip: needs a server on 127.0.0.1:8000 -->      not run; its names checked
+    <!-- readme-test: fragment: the options of a call, not a program -->   only compiled
+    <!-- readme-test: langchain: needs the LangChain package -->   run by that integration's
+    <!-- readme-test: llama_index: needs the LlamaIndex package -->   suite, not the core's
+
+They run in `readme_folder`: a working folder holding ``docs/`` (the reader's documents) and
+``docs.index`` (what ``rag-lookahead index docs/ --out docs.index`` makes of them), with the
+built-in models replaced by a tiny random model, so that what a block loads by default loads in
+a moment and its answers are gibberish — the blocks show calls, not answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from unittest import mock
+
+__all__ = ["KINDS", "Block", "python_blocks", "readme_folder", "run_block", "undefined_names"]
+
+Kind = Literal["run", "skip", "fragment", "langchain", "llama_index"]
+KINDS: tuple[Kind, ...] = ("run", "skip", "fragment", "langchain", "llama_index")
+
+_FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+_MARKER = re.compile(
+    r"^\s*<!--\s*readme-test:\s*(?P<kind>skip|fragment|langchain|llama_index)\s*:\s*(?P<reason>.+?)\s*-->\s*$"
+)
+_ANY_MARKER = re.compile(r"<!--\s*readme-test")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ``python`` block: where it starts, its code (dedented), and what the test does with it."""
+
+    where: str  # "README.md:75", the line of its opening fence
+    code: str  # preceded by blank lines, so that a traceback gives the markdown file's line numbers
+    kind: Kind
+    reason: str = ""
+
+
+def python_blocks(markdown: Path) -> list[Block]:
+    """Every fenced ``python`` block of ``markdown``, with the marker before it if any.
+
+    A marker that is malformed, or that stands before no ``python`` block, is an error rather
+    than a block that runs (or skips) unnoticed.
+    """
+    lines = markdown.read_text("utf-8").splitlines()
+    blocks: list[Block] = []
+    marker: tuple[Kind, str] | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if _ANY_MARKER.search(line):
+            found = _MARKER.match(line)
+            if found is None:
+                raise ValueError(
+                    f"{markdown.name}:{i + 1}: a readme-test marker must read "
+                    f"'<!-- readme-test: KIND: REASON -->' with a KIND of {KINDS[1:]}"
+                )
+            marker = (next(k for k in KINDS if k == found["kind"]), found["reason"])
+        elif fence is not None and fence["lang"]:
+            end = _closing_fence(lines, i, fence["indent"], markdown)
+            if fence["lang"] == "python":
+                indent = len(fence["indent"])
+                code = "\n" * (i + 1) + "\n".join(text[indent:] for text in lines[i + 1 : end]) + "\n"
+                kind, reason = marker or ("run", "")
+                blocks.append(Block(f"{markdown.name}:{i + 1}", code, kind, reason))
+            elif marker is not None:
+                raise ValueError(f"{markdown.name}:{i + 1}: a readme-test marker before a non-python block")
+            marker = None
+            i = end
+        elif line.strip() and marker is not None:
+            raise ValueError(f"{markdown.name}:{i + 1}: a readme-test marker not right before its block")
+        i += 1
+    return blocks
+
+
+def _closing_fence(lines: list[str], start: int, indent: str, markdown: Path) -> int:
+    for j in range(start + 1, len(lines)):
+        if lines[j].rstrip() == f"{indent}```":
+            return j
+    raise ValueError(f"{markdown.name}:{start + 1}: a code block that never closes")
+
+
+def run_block(block: Block) -> dict[str, Any]:
+    """Run ``block`` as a script of its own (in the current folder); its namespace afterwards."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(block.code, block.where.split(":")[0], "exec"), namespace)
+    return namespace
+
+
+def undefined_names(block: Block) -> list[str]:
+    """The names ``block`` uses but never defines or imports (ruff's F821, without the
+    project's configuration), as ``"line: message"``; needs ruff (the dev extra)."""
+    from ruff.__main__ import find_ruff_bin  # type: ignore[import-untyped]
+
+    command = [find_ruff_bin(), "check", "--isolated", "--select", "F821", "--output-format", "concise"]
+    result = subprocess.run(
+        [*command, "--stdin-filename", "block.py", "-"],
+        input=block.code,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [line.split("block.py:", 1)[1] for line in result.stdout.splitlines() if "block.py:" in line]
+
+
+@contextlib.contextmanager
+def readme_folder(folder: Path, docs: Path) -> Iterator[Path]:
+    """``folder`` as the working folder of the READMEs' blocks, while the context lasts:
+    ``docs/`` (a copy of ``docs``) and ``docs.index`` built from it with the default embedder,
+    and every built-in model (``from_pretrained()``, ``ChatLookahead()``, ``LookaheadLLM()``
+    ...) a tiny random model, converted into ``folder / "cache"`` (costs measured there too)."""
+    from rag_lookahead import models
+    from rag_lookahead.rag import DocumentIndex, SentenceTransformerEmbedder
+
+    shutil.copytree(docs, folder / "docs", dirs_exist_ok=True)
+    cache = {"XDG_CACHE_HOME": str(folder / "cache"), "HF_HUB_OFFLINE": "1"}
+    with (
+        mock.patch.dict(os.environ, cache),
+        mock.patch.object(models, "_convert_into", _save_tiny_builtin),
+        _chdir(folder),
+    ):
+        index, _ = DocumentIndex.build([Path("docs")], SentenceTransformerEmbedder())
+        index.save("docs.index")
+        yield folder
+
+
+@contextlib.contextmanager
+def _chdir(folder: Path) -> Iterator[None]:
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def _save_tiny_builtin(target: Path, model: Any, progress: bool) -> None:
+    """In place of a built-in model's conversion: a tiny random llama over bytes, with a long
+    enough context for the READMEs' prompts (one token per byte) and a padding token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rag_lookahead.testing import BYTE_VOCAB, byte_fast_tokenizer, tiny_config
+
+    del model, progress
+    tokenizer = byte_fast_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    torch.manual_seed(0)
+    tiny = AutoModelForCausalLM.from_config(
+        tiny_config("llama", BYTE_VOCAB + 1, max_position_embeddings=8192, pad_token_id=BYTE_VOCAB)
+    )
+    tiny.generation_config.eos_token_id = BYTE_VOCAB
+    tiny.generation_config.pad_token_id = BYTE_VOCAB
+    tiny.save_pretrained(target)
+    tokenizer.save_pretrained(target)

@@ -1,0 +1,47 @@
+"""The README is a user's guide that runs: every Python block in it runs as written (on a tiny
+random model in place of the built-in ones, in a folder with ``docs/`` and ``docs.index``), and
+the few that cannot run here say why in a marker before them (`rag_lookahead.readme_blocks`)."""
+
+from pathlib import Path
+
+import pytest
+
+from rag_lookahead.readme_blocks import Block, python_blocks, readme_folder, run_block, undefined_names
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKS = python_blocks(ROOT / "README.md")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    with readme_folder(tmp_path_factory.mktemp("readme"), ROOT / "tests" / "fixtures" / "stdlib") as path:
+        yield path
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "run"], ids=lambda b: b.where)
+def test_the_block_runs_as_written(block: Block, folder) -> None:
+    run_block(block)
+
+
+# Skipped here: blocks that need a server, and those the integrations' suites run.
+NOT_RUN_HERE = [b for b in BLOCKS if b.kind in ("skip", "langchain", "llama_index")]
+
+
+@pytest.mark.parametrize("block", NOT_RUN_HERE, ids=lambda b: b.where)
+def test_a_block_that_is_not_run_here_defines_every_name_it_uses(block: Block) -> None:
+    compile(block.code, block.where, "exec")
+    assert undefined_names(block) == [], f"{block.where} is skipped: {block.reason}"
+
+
+def test_fragments_are_few_and_compile() -> None:
+    fragments = [b for b in BLOCKS if b.kind == "fragment"]
+    assert len(fragments) <= 2, [b.where for b in fragments]
+    for block in fragments:
+        compile(block.code, block.where, "exec")
+
+
+def test_an_undefined_name_is_found() -> None:
+    block = Block("x.md:1", "import json\n\nprint(json.dumps(retrieved_text))\n", "skip", "a test")
+    assert [line.split(": ", 1)[1] for line in undefined_names(block)] == [
+        "F821 Undefined name `retrieved_text`"
+    ]
