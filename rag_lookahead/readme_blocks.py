@@ -37,7 +37,7 @@ _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 _MARKER = re.compile(
     r"^\s*<!--\s*readme-test:\s*(?P<kind>skip|fragment|langchain|llama_index)\s*:\s*(?P<reason>.+?)\s*-->\s*$"
 )
-_ANY_MARKER = re.compile(r"<!--\s*readme-test")
+_ANY_MARKER = re.compile(r"^\s*<!--\s*readme-test")
 
 
 @dataclass(frozen=True)

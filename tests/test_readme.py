@@ -45,3 +45,29 @@ def test_an_undefined_name_is_found() -> None:
     assert [line.split(": ", 1)[1] for line in undefined_names(block)] == [
         "F821 Undefined name `retrieved_text`"
     ]
+
+
+@pytest.mark.parametrize(
+    ("markdown", "error"),
+    [
+        ("<!-- readme-test: skipped: typo -->\n```python\nx = 1\n```\n", "must read"),
+        ("<!-- readme-test: skip -->\n```python\nx = 1\n```\n", "must read"),  # no reason
+        ("<!-- readme-test: skip: a server -->\n```sh\nls\n```\n", "before a non-python block"),
+        ("<!-- readme-test: skip: a server -->\nSome text.\n```python\nx = 1\n```\n", "not right before"),
+        ("```python\nx = 1\n", "never closes"),
+    ],
+)
+def test_a_marker_that_would_go_unnoticed_is_an_error(markdown: str, error: str, tmp_path) -> None:
+    (tmp_path / "x.md").write_text(markdown)
+    with pytest.raises(ValueError, match=error):
+        python_blocks(tmp_path / "x.md")
+
+
+def test_blocks_keep_the_markdown_line_numbers_and_their_marker(tmp_path) -> None:
+    text = "# Title\n\n<!-- readme-test: skip: a server -->\n\n```python\nx = 1\n```\n"
+    text += "\n  ```python\n  y = 2\n  ```\n"  # indented, in a list item
+    (tmp_path / "x.md").write_text(text)
+    first, second = python_blocks(tmp_path / "x.md")
+    assert (first.where, first.kind, first.reason) == ("x.md:5", "skip", "a server")
+    assert first.code.splitlines()[5] == "x = 1"  # line 6 of the file
+    assert (second.where, second.kind, second.code.strip()) == ("x.md:9", "run", "y = 2")
