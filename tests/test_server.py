@@ -118,6 +118,13 @@ def test_grammars_go_as_the_servers_structured_output_fields(stub: StubServer) -
     assert len(stub.completions()) == sent
 
 
+def test_logprobs_are_refused_before_any_request(stub: StubServer) -> None:
+    sent = len(stub.completions())
+    with pytest.raises(NotImplementedError, match="logprobs are not passed through from a server"):
+        engine(stub).stream(CHAT, logprobs=True, top_logprobs=2)
+    assert len(stub.completions()) == sent
+
+
 # ---------------------------------------------------------------------------- answers
 
 

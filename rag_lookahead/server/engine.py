@@ -44,6 +44,11 @@ _FALLBACK_CHARS_PER_TOKEN = 1024
 # The error code of a request naming a corpus the server does not have (rag-lookahead's).
 _CORPUS_GONE = "corpus_not_found"
 # Tools would need the served model's tool parser and a grammar on the server's side.
+_NO_LOGPROBS = (
+    "logprobs are not passed through from a server engine yet: the server's own log "
+    "probabilities would need aligning with the text this client cuts; use a local "
+    "LookaheadEngine for logprobs, or ask the server directly"
+)
 _NO_TOOLS = (
     "tools are not supported on a server engine yet: the server would render and parse them "
     "itself (vLLM's --tool-call-parser); use a local LookaheadEngine for tool calls"
@@ -176,6 +181,8 @@ class ServerEngine(EngineBase):
         if tools:
             raise NotImplementedError(_NO_TOOLS)
         params = (params or GenerationParams()).with_overrides(**overrides)
+        if params.logprobs:
+            raise NotImplementedError(_NO_LOGPROBS)
         texts = [t for t in document_texts(documents) if t]
         server_prompt = normalise_prompt(prompt)
         self._check_scope(scope)
