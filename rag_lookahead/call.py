@@ -116,7 +116,9 @@ def release(call: Call, tokens: list[int]) -> FinishReason | None:
     call.recorder.new_tokens += len(released.token_ids)
     if call.drafter is not None:
         call.drafter.observe(released.token_ids, call.side_predictions)
-    call.outbox.put(StreamChunk(released.token_ids, released.text, _released_logprobs(call, released.token_ids)))
+    call.outbox.put(
+        StreamChunk(released.token_ids, released.text, _released_logprobs(call, released.token_ids))
+    )
     return released.reason
 
 

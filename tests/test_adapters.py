@@ -565,7 +565,12 @@ def test_streamed_logprobs_come_with_their_text(tool_engine: Any, engine: Any) -
     plan = chat(tool_engine, tools=[WEATHER], stream=True, logprobs=True)
     out = ReplyStream(plan, HEADER)
     chunks = out.start() + out.add(CALL_TEXT, TOKENS) + out.end(stats())
-    tokens = [t["token"] for c in chunks if c["choices"] for t in (c["choices"][0]["logprobs"] or {}).get("content", [])]
+    tokens = [
+        t["token"]
+        for c in chunks
+        if c["choices"]
+        for t in (c["choices"][0]["logprobs"] or {}).get("content", [])
+    ]
     assert tokens == ["He", "llo"]  # held with the call block, sent with the end
 
 

@@ -117,14 +117,25 @@ def test_chat_logprobs_whole_and_streamed(client: openai.OpenAI, engine: Lookahe
     expected = engine.complete(MESSAGES, max_new_tokens=N, logprobs=True, top_logprobs=3)
     assert expected.logprobs is not None
     want = [item.to_openai() for item in expected.logprobs]
-    args: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": N, "logprobs": True, "top_logprobs": 3}
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": N,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     out = client.chat.completions.create(**args)
     assert out.choices[0].logprobs is not None and out.choices[0].logprobs.content is not None
     got = [item.model_dump() for item in out.choices[0].logprobs.content]
     assert got == want  # the same numbers, through JSON
     assert "".join(item["token"] for item in got) == expected.text
     chunks = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
-    streamed = [item.model_dump() for c in chunks if c.choices[0].logprobs for item in c.choices[0].logprobs.content or ()]
+    streamed = [
+        item.model_dump()
+        for c in chunks
+        if c.choices[0].logprobs
+        for item in c.choices[0].logprobs.content or ()
+    ]
     assert streamed == want
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
     assert plain.choices[0].logprobs is None
@@ -145,7 +156,10 @@ def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI, engine: 
 
 
 def test_bad_logprobs_are_400_naming_the_parameter(client: openai.OpenAI) -> None:
-    for bad, param in (({"top_logprobs": 21, "logprobs": True}, "top_logprobs"), ({"top_logprobs": 2}, "top_logprobs")):
+    for bad, param in (
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ):
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=MODEL, messages=MESSAGES, **bad)  # type: ignore[arg-type]
         assert info.value.param == param  # type: ignore[attr-defined]

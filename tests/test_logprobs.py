@@ -24,7 +24,13 @@ PROMPT = [5, 17, 33, 2, 9]
 ATOL = 1e-4
 GREEDY = GenerationParams(max_new_tokens=NEW_TOKENS, logprobs=True, top_logprobs=5)
 SAMPLED = GenerationParams(
-    max_new_tokens=NEW_TOKENS, do_sample=True, temperature=1.3, top_p=0.9, seed=11, logprobs=True, top_logprobs=3
+    max_new_tokens=NEW_TOKENS,
+    do_sample=True,
+    temperature=1.3,
+    top_p=0.9,
+    seed=11,
+    logprobs=True,
+    top_logprobs=3,
 )
 
 
@@ -42,7 +48,9 @@ def assert_same(got: list[TokenLogprob], want: list[TokenLogprob]) -> None:
     for a, b in zip(got, want, strict=True):
         assert a.token == b.token
         assert a.logprob == pytest.approx(b.logprob, abs=ATOL)
-        assert [t.logprob for t in a.top_logprobs] == pytest.approx([t.logprob for t in b.top_logprobs], abs=ATOL)
+        assert [t.logprob for t in a.top_logprobs] == pytest.approx(
+            [t.logprob for t in b.top_logprobs], abs=ATOL
+        )
         assert [t.token_id for t in a.top_logprobs] == [t.token_id for t in b.top_logprobs]
 
 
@@ -125,7 +133,9 @@ def test_they_stay_aligned_at_an_eos_inside_an_accepted_draft() -> None:
     answer = plain.complete([7, 8, 9], max_new_tokens=16).token_ids
     eos = answer[5]  # the call ends at its first appearance, in the middle of a drafted step
     want = plain.complete([7, 8, 9], max_new_tokens=16, eos_token_id=eos, logprobs=True)
-    engine = LookaheadEngine(model, AsciiTokenizer(), LookaheadConfig(mode="trie"), cost_curve=CostCurve.flat())
+    engine = LookaheadEngine(
+        model, AsciiTokenizer(), LookaheadConfig(mode="trie"), cost_curve=CostCurve.flat()
+    )
     engine.trie.insert([7, 8, 9, *answer], OUTPUT_OWNER)
     got = engine.complete([7, 8, 9], max_new_tokens=16, eos_token_id=eos, logprobs=True)
     assert got.stats.finish_reason == want.stats.finish_reason == "eos"

@@ -347,7 +347,9 @@ def _logprobs(body: Mapping[str, Any], kind: CallKind, default: bool) -> dict[st
     logprobs = body.get("logprobs")
     if kind == "completion" and isinstance(logprobs, int) and not isinstance(logprobs, bool):
         if "top_logprobs" in body:
-            raise RequestError("a completion's integer logprobs is its top_logprobs: give one", "top_logprobs")
+            raise RequestError(
+                "a completion's integer logprobs is its top_logprobs: give one", "top_logprobs"
+            )
         fields["logprobs"], fields["top_logprobs"] = True, _integer(logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
     elif logprobs is not None:
         if not isinstance(logprobs, bool):

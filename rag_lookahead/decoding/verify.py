@@ -176,4 +176,6 @@ def raw_logprobs(
     if k == 0:
         return chosen, [[] for _ in chosen]
     values, indices = logp.topk(k, dim=-1)  # [a, k], best first
-    return chosen, [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+    return chosen, [
+        list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)
+    ]

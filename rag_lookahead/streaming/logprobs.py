@@ -54,7 +54,10 @@ class TokenLogprob:
 
 
 def token_logprobs(
-    tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float], top: Sequence[Sequence[tuple[int, float]]]
+    tokenizer: Any,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[Sequence[tuple[int, float]]],
 ) -> list[TokenLogprob]:
     """`TokenLogprob`s of ``token_ids`` with their ``logprobs`` and ``top`` (id, logprob)
     pairs, their texts decoded one token at a time."""

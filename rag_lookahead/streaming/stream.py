@@ -161,7 +161,9 @@ class TextStream(Iterator[str]):
         for _ in self.chunks():
             pass
         logprobs = self.logprobs
-        return Completion(self.text, list(self.token_ids), self.stats, None if logprobs is None else list(logprobs))
+        return Completion(
+            self.text, list(self.token_ids), self.stats, None if logprobs is None else list(logprobs)
+        )
 
     def _next_chunk(self) -> StreamChunk:
         """The next step's chunk (`StopIteration` at the end), read by one thread at a time."""

@@ -75,8 +75,11 @@ def message_chunks(
 
 
 def _logprobs_info(logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
-    """A chunk's ``generation_info`` for its tokens' log probabilities, as ChatOpenAI's: LangChain
-    merges it into ``response_metadata``, and the ``content`` lists of merged chunks add up."""
+    """A chunk's ``generation_info`` for its tokens' log probabilities, as ChatOpenAI's.
+
+    LangChain merges it into ``response_metadata``, and the ``content`` lists of merged chunks
+    add up.
+    """
     return {"logprobs": openai_logprobs("chat", logprobs)} if logprobs else None
 
 
@@ -94,7 +97,9 @@ def _last(
     )
     # Not in the message's own metadata: LangChain lays that over the merged generation_info,
     # which holds every chunk's log probabilities.
-    return ChatGenerationChunk(message=message, generation_info={**metadata, **(_logprobs_info(logprobs) or {})})
+    return ChatGenerationChunk(
+        message=message, generation_info={**metadata, **(_logprobs_info(logprobs) or {})}
+    )
 
 
 def _call_chunks(reply: ParsedReply) -> list[ToolCallChunk]:

@@ -147,8 +147,11 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
             yield chunk
 
     def _generation_chunks(self, pieces: Iterator[Piece]) -> Iterator[GenerationChunk]:
-        """A chunk per piece of text, then the stats' chunk; the log probabilities, when asked
-        for, come whole in its ``generation_info`` (OpenAI's legacy completion shape)."""
+        """A chunk per piece of text, then the stats' chunk.
+
+        The log probabilities, when asked for, come whole in the stats' chunk's
+        ``generation_info``, in OpenAI's legacy completion shape.
+        """
         logprobs: list[TokenLogprob] | None = None
         for piece in pieces:
             if isinstance(piece, DecodeStats):

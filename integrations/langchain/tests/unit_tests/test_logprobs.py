@@ -34,7 +34,9 @@ def test_invoke_reports_them_in_the_response_metadata(engine: LookaheadEngine) -
 def test_a_call_option_asks_for_them_and_chunks_carry_theirs(engine: LookaheadEngine) -> None:
     llm = ChatLookahead(engine=engine, max_tokens=N)
     chunks = list(llm.stream(QUESTION, logprobs=True))
-    tokens = [c["token"] for chunk in chunks for c in chunk.response_metadata.get("logprobs", {}).get("content", [])]
+    tokens = [
+        c["token"] for chunk in chunks for c in chunk.response_metadata.get("logprobs", {}).get("content", [])
+    ]
     assert "".join(tokens) == "".join(str(chunk.content) for chunk in chunks) and len(tokens) == N
     merged = chunks[0]
     for chunk in chunks[1:]:

@@ -52,7 +52,9 @@ def close(got: list[list[tuple[str, float]]], want: list[list[tuple[str, float]]
 
 def test_chat_and_complete_report_them(engine: LookaheadEngine) -> None:
     llm = LookaheadLLM(engine=engine, max_new_tokens=N, logprobs=True, top_logprobs=2)
-    close(pairs(llm.chat([ChatMessage(role=MessageRole.USER, content=QUESTION)]).logprobs), expected(engine, 2))
+    close(
+        pairs(llm.chat([ChatMessage(role=MessageRole.USER, content=QUESTION)]).logprobs), expected(engine, 2)
+    )
     close(pairs(llm.complete(QUESTION).logprobs), expected(engine, 2))
     assert LookaheadLLM(engine=engine, max_new_tokens=4).complete(QUESTION).logprobs is None
 
