@@ -44,11 +44,6 @@ _FALLBACK_CHARS_PER_TOKEN = 1024
 # The error code of a request naming a corpus the server does not have (rag-lookahead's).
 _CORPUS_GONE = "corpus_not_found"
 # Tools would need the served model's tool parser and a grammar on the server's side.
-_NO_LOGPROBS = (
-    "logprobs are not passed through from a server engine yet: the server's own log "
-    "probabilities would need aligning with the text this client cuts; use a local "
-    "LookaheadEngine for logprobs, or ask the server directly"
-)
 _NO_TOOLS = (
     "tools are not supported on a server engine yet: the server would render and parse them "
     "itself (vLLM's --tool-call-parser); use a local LookaheadEngine for tool calls"
@@ -174,15 +169,14 @@ class ServerEngine(EngineBase):
         The request is sent now: an HTTP error (after the client's retries) is raised here,
         an error in the middle of the stream while it is read. Closing the stream (or
         dropping it) closes the HTTP response, which the server takes as a cancellation.
-        Chunks carry no token ids (the API sends text). The answer is checked as it is read
+        Chunks carry no token ids (the API sends text); with ``logprobs=True`` they carry the
+        server's log probabilities (see `rag_lookahead.server.logprobs`). The answer is checked as it is read
         (stop strings, the text ``max_new_tokens`` can hold, the config's ``deadline``), since
         a server may ignore what it was asked; see `ServerCall`.
         """
         if tools:
             raise NotImplementedError(_NO_TOOLS)
         params = (params or GenerationParams()).with_overrides(**overrides)
-        if params.logprobs:
-            raise NotImplementedError(_NO_LOGPROBS)
         texts = [t for t in document_texts(documents) if t]
         server_prompt = normalise_prompt(prompt)
         self._check_scope(scope)
@@ -278,6 +272,7 @@ class ServerEngine(EngineBase):
             chars_per_token=self._chars_per_token,
             stop_strings=tuple(params.stop_strings),
             deadline=self.config.deadline,
+            logprobs=params.logprobs,
         )
 
     def _request_timeout(self) -> dict[str, float]:
