@@ -7,6 +7,7 @@ model's tokens at its nodes, and releasing them through its `Stopping`.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -56,6 +57,7 @@ class Call:
     top_logprobs: int | None = None  # most likely tokens reported per token; None: no logprobs
     # The step's chosen tokens' log probabilities and top pairs, until `release` passes them on.
     scored: tuple[list[float], list[list[tuple[int, float]]]] | None = None
+    token_texts: dict[int, str] = field(default_factory=dict)  # decoded once: top tokens repeat
 
     def __post_init__(self) -> None:
         self.ids = list(self.prompt_ids)
@@ -74,7 +76,7 @@ def verify(call: Call, draft: StepDraft, logits: torch.Tensor) -> tuple[list[int
     """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
     tree = draft.tree
     accepted = accept(tree, choose(call, logits[: len(tree)], tree))
-    _score(call, logits[accepted.nodes], accepted.tokens)  # the accepted rows only
+    _score(call, logits, accepted.tokens, accepted.nodes)  # the accepted rows only
     call.side_predictions = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
     call.planner.learn(tree, accepted.nodes)
     call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
@@ -93,15 +95,15 @@ def choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
 def choose_next(call: Call, logits: torch.Tensor) -> list[int]:
     """The model's next token from the last position's ``logits`` [1, V] (a plain step)."""
     tokens = choose(call, logits, DraftTree.root_only(call.ids[-1]))
-    _score(call, logits, tokens)
+    _score(call, logits, tokens, [0])
     return tokens
 
 
-def _score(call: Call, logits: torch.Tensor, tokens: list[int]) -> None:
-    """Keep the log probabilities of the step's ``tokens`` (``logits`` [len(tokens), V]), when
-    the call asks for them; nothing is computed otherwise."""
+def _score(call: Call, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> None:
+    """Keep the log probabilities of the step's ``tokens``, chosen at ``rows`` of ``logits``
+    [n, V], when the call asks for them; nothing is computed (or copied) otherwise."""
     if call.top_logprobs is not None:
-        call.scored = raw_logprobs(logits, tokens, call.top_logprobs)
+        call.scored = raw_logprobs(logits[rows], tokens, call.top_logprobs)
 
 
 def release(call: Call, tokens: list[int]) -> FinishReason | None:
@@ -129,4 +131,12 @@ def _released_logprobs(call: Call, token_ids: list[int]) -> list[TokenLogprob] |
         return None
     (chosen, top), call.scored = call.scored, None
     n = len(token_ids)
-    return token_logprobs(call.stopping.assembler.tokenizer, token_ids, chosen[:n], top[:n])
+    return token_logprobs(functools.partial(_token_text, call), token_ids, chosen[:n], top[:n])
+
+
+def _token_text(call: Call, token_id: int) -> str:
+    """``token_id``'s own text, as `TokenLogprob.token` reads (decoded once per call)."""
+    text = call.token_texts.get(token_id)
+    if text is None:
+        text = call.token_texts[token_id] = str(call.stopping.assembler.tokenizer.decode([token_id]))
+    return text

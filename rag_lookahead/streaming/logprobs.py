@@ -8,7 +8,7 @@ and a sampled call reports the same numbers as a greedy one would at the same pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,17 +54,13 @@ class TokenLogprob:
 
 
 def token_logprobs(
-    tokenizer: Any,
+    text: Callable[[int], str],
     token_ids: Sequence[int],
     logprobs: Sequence[float],
     top: Sequence[Sequence[tuple[int, float]]],
 ) -> list[TokenLogprob]:
     """`TokenLogprob`s of ``token_ids`` with their ``logprobs`` and ``top`` (id, logprob)
-    pairs, their texts decoded one token at a time."""
-
-    def text(token_id: int) -> str:
-        return str(tokenizer.decode([token_id]))
-
+    pairs; ``text`` gives a token id's own text."""
     return [
         TokenLogprob(text(t), lp, t, tuple(TokenLogprob(text(i), v, i) for i, v in best))
         for t, lp, best in zip(token_ids, logprobs, top, strict=True)
