@@ -182,6 +182,15 @@ def test_the_openai_shape() -> None:
     }
 
 
+def test_a_zero_probability_is_written_as_openai_can_carry_it() -> None:
+    item = TokenLogprob(
+        "a", float("-inf"), 1, (TokenLogprob("b", 0.0, 2), TokenLogprob("a", float("-inf"), 1))
+    )
+    shape = item.to_openai()
+    assert shape["logprob"] == -9999.0 and shape["top_logprobs"][1]["logprob"] == -9999.0
+    assert item.logprob == float("-inf")  # the number itself stays as computed
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

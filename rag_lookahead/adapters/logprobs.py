@@ -23,10 +23,11 @@ def openai_logprobs(kind: CallKind, items: Sequence[TokenLogprob], offset: int =
         offset += len(item.token)
     return {
         "tokens": [item.token for item in items],
-        "token_logprobs": [item.logprob for item in items],
+        "token_logprobs": [item.finite_logprob for item in items],
         # As OpenAI's legacy API: the most likely tokens, and the chosen one among them.
         "top_logprobs": [
-            {**{t.token: t.logprob for t in item.top_logprobs}, item.token: item.logprob} for item in items
+            {**{t.token: t.finite_logprob for t in item.top_logprobs}, item.token: item.finite_logprob}
+            for item in items
         ],
         "text_offset": offsets,
     }

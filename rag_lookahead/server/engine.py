@@ -170,9 +170,9 @@ class ServerEngine(EngineBase):
         an error in the middle of the stream while it is read. Closing the stream (or
         dropping it) closes the HTTP response, which the server takes as a cancellation.
         Chunks carry no token ids (the API sends text); with ``logprobs=True`` they carry the
-        server's log probabilities (see `rag_lookahead.server.logprobs`). The answer is checked as it is read
-        (stop strings, the text ``max_new_tokens`` can hold, the config's ``deadline``), since
-        a server may ignore what it was asked; see `ServerCall`.
+        server's log probabilities (see `rag_lookahead.server.logprobs`). The answer is checked
+        as it is read (stop strings, the text ``max_new_tokens`` can hold, the config's
+        ``deadline``), since a server may ignore what it was asked; see `ServerCall`.
         """
         if tools:
             raise NotImplementedError(_NO_TOOLS)

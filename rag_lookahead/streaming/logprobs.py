@@ -16,6 +16,8 @@ __all__ = ["MAX_TOP_LOGPROBS", "TokenLogprob", "token_logprobs"]
 
 # OpenAI's bound on ``top_logprobs`` (and vLLM's default one).
 MAX_TOP_LOGPROBS = 20
+# What a zero probability reads as in OpenAI's shapes (JSON has no -inf), as vLLM writes it.
+_LEAST_LOGPROB = -9999.0
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,17 @@ class TokenLogprob:
         """OpenAI's chat shape: ``{"token", "logprob", "bytes", "top_logprobs": [...]}``."""
         return {
             "token": self.token,
-            "logprob": self.logprob,
+            "logprob": self.finite_logprob,
             "bytes": self.bytes,
             "top_logprobs": [
-                {"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in self.top_logprobs
+                {"token": t.token, "logprob": t.finite_logprob, "bytes": t.bytes} for t in self.top_logprobs
             ],
         }
+
+    @property
+    def finite_logprob(self) -> float:
+        """``logprob``, with a zero probability (-inf) as -9999.0: what JSON can carry."""
+        return max(self.logprob, _LEAST_LOGPROB)
 
 
 def token_logprobs(
