@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rag_lookahead.models import DEFAULT_MODEL, load_model
     from rag_lookahead.prompts import rag_messages
     from rag_lookahead.scope import DocumentScope
+    from rag_lookahead.streaming.logprobs import TokenLogprob
     from rag_lookahead.streaming.stats import DecodeStats
     from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
     from rag_lookahead.structured import Grammar
@@ -45,6 +46,7 @@ __all__ = [
     "StepDraft",
     "StreamChunk",
     "TextStream",
+    "TokenLogprob",
     "TokenTrie",
     "TrieDrafter",
     "load_model",
@@ -72,6 +74,7 @@ _exported = lazy_attributes(
         "Completion": "rag_lookahead.streaming.stream",
         "StreamChunk": "rag_lookahead.streaming.stream",
         "TextStream": "rag_lookahead.streaming.stream",
+        "TokenLogprob": "rag_lookahead.streaming.logprobs",
         "Grammar": "rag_lookahead.structured",
     },
 )

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
 from rag_lookahead.structured.grammar import Grammar
 
 __all__ = ["GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
@@ -128,6 +129,9 @@ class GenerationParams:
     ``temperature=0`` means greedy, whatever ``do_sample`` says (see `sampling`). A ``seed``
     makes sampling repeat exactly, with lookahead or without (see `TokenChooser`). A
     ``grammar`` constrains every token to those that keep the text within it (see `Grammar`).
+    ``logprobs=True`` reports each new token's log probability under the model's raw
+    distribution, and ``top_logprobs`` (0 to 20) the most likely tokens at each position (see
+    `rag_lookahead.streaming.logprobs`); nothing is computed for them otherwise.
     """
 
     max_new_tokens: int = 256
@@ -140,6 +144,8 @@ class GenerationParams:
     stop_strings: tuple[str, ...] = field(default=())
     seed: int | None = None
     grammar: Grammar | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         # Accept what `model.generate` users pass: an int or a list for ids, a str or a list for stops.
@@ -165,6 +171,7 @@ class GenerationParams:
             raise TypeError(
                 f"grammar must be a rag_lookahead.structured.Grammar, got {type(self.grammar).__name__}"
             )
+        _check_logprobs(self.logprobs, self.top_logprobs)
 
     @property
     def sampling(self) -> bool:
@@ -178,6 +185,17 @@ class GenerationParams:
         if unknown:
             raise TypeError(f"unknown generation settings {unknown}; known: {[f.name for f in fields(self)]}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _check_logprobs(logprobs: object, top_logprobs: object) -> None:
+    if not isinstance(logprobs, bool):
+        raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int):
+        raise ValueError(f"top_logprobs must be an integer, got {top_logprobs!r}")
+    if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs}")
+    if top_logprobs and not logprobs:
+        raise ValueError(f"top_logprobs={top_logprobs} needs logprobs=True")
 
 
 def _token_ids(value: object) -> tuple[int, ...] | None:

@@ -294,6 +294,7 @@ class LookaheadEngine(EngineBase):
             else None,
             batchable=batchable,
             grammar=grammar,
+            top_logprobs=params.top_logprobs if params.logprobs else None,
         )
         steps = self.scheduler.chunks(call)
         stream = TextStream(steps, call.recorder, cancel=functools.partial(self.scheduler.cancel, call))

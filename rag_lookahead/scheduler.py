@@ -37,12 +37,12 @@ import torch
 
 from rag_lookahead.batch_forward import BatchForward
 from rag_lookahead.call import END as _END
-from rag_lookahead.call import Call, choose, propose, release, verify
+from rag_lookahead.call import Call, choose_next, propose, release, verify
 from rag_lookahead.decoding.batch import BatchCache
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.streaming.stream import StreamChunk
 
 __all__ = ["Scheduler"]
@@ -232,7 +232,7 @@ class Scheduler:
             self._prefixes.store(prompt, call.cache)
         # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
         call.drafter = call.make_drafter() if call.make_drafter is not None else None
-        tokens = choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
+        tokens = choose_next(call, logits[-1:])
         call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
         self._joining.remove(call)
         if self._release(call, tokens):
@@ -249,7 +249,7 @@ class Scheduler:
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
         logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
-        tokens = choose(call, logits[-1:], DraftTree.root_only(call.ids[-1]))
+        tokens = choose_next(call, logits[-1:])
         call.recorder.step(0, 0, "none")
         self._release(call, tokens)  # an ended call has left `_alone`
 

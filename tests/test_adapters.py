@@ -25,6 +25,7 @@ from rag_lookahead.adapters import (
     reply,
     usage,
 )
+from rag_lookahead.streaming.logprobs import TokenLogprob
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.structured import Grammar, ToolFormat
 from rag_lookahead.testing import ascii_fast_tokenizer, tiny_engine
@@ -169,7 +170,7 @@ def test_bad_values_name_their_parameter(engine: Any, key: str, value: Any) -> N
 def test_unknown_and_unsupported_keys(engine: Any) -> None:
     assert refused(engine, "logit_bias", logit_bias={"1": 2}).code == "unknown_parameter"
     assert refused(engine, "frequency_penalty", frequency_penalty=0.5).code == "unsupported_value"
-    refused(engine, "logprobs", logprobs=True)
+    refused(engine, "logprobs", logprobs=2)  # an integer is a completion's (legacy) logprobs
     refused(engine, "presence_penalty", presence_penalty=False)
     neutral = chat(
         engine, frequency_penalty=0, presence_penalty=0.0, logprobs=False, parallel_tool_calls=True
@@ -492,3 +493,89 @@ def test_held_reply_shows_content_and_parses_what_it_held(tool_engine: Any) -> N
     assert plain.add("a <tool_call>") == "a <tool_call>" and plain.end().content == ""
     released = HeldReply(fmt)
     assert released.add("a <tool") == "a " and released.end().content == "<tool"
+
+
+# ---------------------------------------------------------------------------- logprobs
+
+TOKENS = [
+    TokenLogprob("He", -0.25, 1, (TokenLogprob("He", -0.25, 1), TokenLogprob("Ha", -2.0, 2))),
+    TokenLogprob("llo", -0.5, 3, (TokenLogprob("llo", -0.5, 3), TokenLogprob("y", -1.5, 4))),
+]
+
+
+def test_logprobs_keys_are_read(engine: Any) -> None:
+    params = chat(engine, logprobs=True, top_logprobs=2).params
+    assert params.logprobs and params.top_logprobs == 2
+    assert not chat(engine, logprobs=False).params.logprobs
+    legacy = plan_completion({"prompt": "x", "logprobs": 3}).params
+    assert legacy.logprobs and legacy.top_logprobs == 3
+    assert plan_completion({"prompt": "x", "logprobs": True}).params.logprobs
+    assert plan_call("chat", "x", {"logprobs": True, "top_logprobs": 4}).params.top_logprobs == 4
+    over_default = GenerationParams(logprobs=True, top_logprobs=3)
+    assert plan_call("chat", "x", {"logprobs": False}, defaults=over_default).params.top_logprobs == 0
+    assert {"logprobs", "top_logprobs"} <= OPTION_KEYS["chat"] & OPTION_KEYS["completion"]
+
+
+def test_bad_logprobs_name_their_parameter(engine: Any) -> None:
+    refused(engine, "top_logprobs", top_logprobs=-1, logprobs=True)
+    refused(engine, "top_logprobs", top_logprobs=21, logprobs=True)
+    assert "needs logprobs" in str(refused(engine, "top_logprobs", top_logprobs=2))
+    assert "needs logprobs" in str(refused(engine, "top_logprobs", top_logprobs=2, logprobs=False))
+    refused(engine, "logprobs", logprobs="yes")
+    for bad in ({"logprobs": 21}, {"logprobs": -1}, {"logprobs": 2, "top_logprobs": 2}, {"logprobs": "1"}):
+        with pytest.raises(RequestError) as info:
+            plan_completion({"prompt": "x", **bad})
+        assert info.value.param in ("logprobs", "top_logprobs")
+
+
+def test_a_whole_chat_reply_with_logprobs(engine: Any) -> None:
+    out = reply(chat(engine, logprobs=True, top_logprobs=2), HEADER, "Hello", stats(), TOKENS)
+    content = out["choices"][0]["logprobs"]["content"]
+    assert content[0] == {
+        "token": "He",
+        "logprob": -0.25,
+        "bytes": [72, 101],
+        "top_logprobs": [
+            {"token": "He", "logprob": -0.25, "bytes": [72, 101]},
+            {"token": "Ha", "logprob": -2.0, "bytes": [72, 97]},
+        ],
+    }
+    assert [c["token"] for c in content] == ["He", "llo"]
+    assert reply(chat(engine), HEADER, "Hello", stats(), TOKENS)["choices"][0]["logprobs"] is None
+
+
+def test_a_whole_completion_reply_with_logprobs() -> None:
+    plan = plan_completion({"prompt": "x", "logprobs": 1})
+    out = reply(plan, ReplyHeader.new("completion", "tiny"), "Hello", stats(), TOKENS)
+    assert out["choices"][0]["logprobs"] == {
+        "tokens": ["He", "llo"],
+        "token_logprobs": [-0.25, -0.5],
+        "top_logprobs": [{"He": -0.25, "Ha": -2.0}, {"llo": -0.5, "y": -1.5}],
+        "text_offset": [0, 2],
+    }
+
+
+def test_streamed_logprobs_come_with_their_text(tool_engine: Any, engine: Any) -> None:
+    out = ReplyStream(chat(engine, stream=True, logprobs=True), HEADER)
+    chunks = out.start() + out.add("", TOKENS[:1]) + out.add("Hello", TOKENS[1:]) + out.end(stats())
+    shapes = [c["choices"][0]["logprobs"] for c in chunks]
+    # The first step's text was held back: its log probability comes with the text that shows it.
+    assert shapes[0] is None and shapes[-1] is None
+    assert [t["token"] for t in shapes[1]["content"]] == ["He", "llo"]
+    plan = chat(tool_engine, tools=[WEATHER], stream=True, logprobs=True)
+    out = ReplyStream(plan, HEADER)
+    chunks = out.start() + out.add(CALL_TEXT, TOKENS) + out.end(stats())
+    tokens = [
+        t["token"]
+        for c in chunks
+        if c["choices"]
+        for t in (c["choices"][0]["logprobs"] or {}).get("content", [])
+    ]
+    assert tokens == ["He", "llo"]  # held with the call block, sent with the end
+
+
+def test_a_streamed_completion_counts_its_text_offsets() -> None:
+    out = ReplyStream(plan_completion({"prompt": "x", "stream": True, "logprobs": 0}), HEADER)
+    chunks = out.add("He", TOKENS[:1]) + out.add("llo", TOKENS[1:]) + out.end(stats())
+    assert [c["choices"][0]["logprobs"]["text_offset"] for c in chunks[:2]] == [[0], [2]]
+    assert chunks[1]["choices"][0]["logprobs"]["top_logprobs"] == [{"llo": -0.5, "y": -1.5}]

@@ -113,6 +113,61 @@ def test_completions_whole_and_streamed(client: openai.OpenAI, engine: Lookahead
     assert "".join(c.choices[0].text for c in streamed) == expected
 
 
+def test_chat_logprobs_whole_and_streamed(client: openai.OpenAI, engine: LookaheadEngine) -> None:
+    expected = engine.complete(MESSAGES, max_new_tokens=N, logprobs=True, top_logprobs=3)
+    assert expected.logprobs is not None
+    want = [item.to_openai() for item in expected.logprobs]
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": N,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    out = client.chat.completions.create(**args)
+    assert out.choices[0].logprobs is not None and out.choices[0].logprobs.content is not None
+    got = [item.model_dump() for item in out.choices[0].logprobs.content]
+    assert got == want  # the same numbers, through JSON
+    assert "".join(item["token"] for item in got) == expected.text
+    chunks = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
+    streamed = [
+        item.model_dump()
+        for c in chunks
+        if c.choices[0].logprobs
+        for item in c.choices[0].logprobs.content or ()
+    ]
+    assert streamed == want
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI, engine: LookaheadEngine) -> None:
+    prompt = "The Normans were"
+    expected = engine.complete(prompt, max_new_tokens=N, logprobs=True, top_logprobs=2)
+    assert expected.logprobs is not None
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=N, logprobs=2)
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens == [item.token for item in expected.logprobs]
+    assert logprobs.token_logprobs == [item.logprob for item in expected.logprobs]
+    assert logprobs.top_logprobs is not None and all(2 <= len(top) <= 3 for top in logprobs.top_logprobs)
+    streamed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=N, logprobs=2, stream=True)
+    offsets = [o for c in streamed if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset or ()]
+    assert offsets == logprobs.text_offset
+
+
+def test_bad_logprobs_are_400_naming_the_parameter(client: openai.OpenAI) -> None:
+    for bad, param in (
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, **bad)  # type: ignore[arg-type]
+        assert info.value.param == param  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="x", logprobs=21)
+    assert info.value.param == "logprobs"  # type: ignore[attr-defined]
+
+
 def test_documents_and_decode_stats(client: openai.OpenAI, engine: LookaheadEngine) -> None:
     expected = engine.complete(MESSAGES, max_new_tokens=N, documents=DOCUMENTS).text
     out = client.chat.completions.create(

@@ -56,6 +56,14 @@ def test_a_text_call_is_planned_as_a_completion_request() -> None:
         ("chat", MESSAGES, {"temperature": "hot"}, "temperature", "temperature must be a number"),
         ("chat", MESSAGES, {"tools": [WEATHER]}, "tools", "SimpleNamespace has no tokenizer"),
         ("chat", MESSAGES, {"num_beams": 4}, "num_beams", "unknown parameter"),
+        ("chat", MESSAGES, {"logprobs": True, "top_logprobs": -1}, "top_logprobs", "from 0 to 20"),
+        ("chat", MESSAGES, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "from 0 to 20"),
+        ("chat", MESSAGES, {"top_logprobs": 2}, "top_logprobs", "needs logprobs=true"),
+        ("chat", MESSAGES, {"logprobs": 5}, "logprobs", "true or false"),
+        ("chat", MESSAGES, {"logprobs": "yes"}, "logprobs", "true or false"),
+        ("completion", "text", {"logprobs": 21}, "logprobs", "from 0 to 20"),
+        ("completion", "text", {"logprobs": 2, "top_logprobs": 2}, "top_logprobs", "give one"),
+        ("completion", "text", {"logprobs": 1.5}, "logprobs", "true, false or an integer"),
     ],
 )
 def test_hostile_calls_are_request_errors(

@@ -118,7 +118,46 @@ def test_grammars_go_as_the_servers_structured_output_fields(stub: StubServer) -
     assert len(stub.completions()) == sent
 
 
+def test_logprobs_are_asked_for_in_each_endpoints_shape(stub: StubServer) -> None:
+    engine(stub).complete(CHAT, logprobs=True, top_logprobs=2)
+    assert last_body(stub)["logprobs"] is True and last_body(stub)["top_logprobs"] == 2
+    engine(stub).complete("x", logprobs=True, top_logprobs=3)
+    assert last_body(stub)["logprobs"] == 3 and "top_logprobs" not in last_body(stub)
+    engine(stub).complete(CHAT)
+    assert "logprobs" not in last_body(stub)
+
+
 # ---------------------------------------------------------------------------- answers
+
+
+@pytest.mark.parametrize("prompt", [CHAT, "x"], ids=["chat", "completion"])
+def test_the_servers_logprobs_come_with_their_text(stub: StubServer, prompt: Any) -> None:
+    stub.reply(Answer(("The ", "answer", "."), logprobs=True), Answer(("a",)))
+    completion = engine(stub).complete(prompt, logprobs=True, top_logprobs=2)
+    assert completion.logprobs is not None
+    assert [(t.token, t.logprob) for t in completion.logprobs] == [
+        ("The ", -0.1),
+        ("answer", -0.2),
+        (".", -0.3),
+    ]
+    assert [t.token for t in completion.logprobs[0].top_logprobs] == ["The ", "?"]
+    assert all(t.token_id is None for t in completion.logprobs)  # the API sends text only
+    assert engine(stub).complete(prompt).logprobs is None
+
+
+def test_a_stop_string_found_here_drops_the_tokens_past_it(stub: StubServer) -> None:
+    stub.reply(Answer(("ab#", "#", "c#", "d###e"), logprobs=True))
+    completion = engine(stub).complete(CHAT, stop_strings=["##"], logprobs=True)
+    assert completion.text == "ab" and completion.stats.finish_reason == "stop_string"
+    assert completion.logprobs is not None and [t.token for t in completion.logprobs] == ["ab#"]
+
+
+def test_malformed_logprobs_are_the_servers_error(stub: StubServer) -> None:
+    bad = {"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [{"token": 3, "logprob": "x"}]}}
+    chunk = {"id": "e", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [bad]}
+    stub.reply(Events(("data: " + json.dumps(chunk) + "\n\n",)))
+    with pytest.raises(ServerError, match="malformed logprobs"):
+        engine(stub).complete(CHAT, logprobs=True)
 
 
 def test_streamed_text_is_reassembled_with_stats(stub: StubServer) -> None:

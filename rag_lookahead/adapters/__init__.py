@@ -10,6 +10,7 @@ reply that may call tools off the same `HeldReply`, and names the model as the o
 """
 
 from rag_lookahead.adapters.errors import RequestError
+from rag_lookahead.adapters.logprobs import openai_logprobs
 from rag_lookahead.adapters.names import display_name
 from rag_lookahead.adapters.options import OPTION_KEYS, plan_call
 from rag_lookahead.adapters.replies import FINISH_REASONS, ReplyHeader, ReplyStream, reply, usage
@@ -35,6 +36,7 @@ __all__ = [
     "RequestError",
     "ToolPlan",
     "display_name",
+    "openai_logprobs",
     "plan_call",
     "plan_chat",
     "plan_completion",

@@ -4,7 +4,9 @@ A whole reply (``chat.completion`` / ``text_completion``) and a streamed one
 (``chat.completion.chunk`` / ``text_completion`` chunks) say the same: when the plan parses
 tool calls, the streamed text is held back from where a call may begin (see
 `ToolFormat.content_end`) and that rest is parsed at the end, exactly as the whole reply is.
-``usage`` carries the decode stats under ``"lookahead"``.
+``usage`` carries the decode stats under ``"lookahead"``. A call that asked for ``logprobs``
+has them in each choice (and each chunk, with the text they came with: a token whose text is
+held back has its log probability in the chunk that shows it).
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rag_lookahead.adapters.logprobs import LogprobsOut, openai_logprobs
 from rag_lookahead.adapters.requests import CallKind, CallPlan
 from rag_lookahead.adapters.streaming import HeldReply
+from rag_lookahead.streaming.logprobs import TokenLogprob
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.structured import ParsedReply
 
@@ -70,15 +75,23 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
     }
 
 
-def reply(plan: CallPlan, header: ReplyHeader, text: str, stats: DecodeStats) -> dict[str, Any]:
-    """The whole reply to ``plan``: its ``text`` generated, and its ``stats``."""
+def reply(
+    plan: CallPlan,
+    header: ReplyHeader,
+    text: str,
+    stats: DecodeStats,
+    logprobs: Sequence[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    """The whole reply to ``plan``: its ``text`` generated, its ``stats``, and the log
+    probabilities of its tokens when the plan asks for them."""
+    shape = openai_logprobs(plan.kind, logprobs or ()) if plan.params.logprobs else None
     if plan.kind == "completion":
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": shape}
         finish = _finish_reason(stats, False)
     else:
         held = HeldReply(plan.tools.format)
         message, called = _message(held.add(text), held.end())
-        choice = {"index": 0, "message": message, "logprobs": None}
+        choice = {"index": 0, "message": message, "logprobs": shape}
         finish = _finish_reason(stats, called)
     choice["finish_reason"] = finish
     return {**header.fields(_OBJECTS[plan.kind]), "choices": [choice], "usage": usage(stats)}
@@ -91,6 +104,7 @@ class ReplyStream:
         self._plan = plan
         self._header = header
         self._held = HeldReply(plan.tools.format if plan.kind == "chat" else None)
+        self._logprobs = LogprobsOut(plan.kind, plan.params.logprobs)
 
     def start(self) -> list[dict[str, Any]]:
         """The chunks before any text: a chat reply's role."""
@@ -98,8 +112,10 @@ class ReplyStream:
             return [self._chunk({"role": "assistant", "content": ""})]
         return []
 
-    def add(self, text: str) -> list[dict[str, Any]]:
-        """The chunks for ``text``, the next piece of the reply (none while it is held back)."""
+    def add(self, text: str, logprobs: Sequence[TokenLogprob] | None = None) -> list[dict[str, Any]]:
+        """The chunks for ``text``, the next piece of the reply, and its tokens' ``logprobs``
+        (none while it is held back)."""
+        self._logprobs.add(logprobs)
         piece = self._held.add(text)
         if not piece:
             return []
@@ -128,7 +144,7 @@ class ReplyStream:
     def _chunk(self, delta: dict[str, Any] | str, finish_reason: str | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0}
         choice.update({"delta": delta} if isinstance(delta, dict) else {"text": delta})
-        choice.update({"logprobs": None, "finish_reason": finish_reason})
+        choice.update({"logprobs": self._logprobs.take(), "finish_reason": finish_reason})
         chunk = {**self._header.fields(_CHUNK_OBJECTS[self._plan.kind]), "choices": [choice]}
         if self._plan.include_usage:
             chunk["usage"] = None  # OpenAI's shape: only the last chunk carries it

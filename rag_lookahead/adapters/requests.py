@@ -16,6 +16,7 @@ from rag_lookahead.adapters.errors import RequestError
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.interface import Engine
 from rag_lookahead.prompts import Prompt
+from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
 from rag_lookahead.structured import (
     Grammar,
     ToolFormat,
@@ -45,7 +46,7 @@ _COMMON_KEYS = frozenset(
     {
         *("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream"),
         *("stream_options", "response_format", "documents", "top_k", "repetition_penalty"),
-        "corpus",
+        *("corpus", "logprobs", "top_logprobs"),
     }
 )
 _CHAT_KEYS = _COMMON_KEYS | {"messages", "max_completion_tokens", "tools", "tool_choice"}
@@ -54,7 +55,6 @@ _COMPLETION_KEYS = _COMMON_KEYS | {"prompt"}
 _NEUTRAL: dict[str, object] = {
     "frequency_penalty": 0,
     "presence_penalty": 0,
-    "logprobs": False,
     "parallel_tool_calls": True,
 }
 _COMPLETION_NEUTRAL = {**_NEUTRAL, "echo": False, "best_of": 1}
@@ -152,7 +152,9 @@ def plan_body(
         kind=kind,
         model=None,
         prompt=prompt,
-        params=_params(body, defaults or GenerationParams(), max_tokens, grammar or _forced_grammar(tools)),
+        params=_params(
+            body, defaults or GenerationParams(), max_tokens, grammar or _forced_grammar(tools), kind
+        ),
         tools=tools,
         documents=_documents(body.get("documents")),
     )
@@ -305,9 +307,13 @@ def _corpus(value: object) -> str | None:
 
 
 def _params(
-    body: Mapping[str, Any], defaults: GenerationParams, max_tokens: int | None, grammar: Grammar | None
+    body: Mapping[str, Any],
+    defaults: GenerationParams,
+    max_tokens: int | None,
+    grammar: Grammar | None,
+    kind: CallKind,
 ) -> GenerationParams:
-    fields: dict[str, Any] = {"grammar": grammar}
+    fields: dict[str, Any] = {"grammar": grammar, **_logprobs(body, kind, defaults.logprobs)}
     if max_tokens is not None:
         fields["max_new_tokens"] = max_tokens
     if "temperature" in body:
@@ -332,6 +338,31 @@ def _params(
         return replace(defaults, **fields)
     except (TypeError, ValueError) as err:
         raise RequestError(str(err)) from None
+
+
+def _logprobs(body: Mapping[str, Any], kind: CallKind, default: bool) -> dict[str, Any]:
+    """``logprobs`` (true or false) and ``top_logprobs`` (0 to 20), as OpenAI's chat takes them;
+    a completion's ``logprobs`` may also be an integer, OpenAI's legacy API: that many top tokens."""
+    fields: dict[str, Any] = {}
+    logprobs = body.get("logprobs")
+    if kind == "completion" and isinstance(logprobs, int) and not isinstance(logprobs, bool):
+        if "top_logprobs" in body:
+            raise RequestError(
+                "a completion's integer logprobs is its top_logprobs: give one", "top_logprobs"
+            )
+        fields["logprobs"], fields["top_logprobs"] = True, _integer(logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
+    elif logprobs is not None:
+        if not isinstance(logprobs, bool):
+            kinds = "true, false or an integer" if kind == "completion" else "true or false"
+            raise RequestError(f"logprobs is {kinds}, got {logprobs!r}", "logprobs")
+        fields["logprobs"] = logprobs
+    if "top_logprobs" in body:
+        fields["top_logprobs"] = _integer(body["top_logprobs"], "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if fields["top_logprobs"] and not fields.get("logprobs", default):
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+    elif fields.get("logprobs") is False:
+        fields["top_logprobs"] = 0  # over a default that asks for them
+    return fields
 
 
 def _max_tokens(max_tokens: object, max_completion_tokens: object) -> int | None:

@@ -25,7 +25,15 @@ from transformers.generation.logits_process import (
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.decoding.tree import DraftTree
 
-__all__ = ["Accepted", "TokenChooser", "accept", "node_prefixes", "position_uniform", "sample_inverse_cdf"]
+__all__ = [
+    "Accepted",
+    "TokenChooser",
+    "accept",
+    "node_prefixes",
+    "position_uniform",
+    "raw_logprobs",
+    "sample_inverse_cdf",
+]
 
 
 @dataclass(frozen=True)
@@ -151,3 +159,23 @@ def sample_inverse_cdf(probs: torch.Tensor, uniforms: Sequence[float]) -> list[i
     # Rounding could put a target at the very end: fall back to the last possible token.
     last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # [n]
     return torch.minimum(chosen, last).tolist()
+
+
+def raw_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], k: int
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """The raw log probability of ``tokens[i]`` under ``logits[i]`` ([a, V], the accepted rows
+    only), and the ``k`` most likely (id, log probability) pairs of each row, best first.
+
+    Raw: the model's own log-softmax in fp32, before any processing the choice went through
+    (see `rag_lookahead.streaming.logprobs`).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [a, V]
+    ids = torch.tensor(list(tokens), dtype=torch.long, device=logp.device)  # [a]
+    chosen = logp.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()  # [a]
+    if k == 0:
+        return chosen, [[] for _ in chosen]
+    values, indices = logp.topk(k, dim=-1)  # [a, k], best first
+    return chosen, [
+        list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)
+    ]

@@ -19,7 +19,7 @@ from rag_lookahead.http.errors import ApiError, error_body
 from rag_lookahead.http.metrics import ServerMetrics
 from rag_lookahead.interface import Engine
 from rag_lookahead.streaming import aiterate
-from rag_lookahead.streaming.stream import TextStream
+from rag_lookahead.streaming.stream import StreamChunk, TextStream
 
 __all__ = ["Caller", "OpenCall"]
 
@@ -45,13 +45,13 @@ class OpenCall:
         self._first = True
         self._closed = False
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """The call's text as it is decided (timing its first piece)."""
+    async def pieces(self) -> AsyncIterator[StreamChunk]:
+        """The call's chunks as they are decided (timing its first text)."""
         async for chunk in aiterate(self.stream.chunks()):
             if chunk.text and self._first:
                 self._first = False
                 self._metrics.time_to_first_token.observe(time.perf_counter() - self._started)
-            yield chunk.text
+            yield chunk
 
     async def close(self) -> None:
         """End the call from the event loop, even from a cancelled task, and free its slot."""
@@ -110,12 +110,12 @@ class Caller:
         """The whole reply; a call that fails while generating is HTTP 500 with its error."""
         call = await self.open(plan, started)
         try:
-            text = "".join([piece async for piece in call.pieces()])
+            text = "".join([piece.text async for piece in call.pieces()])
         except Exception as err:
             raise ApiError(500, f"generation failed: {err}", code="generation_failed") from None
         finally:
             await call.close()
-        return reply(plan, header, text, call.stream.stats)
+        return reply(plan, header, text, call.stream.stats, call.stream.logprobs)
 
     async def events(
         self, call: OpenCall, plan: CallPlan, header: ReplyHeader
@@ -128,7 +128,7 @@ class Caller:
                 for chunk in out.start():
                     yield _event(chunk)
                 async for piece in call.pieces():
-                    for chunk in out.add(piece):
+                    for chunk in out.add(piece.text, piece.logprobs):
                         yield _event(chunk)
                 for chunk in out.end(call.stream.stats):
                     yield _event(chunk)

@@ -19,6 +19,8 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rag_lookahead.server.logprobs import ServerLogprobs, choice_logprobs
+from rag_lookahead.streaming.logprobs import TokenLogprob
 from rag_lookahead.streaming.stats import FinishReason, StepRecorder
 from rag_lookahead.streaming.stopping import find_stop, held_back
 from rag_lookahead.streaming.stream import StreamChunk
@@ -45,6 +47,7 @@ class ReadLimits:
             ``max_new_tokens * chars_per_token``.
         stop_strings: The call's stop strings; the text ends before the first one.
         deadline: Seconds the whole call may take, or ``None``.
+        logprobs: Whether the call asked for log probabilities (read off the server's chunks).
     """
 
     server: str
@@ -52,6 +55,7 @@ class ReadLimits:
     chars_per_token: int
     stop_strings: tuple[str, ...] = ()
     deadline: float | None = None
+    logprobs: bool = False
 
     @property
     def max_chars(self) -> int:
@@ -121,6 +125,7 @@ class ServerCall:
         self._lock = threading.Lock()
         self._chunks = 0
         self._text = _Text(limits)
+        self._logprobs = ServerLogprobs() if limits.logprobs else None
         self._timer = _start_timer(limits.deadline, self._expire)
 
     @property
@@ -168,9 +173,9 @@ class ServerCall:
             for chunk in self._events():
                 if not self._answered:
                     self.check_deadline()
-                text, cut = self._read(chunk)
-                if text:
-                    yield StreamChunk([], text)
+                text, cut, logprobs = self._read(chunk)
+                if text or logprobs:
+                    yield StreamChunk([], text, logprobs)
                 if cut:
                     return  # the rest is never read: the end closes the response
             if not self._answered:
@@ -203,13 +208,18 @@ class ServerCall:
                 ) from err
             yield chunk
 
-    def _read(self, chunk: Any) -> tuple[str, FinishReason | None]:
-        """The text a chunk releases, and the reason the call is cut here (if it is)."""
+    def _read(self, chunk: Any) -> tuple[str, FinishReason | None, list[TokenLogprob] | None]:
+        """The text a chunk releases, the reason the call is cut here (if it is), and the log
+        probabilities of the tokens that text reached (when the call asked for them)."""
         usage = getattr(chunk, "usage", None)
         if usage is not None:
             self._count(usage)
         piece, reason = self._first_choice(chunk)
         text, cut = self._text.add(piece, final=reason is not None)
+        logprobs = None
+        if self._logprobs is not None:
+            ended_as_sent = reason is not None and cut is None
+            logprobs = self._logprobs.release(self._text.released, ended_as_sent)
         ending = cut or reason  # a cut here wins over the server's reason: its text was cut
         if ending is not None:
             self.recorder.finish(ending)
@@ -222,7 +232,7 @@ class ServerCall:
             # Until usage says: a chunk holds at least one token, and the budget caps them.
             counted = min(self._chunks, self.limits.max_new_tokens)
             recorder.new_tokens = max(recorder.new_tokens, counted)
-        return text, cut
+        return text, cut, logprobs
 
     def _first_choice(self, chunk: Any) -> tuple[str, FinishReason | None]:
         """The text and finish of the chunk's choice 0: the request asks for one choice, and
@@ -239,7 +249,15 @@ class ServerCall:
                 raise ServerError(f"the server at {server} sent text that is not a string: {piece!r}")
             text += piece or ""
             reason = finish_reason(choice) or reason
+            if self._logprobs is not None:
+                self._logprobs.add(self._choice_logprobs(choice))
         return text, reason
+
+    def _choice_logprobs(self, choice: Any) -> list[TokenLogprob]:
+        try:
+            return choice_logprobs(choice)
+        except ValueError as err:
+            raise ServerError(f"the server at {self.limits.server} sent malformed logprobs: {err}") from None
 
     def _count(self, usage: Any) -> None:
         recorder = self.recorder

@@ -169,9 +169,10 @@ class ServerEngine(EngineBase):
         The request is sent now: an HTTP error (after the client's retries) is raised here,
         an error in the middle of the stream while it is read. Closing the stream (or
         dropping it) closes the HTTP response, which the server takes as a cancellation.
-        Chunks carry no token ids (the API sends text). The answer is checked as it is read
-        (stop strings, the text ``max_new_tokens`` can hold, the config's ``deadline``), since
-        a server may ignore what it was asked; see `ServerCall`.
+        Chunks carry no token ids (the API sends text); with ``logprobs=True`` they carry the
+        server's log probabilities (see `rag_lookahead.server.logprobs`). The answer is checked
+        as it is read (stop strings, the text ``max_new_tokens`` can hold, the config's
+        ``deadline``), since a server may ignore what it was asked; see `ServerCall`.
         """
         if tools:
             raise NotImplementedError(_NO_TOOLS)
@@ -271,6 +272,7 @@ class ServerEngine(EngineBase):
             chars_per_token=self._chars_per_token,
             stop_strings=tuple(params.stop_strings),
             deadline=self.config.deadline,
+            logprobs=params.logprobs,
         )
 
     def _request_timeout(self) -> dict[str, float]:

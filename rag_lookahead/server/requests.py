@@ -185,9 +185,20 @@ def build_request(config: ServerConfig, prompt: ServerPrompt, params: Generation
         extra.update(ignore_eos=True, stop_token_ids=list(params.eos_token_id))
     if params.grammar is not None:
         _constrain(config, params.grammar, kwargs, extra)
+    logprobs = _logprobs(params, is_chat(prompt))
     if extra:
         _check_extra(config, extra)
         kwargs["extra_body"] = extra
     if is_chat(prompt):
-        return Request("chat", {**kwargs, "messages": prompt})
-    return Request("completions", {**kwargs, "prompt": prompt})
+        return Request("chat", {**kwargs, **logprobs, "messages": prompt})
+    return Request("completions", {**kwargs, **logprobs, "prompt": prompt})
+
+
+def _logprobs(params: GenerationParams, chat: bool) -> dict[str, Any]:
+    """The request's log-probability fields: OpenAI's chat ones, or the legacy completion's
+    ``logprobs: k``."""
+    if not params.logprobs:
+        return {}
+    if chat:
+        return {"logprobs": True, "top_logprobs": params.top_logprobs}
+    return {"logprobs": params.top_logprobs}

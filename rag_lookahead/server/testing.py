@@ -45,6 +45,7 @@ class Answer:
     usage: tuple[int, int] | None = (7, 3)
     stall: float = 0.0
     pause: float = 0.0
+    logprobs: bool = False  # each piece is one token, of log probability -(its index + 1) / 10
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,13 @@ def _stream(reply: Answer | Events, model: str, chat: bool) -> Iterator[bytes]:
 def _chunks(reply: Answer, model: str, chat: bool) -> Iterator[dict[str, Any]]:
     head: dict[str, Any] = {"id": "stub", "created": 0, "model": model}
     head["object"] = "chat.completion.chunk" if chat else "text_completion"
-    for piece in reply.pieces:
+    offset = 0
+    for i, piece in enumerate(reply.pieces):
         content: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
         choice = {"index": 0, **content}
+        if reply.logprobs:
+            choice["logprobs"] = _piece_logprobs(piece, -(i + 1) / 10, offset, chat)
+            offset += len(piece)
         yield {**head, "choices": [{**choice, "finish_reason": None}]}
     if reply.finish is not None:
         last: dict[str, Any] = {"index": 0, "finish_reason": reply.finish}
@@ -221,6 +226,22 @@ def _chunks(reply: Answer, model: str, chat: bool) -> Iterator[dict[str, Any]]:
         usage = {"prompt_tokens": prompt, "completion_tokens": completion}
         usage["total_tokens"] = prompt + completion
         yield {**head, "choices": [], "usage": usage}
+
+
+def _piece_logprobs(piece: str, logprob: float, offset: int, chat: bool) -> dict[str, Any]:
+    """One token's log probabilities, as vLLM streams them: OpenAI's chat or legacy shape."""
+    if not chat:
+        top = {piece: logprob, "?": logprob - 1}
+        return {
+            "tokens": [piece],
+            "token_logprobs": [logprob],
+            "top_logprobs": [top],
+            "text_offset": [offset],
+        }
+    token = {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+    return {
+        "content": [{**token, "top_logprobs": [token, {"token": "?", "logprob": logprob - 1, "bytes": [63]}]}]
+    }
 
 
 @contextmanager

@@ -1,6 +1,7 @@
 """Streaming: text chunks out of the engine's steps, stopping, stats, and an asyncio bridge."""
 
 from rag_lookahead.streaming.aio import aiterate
+from rag_lookahead.streaming.logprobs import TokenLogprob
 from rag_lookahead.streaming.stats import DecodeStats, FinishReason, StepRecorder
 from rag_lookahead.streaming.stopping import Released, Stopping
 from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
@@ -14,5 +15,6 @@ __all__ = [
     "Stopping",
     "StreamChunk",
     "TextStream",
+    "TokenLogprob",
     "aiterate",
 ]

@@ -7,35 +7,55 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any
 
+from rag_lookahead.streaming.logprobs import TokenLogprob
 from rag_lookahead.streaming.stats import DecodeStats, StepRecorder
 
 __all__ = ["Completion", "StreamChunk", "TextStream"]
 
 
-class StreamChunk(NamedTuple):
-    """What one decoding step released: its token ids and the text they complete."""
+@dataclass(frozen=True)
+class StreamChunk:
+    """What one decoding step released: its token ids, the text they complete, and (for a call
+    with ``logprobs=True``) one `TokenLogprob` per token id.
+
+    It unpacks and indexes as the ``(token_ids, text)`` pair it used to be, so that code
+    written for the pair keeps working; ``logprobs`` is read by name.
+    """
 
     token_ids: list[int]
     text: str
+    logprobs: list[TokenLogprob] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.token_ids, self.text))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.token_ids, self.text)[index]
+
+    def __len__(self) -> int:
+        return 2
 
 
 @dataclass(frozen=True)
 class Completion:
-    """A finished generation: the new text (prompt not echoed), its token ids and stats."""
+    """A finished generation: the new text (prompt not echoed), its token ids and stats, and
+    for a call with ``logprobs=True`` one `TokenLogprob` per token id (else ``None``)."""
 
     text: str
     token_ids: list[int]
     stats: DecodeStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
 class _ReadSoFar:
-    """The text and token ids a stream has released so far."""
+    """The text, token ids and log probabilities (if asked for) a stream has released so far."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
 
 
 class TextStream(Iterator[str]):
@@ -77,6 +97,13 @@ class TextStream(Iterator[str]):
     def token_ids(self) -> list[int]:
         """New token ids released so far (EOS and a stop string's tokens included)."""
         return self._released.token_ids
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """One `TokenLogprob` per released token id, for a call with ``logprobs=True`` (else
+        ``None``); the text of a step held back (a possible stop string) may come later than
+        its tokens' log probabilities."""
+        return self._released.logprobs
 
     @property
     def stats(self) -> DecodeStats:
@@ -133,7 +160,10 @@ class TextStream(Iterator[str]):
         """Run to the end and return the whole completion."""
         for _ in self.chunks():
             pass
-        return Completion(self.text, list(self.token_ids), self.stats)
+        logprobs = self.logprobs
+        return Completion(
+            self.text, list(self.token_ids), self.stats, None if logprobs is None else list(logprobs)
+        )
 
     def _next_chunk(self) -> StreamChunk:
         """The next step's chunk (`StopIteration` at the end), read by one thread at a time."""
@@ -150,6 +180,9 @@ class TextStream(Iterator[str]):
             else:
                 self._released.token_ids += chunk.token_ids
                 self._released.text += chunk.text
+                if chunk.logprobs is not None:
+                    self._released.logprobs = self._released.logprobs or []
+                    self._released.logprobs += chunk.logprobs
                 return chunk
         self._end()
         raise StopIteration

@@ -30,15 +30,20 @@ from rag_lookahead.interface import Engine
 from rag_lookahead.models import check_loading_options
 from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
 from rag_lookahead.server import ServerEngine, ServerKind
+from rag_lookahead.streaming import StreamChunk
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
 
 #: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
 #: a call's request starts from them (see `rag_lookahead.adapters.OPTION_KEYS` for the rest).
-CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed")
+CALL_OPTIONS = (
+    *("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed"),
+    *("logprobs", "top_logprobs"),
+)
 
-#: One item of `LookaheadSettings._open`: new text, then the call's stats last.
-Piece = str | DecodeStats
+#: One item of `LookaheadSettings._open`: each step's chunk (its text and, when asked for, its
+#: tokens' log probabilities), then the call's stats last.
+Piece = StreamChunk | DecodeStats
 
 DocumentLike = str | Document
 
@@ -161,6 +166,15 @@ class LookaheadSettings(BaseModel):
     top_k: int | None = Field(default=None, gt=0, description="Sample among the k likeliest tokens.")
     repetition_penalty: float = Field(default=1.0, gt=0.0, description="HF-style repetition penalty.")
     seed: int | None = Field(default=None, description="Seed for sampling (None: not reseeded).")
+    logprobs: bool | None = Field(
+        default=None,
+        description="Report each new token's log probability (the model's raw distribution) in "
+        "`response_metadata['logprobs']`, as ChatOpenAI does: {'content': [{token, logprob, "
+        "bytes, top_logprobs}...]}.",
+    )
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=20, description="With `logprobs`: the most likely tokens per position."
+    )
     stop: list[str] | None = Field(
         default=None,
         description="Stop sequences of any length; the output ends just before the first one. "
@@ -347,7 +361,7 @@ class LookaheadSettings(BaseModel):
             # A server's `timeout` is its own; without one it is the whole call's deadline.
             deadline = _Deadline(self.timeout if self.base_url is None else None, stream)
             with deadline:
-                yield from stream
+                yield from stream.chunks()
             deadline.check(stream.stats)
             yield stream.stats
 

@@ -25,7 +25,8 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from langchain_rag_lookahead._base import Piece, usage
 from rag_lookahead import DecodeStats
-from rag_lookahead.adapters import HeldReply
+from rag_lookahead.adapters import HeldReply, openai_logprobs
+from rag_lookahead.streaming import TokenLogprob
 from rag_lookahead.structured import ParsedReply, ToolFormat
 from rag_lookahead.structured import tool_choice as normalised_choice
 
@@ -62,14 +63,29 @@ def message_chunks(
     once, last: usage and metadata are counted exactly once when merged).
     """
     held = HeldReply(fmt)
+    logprobs: list[TokenLogprob] = []  # those of text not shown yet
     for piece in pieces:
-        if not isinstance(piece, str):
-            yield _last(held.end(), piece, metadata(piece))
-        elif shown := held.add(piece):
-            yield ChatGenerationChunk(message=AIMessageChunk(content=shown))
+        if isinstance(piece, DecodeStats):
+            yield _last(held.end(), piece, metadata(piece), logprobs)
+            continue
+        logprobs += piece.logprobs or ()
+        if shown := held.add(piece.text):
+            info, logprobs = _logprobs_info(logprobs), []
+            yield ChatGenerationChunk(message=AIMessageChunk(content=shown), generation_info=info)
 
 
-def _last(rest: ParsedReply, stats: DecodeStats, metadata: dict[str, Any]) -> ChatGenerationChunk:
+def _logprobs_info(logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+    """A chunk's ``generation_info`` for its tokens' log probabilities, as ChatOpenAI's.
+
+    LangChain merges it into ``response_metadata``, and the ``content`` lists of merged chunks
+    add up.
+    """
+    return {"logprobs": openai_logprobs("chat", logprobs)} if logprobs else None
+
+
+def _last(
+    rest: ParsedReply, stats: DecodeStats, metadata: dict[str, Any], logprobs: list[TokenLogprob]
+) -> ChatGenerationChunk:
     if rest.invalid:
         metadata["tool_call_errors"] = [call.error for call in rest.invalid]
     message = AIMessageChunk(
@@ -79,7 +95,11 @@ def _last(rest: ParsedReply, stats: DecodeStats, metadata: dict[str, Any]) -> Ch
         response_metadata=metadata,
         chunk_position="last",
     )
-    return ChatGenerationChunk(message=message, generation_info=metadata)
+    # Not in the message's own metadata: LangChain lays that over the merged generation_info,
+    # which holds every chunk's log probabilities.
+    return ChatGenerationChunk(
+        message=message, generation_info={**metadata, **(_logprobs_info(logprobs) or {})}
+    )
 
 
 def _call_chunks(reply: ParsedReply) -> list[ToolCallChunk]:

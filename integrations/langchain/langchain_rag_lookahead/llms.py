@@ -12,7 +12,9 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict
 
 from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
-from rag_lookahead.streaming import aiterate
+from rag_lookahead import DecodeStats
+from rag_lookahead.adapters import openai_logprobs
+from rag_lookahead.streaming import TokenLogprob, aiterate
 
 __all__ = ["LookaheadLLM"]
 
@@ -123,8 +125,7 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)  # checks arguments eagerly
 
         def chunks() -> Iterator[GenerationChunk]:
-            for piece in pieces:
-                chunk = self._chunk(piece)
+            for chunk in self._generation_chunks(pieces):
                 if report and run_manager is not None:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
@@ -140,17 +141,30 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         report: bool,
     ) -> AsyncIterator[GenerationChunk]:
         _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)
-        async for piece in aiterate(pieces):
-            chunk = self._chunk(piece)
+        async for chunk in aiterate(self._generation_chunks(pieces)):
             if report and run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-    def _chunk(self, piece: Piece) -> GenerationChunk:
-        if isinstance(piece, str):
-            return GenerationChunk(text=piece)
-        info = {**self._response_metadata(piece), "usage_metadata": usage(piece)}
-        return GenerationChunk(text="", generation_info=info)
+    def _generation_chunks(self, pieces: Iterator[Piece]) -> Iterator[GenerationChunk]:
+        """A chunk per piece of text, then the stats' chunk.
+
+        The log probabilities, when asked for, come whole in the stats' chunk's
+        ``generation_info``, in OpenAI's legacy completion shape.
+        """
+        logprobs: list[TokenLogprob] | None = None
+        for piece in pieces:
+            if isinstance(piece, DecodeStats):
+                info = {**self._response_metadata(piece), "usage_metadata": usage(piece)}
+                if logprobs is not None:
+                    info["logprobs"] = openai_logprobs("completion", logprobs)
+                yield GenerationChunk(text="", generation_info=info)
+                continue
+            if piece.logprobs is not None:
+                logprobs = logprobs or []
+                logprobs += piece.logprobs
+            if piece.text:
+                yield GenerationChunk(text=piece.text)
 
     def _result(self, generations: list[list[Generation]]) -> LLMResult:
         totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}

@@ -133,3 +133,25 @@ def test_structured_output_is_the_constrained_answer(live: LiveServer, engine: L
         [{"role": "user", "content": QUESTION}], max_new_tokens=64, grammar=Grammar.json_schema(SCHEMA)
     ).text
     assert llm.invoke(QUESTION) == json.loads(expected)
+
+
+def test_logprobs_read_as_chat_lookahead_reports_them(live: LiveServer, engine: LookaheadEngine) -> None:
+    """ChatOpenAI's `response_metadata["logprobs"]` over HTTP is what `ChatLookahead` gives."""
+    from langchain_rag_lookahead import ChatLookahead
+
+    local = ChatLookahead(engine=engine, max_tokens=N, logprobs=True, top_logprobs=2)
+    want = local.invoke(QUESTION).response_metadata["logprobs"]["content"]
+    llm = chat_openai(live, logprobs=True, top_logprobs=2)
+    got = llm.invoke(QUESTION).response_metadata["logprobs"]["content"]
+    merged = None
+    for chunk in llm.stream(QUESTION):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None
+    streamed = merged.response_metadata["logprobs"]["content"]
+    for entries in (got, streamed):
+        assert [e["token"] for e in entries] == [w["token"] for w in want]
+        assert [e["bytes"] for e in entries] == [w["bytes"] for w in want]
+        assert [e["logprob"] for e in entries] == pytest.approx([w["logprob"] for w in want], abs=1e-4)
+        assert [[t["token"] for t in e["top_logprobs"]] for e in entries] == [
+            [t["token"] for t in w["top_logprobs"]] for w in want
+        ]

@@ -38,6 +38,11 @@ class SlowStream:
             time.sleep(self.delay)
             yield piece
 
+    def chunks(self) -> Iterator[Any]:
+        for chunk in self.inner.chunks():
+            time.sleep(self.delay)
+            yield chunk
+
     @property
     def stats(self) -> Any:
         return self.inner.stats

@@ -98,3 +98,17 @@ def test_a_seeded_sampled_answer_is_the_engine_s(live: LiveServer, engine: Looka
     expected = chat_answer(engine, do_sample=True, temperature=0.8, seed=7)
     assert llm.chat(MESSAGES).message.content == expected
     assert "".join(r.delta or "" for r in llm.stream_chat(MESSAGES)) == expected
+
+
+def test_logprobs_read_as_lookahead_llm_reports_them(live: LiveServer, engine: LookaheadEngine) -> None:
+    """OpenAILike's `logprobs` over HTTP are what `LookaheadLLM` gives in process."""
+    from llama_index.llms.rag_lookahead import LookaheadLLM
+
+    local = LookaheadLLM(engine=engine, max_new_tokens=N, logprobs=True, top_logprobs=2).chat(MESSAGES)
+    remote = openai_like(live, logprobs=True, top_logprobs=2).chat(MESSAGES)
+    assert local.logprobs is not None and remote.logprobs is not None
+    assert [[p.token for p in position] for position in remote.logprobs] == [
+        [p.token for p in position] for position in local.logprobs
+    ]
+    got = [p.logprob for position in remote.logprobs for p in position]
+    assert got == pytest.approx([p.logprob for position in local.logprobs for p in position], abs=1e-4)

@@ -131,6 +131,14 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         default_factory=dict,
         description="Other `GenerationParams` fields for every call, e.g. repetition_penalty.",
     )
+    logprobs: bool | None = Field(
+        default=None,
+        description="Report each new token's log probability (the model's raw distribution) in "
+        "a response's `logprobs`, as LlamaIndex's OpenAI LLM does; a call's `logprobs=` replaces it.",
+    )
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=20, description="With `logprobs`: the most likely tokens per position."
+    )
     is_chat_model: bool = Field(
         default=True,
         description="Whether LlamaIndex should call `chat`; defaults to whether the tokenizer "
@@ -371,7 +379,9 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         self, prompt: Any, kwargs: dict[str, Any], chat: bool = False, response_format: Any = None
     ) -> tuple[TextStream, Call]:
         """Plan the call and start it: nothing runs until the stream is iterated."""
-        settings = Settings(self.max_new_tokens, self.temperature, tuple(self.stop), self.generate_kwargs)
+        asked = {"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
+        generate = {**{k: v for k, v in asked.items() if v is not None}, **self.generate_kwargs}
+        settings = Settings(self.max_new_tokens, self.temperature, tuple(self.stop), generate)
         call = calls.plan(prompt, kwargs, self._engine, settings, chat=chat, response_format=response_format)
         engine = self._engine if self.lookahead else plain_engine(self._engine)
         return open_stream(self._engine, engine, call.plan, call.scope, self._retrievals), call

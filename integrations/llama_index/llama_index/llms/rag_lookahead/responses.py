@@ -16,10 +16,11 @@ from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
     CompletionResponse,
+    LogProb,
     MessageRole,
 )
 
-from rag_lookahead import DecodeStats, TextStream
+from rag_lookahead import DecodeStats, TextStream, TokenLogprob
 from rag_lookahead.adapters import HeldReply
 from rag_lookahead.streaming import aiterate
 from rag_lookahead.structured import ToolFormat
@@ -31,6 +32,7 @@ __all__ = [
     "chat_response",
     "completion_response",
     "last",
+    "logprobs",
     "responses",
     "usage",
 ]
@@ -96,14 +98,32 @@ class Shape(Generic[R]):
         return self.make(stream.text, "", usage(stream.stats))
 
 
+def logprobs(items: list[TokenLogprob]) -> list[list[LogProb]]:
+    """One list per token, as LlamaIndex's OpenAI LLM reads OpenAI's: the ``top_logprobs``
+    most likely tokens at its position, most likely first; with ``top_logprobs=0``, the token
+    itself (where that LLM would drop the position)."""
+    return [
+        [LogProb(token=t.token, logprob=t.logprob, bytes=t.bytes) for t in (item.top_logprobs or (item,))]
+        for item in items
+    ]
+
+
+def _with_logprobs(response: R, stream: TextStream) -> R:
+    """``response`` with the log probabilities of every token so far, when the call asked (a
+    response is cumulative: its text is the whole text so far, its delta the new part)."""
+    if stream.logprobs is not None:
+        response.logprobs = logprobs(stream.logprobs)
+    return response
+
+
 def responses(stream: TextStream, shape: Shape[R]) -> Generator[R, None, None]:
     """Cumulative responses per shown piece, then one with the rest and the stats."""
     reply = HeldReply(shape.tool_format)
     with stream:  # leaving early ends generation and releases the call's trie branches
         for chunk in stream.chunks():
             if (response := shape.piece(reply, chunk.text)) is not None:
-                yield response
-    yield shape.end(stream, reply)
+                yield _with_logprobs(response, stream)
+    yield _with_logprobs(shape.end(stream, reply), stream)
 
 
 async def aresponses(stream: TextStream, shape: Shape[R]) -> AsyncGenerator[R, None]:
@@ -113,8 +133,8 @@ async def aresponses(stream: TextStream, shape: Shape[R]) -> AsyncGenerator[R, N
     async with aclosing(aiterate(stream.chunks())) as chunks:
         async for chunk in chunks:
             if (response := shape.piece(reply, chunk.text)) is not None:
-                yield response
-    yield shape.end(stream, reply)
+                yield _with_logprobs(response, stream)
+    yield _with_logprobs(shape.end(stream, reply), stream)
 
 
 def last(responses: Iterable[R]) -> R:
