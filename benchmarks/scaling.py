@@ -24,6 +24,7 @@ import gc
 import json
 import resource
 import statistics
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
@@ -37,8 +38,9 @@ from soak import tiny_engine  # benchmarks/ is the script's own folder, first on
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import hf_generate, load_records, run_header
 from rag_lookahead.decoding.kv_cache import with_room
-from rag_lookahead.drafting import OUTPUT_OWNER, TokenTrie
-from rag_lookahead.drafting.trie import Node
+from rag_lookahead.drafting import OUTPUT_OWNER, TokenTrie, trie_nodes
+from rag_lookahead.drafting.trie import Node, TrieDraft
+from rag_lookahead.drafting.trie_nodes import draft_candidates
 from rag_lookahead.prompts import rag_messages
 
 
@@ -254,6 +256,15 @@ def matched_node(trie: TokenTrie, context: Sequence[int], length: int) -> Node:
     return node
 
 
+def children_read(anchor: Node, draft: TrieDraft, room: int) -> int:
+    """Children the draft examined: those offered at its matched node and at each node it
+    took (counted with the whole budget as room, so an upper bound below the first node)."""
+    nodes = [anchor]
+    for token, parent in zip(draft.tokens, draft.parents, strict=True):
+        nodes.append((anchor if parent == -1 else nodes[parent + 1]).children[token])
+    return sum(len(list(draft_candidates(node, room))) for node in nodes)
+
+
 def trie_alone(
     texts: Texts, sizes: Sequence[int], prompts: Sequence[list[int]], answers: Sequence[list[int]]
 ) -> list[dict[str, Any]]:
@@ -285,7 +296,7 @@ def calls_on(
 ) -> dict[str, float]:
     """Calls as the engine makes them: each prompt inserted, a draft after every token of its
     answer, the prompt eliminated. Times, and the counts behind them."""
-    inserts, draft_s, children, visits, steps = [], 0.0, 0, 0, 0
+    inserts, draft_s, children, read, drafted, visits, steps = [], 0.0, 0, 0, 0, 0, 0
     for j, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
         inserts.append(timed(functools.partial(trie.insert, prompt, f"q{j}"))[1])
         visits += sum(min(trie.ngram_length, len(prompt) - i) for i in range(len(prompt)))
@@ -297,8 +308,11 @@ def calls_on(
             draft, seconds = timed(ask)
             draft_s += seconds
             steps += 1
-            if draft.match_length:  # the draft reads every child of its matched node
-                children += len(matched_node(trie, context, draft.match_length).children)
+            if draft.match_length:
+                anchor = matched_node(trie, context, draft.match_length)
+                children += len(anchor.children)
+                read += children_read(anchor, draft, config.decoding_length)
+                drafted += len(draft.tokens)
         trie.eliminate(f"q{j}")
     insert_s = statistics.median(inserts)
     return {
@@ -307,6 +321,8 @@ def calls_on(
         "insert_ns_per_node_visit": round(1e9 * insert_s * len(prompts) / visits, 1),
         "draft_us_per_step": round(1e6 * draft_s / steps, 1),
         "matched_node_children_per_step": round(children / steps, 1),
+        "children_read_per_step": round(read / steps, 1),
+        "draft_tokens_per_step": round(drafted / steps, 2),
     }
 
 
@@ -315,15 +331,23 @@ def main() -> None:
     parser.add_argument("--data", type=Path, nargs="+", required=True)
     parser.add_argument("--quick", action="store_true", help="a tiny random model and a small grid")
     parser.add_argument("--trie-only", action="store_true", help="part two only (no model timing)")
+    parser.add_argument(
+        "--read-every-child",
+        action="store_true",
+        help="drafts read every child of a node, as before RankedChildren (for comparison)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     grid = QUICK if args.quick else FULL
+    if args.read_every_child:
+        trie_nodes.WIDE_NODE = sys.maxsize  # no node counts as wide
     config = LookaheadConfig(prefix_cache_mb=0)  # the same prompts recur across points
     engine = tiny_engine(config) if args.quick else LookaheadEngine.from_pretrained(config=config)
     texts = Texts(engine, args.data, prompt_records=16)
     report: dict[str, Any] = {
+        "read_every_child": args.read_every_child,
         **run_header(engine, grid.records, grid.base.answer),
         "data": [p.name for p in args.data],
     }
