@@ -269,7 +269,7 @@ def trie_alone(
     texts: Texts, sizes: Sequence[int], prompts: Sequence[list[int]], answers: Sequence[list[int]]
 ) -> list[dict[str, Any]]:
     """The trie without the model at each size: bytes, insert, draft, prune, a full collection."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     config = LookaheadConfig()
     for size in sizes:
         cap = room_for(config, size, max(map(len, prompts)) + max(map(len, answers)))
@@ -326,9 +326,94 @@ def calls_on(
     }
 
 
+class PruneCounter(TokenTrie):
+    """A `TokenTrie` that counts its prunes."""
+
+    prunes = 0
+
+    def prune(self, target: int | None = None) -> int:
+        self.prunes += 1
+        return super().prune(target)
+
+
+def crowded(texts: Texts, calls: int, tokens: int) -> dict[str, Any]:
+    """``calls`` prompts of ``tokens`` each at once in a trie of the default cap: how often it
+    prunes, and how much of the first call's own n-grams it keeps."""
+    config = LookaheadConfig()
+    trie = PruneCounter(config.max_query_length, config.branch_length, config.max_trie_nodes)
+    stream = [token for doc in texts.filler for token in doc][: calls * tokens]
+    if len(stream) < calls * tokens:
+        raise ValueError(f"the data files hold {len(stream)} filler tokens, not {calls * tokens}")
+    trie.insert(stream[:tokens], "call0")
+    alone = trie.count_owned("call0")
+    for n in range(1, calls):
+        trie.insert(stream[n * tokens : (n + 1) * tokens], f"call{n}")
+    row = {
+        "max_trie_nodes": config.max_trie_nodes,
+        "calls": calls,
+        "prompt_tokens": tokens,
+        "nodes_of_one_prompt": alone,
+        "prunes": trie.prunes,
+        "first_call_nodes_kept": round(trie.count_owned("call0") / alone, 3),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+POINT_COLUMNS = {
+    "axis": "axis",
+    "prompt_tokens": "context",
+    "answer_tokens": "answer",
+    "trie_nodes_before": "trie nodes",
+    "greedy_tokens_per_s": "greedy tok/s",
+    "lookahead_tokens_per_s": "lookahead tok/s",
+    "speedup_vs_greedy": "speedup",
+    "decode_speedup_vs_greedy": "decode speedup",
+    "tokens_per_step": "tokens per step",
+    "prefill_s_per_record": "prefill s",
+    "draft_us_per_step": "draft µs/step",
+    "draft_share_of_step": "draft share of decode",
+    "insert_ms_per_document": "insert ms/prompt",
+    "kv_bytes_allocated": "KV MiB (allocated)",
+    "trie_bytes_before": "trie MiB",
+    "identical_to_greedy": "identical",
+}
+TRIE_COLUMNS = {
+    "nodes": "nodes",
+    "bytes_per_node": "bytes/node",
+    "node_visits_per_document": "node visits per prompt",
+    "insert_ns_per_node_visit": "ns per visit",
+    "matched_node_children_per_step": "matched node's children",
+    "children_read_per_step": "children read per step",
+    "draft_tokens_per_step": "draft tokens per step",
+    "draft_us_per_step": "draft µs/step",
+    "prune_to_three_quarters_ms": "prune to 3/4 ms",
+    "full_gc_ms": "full gc ms",
+}
+
+
+def markdown(rows: Sequence[dict[str, Any]], columns: dict[str, str]) -> str:
+    """``rows`` as a Markdown table of ``columns`` (bytes in MiB)."""
+
+    def cell(key: str, value: Any) -> str:
+        mib = key.endswith("bytes_allocated") or key.startswith("trie_bytes")
+        return f"{value / 2**20:.1f}" if mib else str(value)
+
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(k, row.get(k)) for k in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_tables(report: dict[str, Any]) -> None:
+    if "points" in report:
+        print(markdown(report["points"], POINT_COLUMNS) + "\n")
+    print(markdown(report["trie_alone"], TRIE_COLUMNS))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, nargs="+", required=True)
+    parser.add_argument("--data", type=Path, nargs="+")
+    parser.add_argument("--table", type=Path, help="print the Markdown tables of a report written before")
     parser.add_argument("--quick", action="store_true", help="a tiny random model and a small grid")
     parser.add_argument("--trie-only", action="store_true", help="part two only (no model timing)")
     parser.add_argument(
@@ -339,6 +424,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.table:
+        print_tables(json.loads(args.table.read_text(encoding="utf-8")))
+        return
+    if not args.data:
+        parser.error("--data is required")
     torch.set_num_threads(args.threads)
     grid = QUICK if args.quick else FULL
     if args.read_every_child:
@@ -354,6 +444,7 @@ def main() -> None:
     prompts = [texts.prompt(engine, n, grid.base.context) for n in range(4)]
     answers = [held[: grid.base.answer] for held in texts.held]
     report["trie_alone"] = trie_alone(texts, TRIE_SIZES["quick" if args.quick else "full"], prompts, answers)
+    report["crowded"] = crowded(texts, 8, 5000 if not args.quick else 500)
     if not args.trie_only:
         if engine.config.mode == "auto":
             engine.measure_costs()
@@ -368,6 +459,7 @@ def main() -> None:
             report["points"].append(row)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print_tables(report)
 
 
 if __name__ == "__main__":
