@@ -71,7 +71,7 @@ class Grid:
         return out
 
 
-# "8k" is the window (8,192) less the longest answer asked at that context, so nothing stops early.
+# "8k" is the window (8,192) less the answer asked at that context and room for a draft.
 FULL = Grid(
     Point(1024, 128, 10_000),
     (1024, 2048, 4096, 8192 - 128 - 64),
@@ -421,6 +421,7 @@ def main() -> None:
         action="store_true",
         help="drafts read every child of a node, as before RankedChildren (for comparison)",
     )
+    parser.add_argument("--records", type=int, default=None, help="prompts per point (default: 2; quick: 1)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -431,6 +432,7 @@ def main() -> None:
         parser.error("--data is required")
     torch.set_num_threads(args.threads)
     grid = QUICK if args.quick else FULL
+    grid = replace(grid, records=args.records or grid.records)
     if args.read_every_child:
         trie_nodes.WIDE_NODE = sys.maxsize  # no node counts as wide
     config = LookaheadConfig(prefix_cache_mb=0)  # the same prompts recur across points
