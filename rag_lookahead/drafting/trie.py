@@ -267,7 +267,7 @@ class TokenTrie:
                     if not owned:
                         del self._owned[owner]
             node.parent = None  # marks it detached for open cursors; also breaks the ref cycle
-            node.ranked = None
+            node.ranked = None  # a ranking holds on to the children it lists
             removed += 1
         self._size -= removed
         return removed
