@@ -5,14 +5,16 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import random
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rag_lookahead.drafting import trie_nodes
 from rag_lookahead.drafting.trie import OUTPUT_OWNER, Node, TokenTrie
-from rag_lookahead.drafting.trie_nodes import collector_paused
+from rag_lookahead.drafting.trie_nodes import RankedChildren, collector_paused, draft_candidates
 
 Snapshot = dict[tuple[int, ...], dict[str, int]]
 
@@ -428,3 +430,69 @@ def test_draft_estimates_are_conditional_frequencies() -> None:
     assert draft.estimates == [1.0, 2 / 3, 1 / 3]
     trie.insert([1, 2, 5], OUTPUT_OWNER)
     assert trie.draft([1], "A", 10).owned == [True, True, True, False]
+
+
+# ---- wide nodes: drafts read a ranked few of their children -------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.randoms(use_true_random=False), st.booleans(), st.integers(1, 12))
+def test_ranked_children_draft_exactly_as_reading_every_child(
+    rng: random.Random, resort: bool, budget: int
+) -> None:
+    """Every node counts as wide, so drafts read through `RankedChildren` (sorted again as the
+    rule says, or never: kept up to date only by the counts the trie reports to it), between
+    inserts, streamed outputs, eliminations and prunes."""
+    trie = TokenTrie(max_query_length=2, branch_length=3, max_nodes=1000)
+    cursor = trie.insert_cursor()
+    with pytest.MonkeyPatch.context() as patch:
+        if not resort:
+            patch.setattr(RankedChildren, "stale", lambda self, width: False)
+        for _ in range(80):
+            tokens = [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+            op = rng.choice(["insert", "extend", "draft", "draft", "draft", "eliminate", "prune"])
+            if op == "insert":
+                trie.insert(tokens, rng.choice(OWNERS))
+            elif op == "extend":
+                cursor.extend(tokens)
+            elif op == "eliminate":
+                trie.eliminate(rng.choice(OWNERS))
+            elif op == "prune" and rng.random() < 0.3:
+                trie.prune(len(trie) // 2)
+            elif op == "draft":
+                owner = rng.choice(["a", "b", None])
+                patch.setattr(trie_nodes, "WIDE_NODE", 10**9)
+                every_child = trie.draft(tokens[:2], owner, budget)
+                patch.setattr(trie_nodes, "WIDE_NODE", 0)
+                assert trie.draft(tokens[:2], owner, budget) == every_child
+    check_invariants(trie)
+
+
+def test_a_wide_node_drafts_from_a_few_of_its_children() -> None:
+    """A node with thousands of children: a draft reads its budget of them plus the children
+    whose counts changed since, not all of them (the count the scan would otherwise grow by)."""
+    trie = TokenTrie(max_query_length=1, branch_length=1, max_nodes=10_000)
+    for token in range(2000):
+        trie.insert([7, 10_000 + token] * (1 + token % 5), OUTPUT_OWNER)
+    wide = trie.root.children[7]
+    assert len(wide.children) == 2000
+    first = trie.draft([7], None, 4)
+    assert len(draft_candidates(wide, 4)) == 4
+    trie.insert([7, 10_001, 7, 10_002], OUTPUT_OWNER)  # two children gain a count
+    trie.insert([7, 10_003], "q")  # a query owner's child
+    assert len(draft_candidates(wide, 4)) <= 4 + 3
+    assert trie.draft([7], None, 4).tokens[:1] == first.tokens[:1]
+    assert trie.draft([7], "q", 4).tokens[0] == 10_003  # the query's own count ranks first
+
+
+def test_ranked_children_are_sorted_again_after_counts_decay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Halving output counts makes ties, which creation order breaks: a ranking kept from
+    before would list the once more frequent child first."""
+    monkeypatch.setattr(trie_nodes, "WIDE_NODE", 0)
+    trie = TokenTrie(max_query_length=1, branch_length=1)
+    for tokens, times in (([5, 1], 3), ([5, 2], 4), ([9], 1)):
+        for _ in range(times):
+            trie.insert(tokens, OUTPUT_OWNER)
+    assert trie.draft([5], None, 1).tokens == [2]
+    assert trie.prune(len(trie) - 1) == 1  # removes [9], then halves: [5, 1] and [5, 2] both 2
+    assert trie.draft([5], None, 1).tokens == [1]

@@ -165,6 +165,8 @@ class TokenTrie:
             self._next_order += 1
             node.children[token] = child
             self._size += 1
+        if node.ranked is not None:
+            node.ranked.note(child, owner)
         counts = child.counts
         if owner in counts:
             counts[owner] += 1
@@ -236,8 +238,11 @@ class TokenTrie:
 
     def _decay_output(self) -> None:
         # Ceil-halving keeps counts positive and monotone down a path, so only pruning deletes.
+        # Ties form, so rankings by output count are dropped: only a node with output counts
+        # has children with them.
         for node in self._owned.get(OUTPUT_OWNER, ()):
             node.counts[OUTPUT_OWNER] = (node.counts[OUTPUT_OWNER] + 1) // 2
+            node.ranked = None
         self._restart_cursors(OUTPUT_OWNER)
 
     def _restart_cursors(self, owner: str) -> None:
@@ -262,6 +267,7 @@ class TokenTrie:
                     if not owned:
                         del self._owned[owner]
             node.parent = None  # marks it detached for open cursors; also breaks the ref cycle
+            node.ranked = None  # a ranking holds on to the children it lists
             removed += 1
         self._size -= removed
         return removed
@@ -327,6 +333,9 @@ class TokenTrie:
             self._next_order += 1
             parent.children[token] = node
             node.counts = dict(counts)
+            if parent.ranked is not None:
+                for owner in counts:
+                    parent.ranked.note(node, owner)
             for owner in counts:
                 self._owned.setdefault(owner, set()).add(node)
             self._size += 1

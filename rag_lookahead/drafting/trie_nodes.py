@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import gc
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 __all__ = [
     "NO_OWNER",
     "OUTPUT_OWNER",
+    "WIDE_NODE",
     "Node",
+    "RankedChildren",
     "as_tokens",
     "check_int",
     "check_owner",
     "collector_paused",
+    "draft_candidates",
     "is_int",
     "visible",
 ]
@@ -23,10 +26,14 @@ OUTPUT_OWNER = "__output__"
 NO_OWNER = ""  # draft(owner=None) looks this up; insert() rejects it as an owner
 
 
+# Children beyond which a node keeps them ranked (`RankedChildren`) for drafts to read.
+WIDE_NODE = 64
+
+
 class Node:
     """One n-gram: ``counts`` maps owner -> occurrences. A pruned node has ``parent = None``."""
 
-    __slots__ = ("children", "counts", "depth", "order", "parent", "token")
+    __slots__ = ("children", "counts", "depth", "order", "parent", "ranked", "token")
 
     def __init__(self, token: int | None, parent: Node | None, depth: int, order: int) -> None:
         self.token = token
@@ -35,6 +42,58 @@ class Node:
         self.counts: dict[str, int] = {}
         self.depth = depth
         self.order = order  # creation order, the final tie-break of draft ranking
+        # Set by the first draft that reads this node once it is wide; the trie tells it of
+        # every count a child gains (`RankedChildren.note`) and drops it when counts decay.
+        self.ranked: RankedChildren | None = None
+
+
+class RankedChildren:
+    """A wide node's children by output count as last sorted, and the few that may rank
+    otherwise since: those whose output count grew and those some query owner counts.
+
+    A draft needs a node's best ``room`` children by (query count, output count, creation
+    order). Reading every child makes a draft's cost grow with the trie (a common token's node
+    gains children as outputs accumulate); with this, a draft reads ``room`` children plus
+    the changed ones. Exact, because a child in neither set has no query count and the output
+    count it was sorted by; sorted again once the changed ones are a quarter of the children.
+    """
+
+    __slots__ = ("grown", "order", "owned")
+
+    def __init__(self, node: Node) -> None:
+        children = node.children.values()
+        self.order = sorted(children, key=lambda c: (-c.counts.get(OUTPUT_OWNER, 0), c.order))
+        self.grown: set[Node] = set()
+        self.owned = {c for c in children if len(c.counts) > (OUTPUT_OWNER in c.counts)}
+
+    def note(self, child: Node, owner: str) -> None:
+        """``child`` (perhaps new) gained a count for ``owner``."""
+        (self.grown if owner == OUTPUT_OWNER else self.owned).add(child)
+
+    def stale(self, width: int) -> bool:
+        return len(self.grown) + len(self.owned) > max(WIDE_NODE, width // 4)
+
+    def candidates(self, node: Node, room: int) -> list[Node]:
+        changed = self.grown | self.owned
+        out = [child for child in changed if child.parent is node]
+        taken = 0
+        for child in self.order:
+            if taken == room:
+                break
+            if child.parent is node and child not in changed:  # else pruned, or listed already
+                out.append(child)
+                taken += 1
+        return out
+
+
+def draft_candidates(node: Node, room: int) -> Iterable[Node]:
+    """Children of ``node`` among which its best ``room`` are, for any owner (a superset)."""
+    if len(node.children) <= WIDE_NODE:
+        return node.children.values()
+    ranked = node.ranked
+    if ranked is None or ranked.stale(len(node.children)):
+        ranked = node.ranked = RankedChildren(node)
+    return ranked.candidates(node, room)
 
 
 def visible(node: Node, owner: str) -> int:

@@ -12,6 +12,7 @@ from rag_lookahead.drafting.trie_nodes import (
     Node,
     as_tokens,
     check_int,
+    draft_candidates,
     visible,
 )
 
@@ -112,7 +113,7 @@ def _select(
 
 def _push_children(heap: list[_Entry], node: Node, owner: str, room: int) -> None:
     entries: list[_Entry] = []
-    for child in node.children.values():
+    for child in draft_candidates(node, room):
         counts = child.counts
         query = counts.get(owner, 0)
         output = counts.get(OUTPUT_OWNER, 0)
