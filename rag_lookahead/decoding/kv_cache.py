@@ -78,9 +78,14 @@ def _append(
     return room[:, :, :needed], room
 
 
+# A long context grows by at most this many columns per copy: one copy per this many tokens.
+_MOST_ROOM = 512
+
+
 def with_room(columns: int) -> int:
-    """Columns to allocate for ``columns`` used ones: spare room, so that growing rarely copies."""
-    return columns + max(64, columns // 2)
+    """Columns to allocate for ``columns`` used ones: spare room, so that growing rarely copies,
+    bounded so that a long prompt does not reserve half its length again for a short answer."""
+    return columns + min(max(64, columns // 2), _MOST_ROOM)
 
 
 def new_tree_cache() -> DynamicCache:
