@@ -40,8 +40,8 @@ class SuffixRule:
 
     max_match: int = 32
     max_depth: int = 16
-    depth_factor: float = 2.0
-    depth_offset: int = 2
+    depth_factor: float = 4.0
+    depth_offset: int = 0
     weight_power: float = 2.0
     max_candidates: int = 32
     min_share: float = 0.05
