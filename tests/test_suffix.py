@@ -92,6 +92,14 @@ def test_min_match_and_min_share() -> None:
     assert set(SuffixDrafter(texts, rule=rule).propose([1, 2, 3, 4], budget=8).tree.tokens[1:]) == {5}
 
 
+def test_a_long_run_of_one_token_is_scanned_only_at_its_end() -> None:
+    run = [3] * 5000
+    drafter = SuffixDrafter([run], rule=SuffixRule(max_scan=16, max_candidates=4))
+    found = drafter.matches([3] * 40)
+    assert [pos for _, pos in found] == [4998, 4997, 4996, 4995]  # the run's last token has no follower
+    assert chain(drafter.propose([3] * 40, budget=16).tree) == [3] * 4  # up to the run's end
+
+
 def test_empty_context_and_budget() -> None:
     drafter = SuffixDrafter([[1, 2, 3]])
     assert len(drafter.propose([1], budget=0).tree) == 1
@@ -108,6 +116,7 @@ def test_empty_context_and_budget() -> None:
         {"depth_factor": -1.0},
         {"weight_power": float("nan")},
         {"min_share": 1.5},
+        {"max_scan": 0},
     ],
 )
 def test_rule_validates(kwargs: dict[str, object]) -> None:

@@ -36,7 +36,9 @@ class SuffixRule:
     """How a match's length sets its branch: depth ``depth_factor * length + depth_offset``
     (at most ``max_depth``), weight ``length ** weight_power``; matches longer than
     ``max_match`` count as ``max_match``; only the ``max_candidates`` longest matches vote,
-    and a node needs ``min_share`` of all the votes to be drafted."""
+    and a node needs ``min_share`` of all the votes to be drafted. Only the latest
+    ``max_scan`` occurrences of the last token are looked at, which bounds a step's work on
+    repetitive text."""
 
     max_match: int = 32
     max_depth: int = 16
@@ -45,9 +47,10 @@ class SuffixRule:
     weight_power: float = 2.0
     max_candidates: int = 32
     min_share: float = 0.05
+    max_scan: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("max_match", "max_depth", "max_candidates"):
+        for name in ("max_match", "max_depth", "max_candidates", "max_scan"):
             check_int(name, getattr(self, name), 1)
         check_int("depth_offset", self.depth_offset, 0)
         if not self.depth_factor >= 0 or not self.weight_power >= 0:
@@ -112,7 +115,7 @@ class SuffixDrafter:
         tail = as_tokens(context[-self.rule.max_match :])
         text, last = self._text, len(self._text) - 1
         found: list[tuple[int, int]] = []
-        for pos in self._where.get(tail[-1], ()):
+        for pos in self._where.get(tail[-1], [])[-self.rule.max_scan :]:
             if pos == last or text[pos + 1] == _SEPARATOR:
                 continue  # nothing follows it
             length = 1
