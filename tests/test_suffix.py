@@ -104,6 +104,8 @@ def test_empty_context_and_budget() -> None:
     drafter = SuffixDrafter([[1, 2, 3]])
     assert len(drafter.propose([1], budget=0).tree) == 1
     assert drafter.matches([]) == []
+    with pytest.raises(IndexError):
+        drafter.propose([], budget=4)  # a draft hangs off the context's last token
 
 
 @pytest.mark.parametrize(

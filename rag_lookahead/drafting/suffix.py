@@ -31,6 +31,13 @@ def match_bucket(length: int) -> int:
     return next(bound for bound in _BUCKETS if length >= bound)
 
 
+_SOURCES = [f"sfx{match_bucket(n)}" for n in range(1, _BUCKETS[0] + 1)]  # by length, cached
+
+
+def _source(length: int) -> str:
+    return _SOURCES[min(length, _BUCKETS[0]) - 1]
+
+
 @dataclass(frozen=True)
 class SuffixRule:
     """How a match's length sets its branch: depth ``depth_factor * length + depth_offset``
@@ -68,14 +75,14 @@ class SuffixRule:
 class _Node:
     __slots__ = ("children", "longest", "order", "parent", "reach", "token", "weight")
 
-    def __init__(self, token: int, parent: _Node | None, order: int) -> None:
+    def __init__(self, token: int, parent: _Node | None, order: int, longest: int) -> None:
         self.token = token
         self.parent = parent
         self.order = order
+        self.longest = longest  # the longest match among the candidates drafting this node
         self.children: dict[int, _Node] = {}
         self.weight = 0.0  # votes of the candidates drafting this node
         self.reach = 0.0  # votes of those that draft below it too
-        self.longest = 0  # longest match among them
 
 
 class SuffixDrafter:
@@ -126,28 +133,26 @@ class SuffixDrafter:
         return heapq.nlargest(self.rule.max_candidates, found)
 
     def propose(self, context: Sequence[int], budget: int) -> StepDraft:
-        root = _Node(context[-1], None, 0) if context else None
-        if root is None or budget <= 0:
-            return StepDraft(DraftTree.root_only(context[-1] if context else 0))
-        self._vote(root, self.matches(context))
+        root = _Node(context[-1], None, 0, 0)
+        if budget > 0:
+            self._vote(root, self.matches(context))
         return StepDraft(self._select(root, budget))
 
     def _vote(self, root: _Node, found: list[tuple[int, int]]) -> None:
+        # Longest matches vote first, so a node's first voter carries its longest match.
         rule, text, order = self.rule, self._text, 1
         for length, pos in found:
             weight, node = rule.weight(length), root
-            node.weight += weight
-            node.longest = max(node.longest, length)
+            root.weight += weight
             for token in text[pos + 1 : pos + 1 + rule.depth(length)]:
                 if token == _SEPARATOR:
                     break
                 node.reach += weight
                 child = node.children.get(token)
                 if child is None:
-                    child = node.children[token] = _Node(token, node, order)
+                    child = node.children[token] = _Node(token, node, order, length)
                     order += 1
                 child.weight += weight
-                child.longest = max(child.longest, length)
                 node = child
 
     def _select(self, root: _Node, budget: int) -> DraftTree:
@@ -166,7 +171,7 @@ class SuffixDrafter:
                     heapq.heappush(heap, (-child.weight, child.order, child))
         tokens = [node.token for node in taken]
         parents = [index[node.parent] for node in taken]  # type: ignore[index]
-        sources = [f"sfx{match_bucket(node.longest)}" for node in taken]
+        sources = [_source(node.longest) for node in taken]
         estimates = [node.weight / node.parent.reach for node in taken]  # type: ignore[union-attr]
         return DraftTree.from_draft(root.token, tokens, parents, sources, estimates)
 
