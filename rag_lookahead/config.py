@@ -60,11 +60,12 @@ class LookaheadConfig:
             ``1`` answers one call at a time, in arrival order.
         max_tokens_per_forward: Most tokens one forward takes: all rows' drafts together in a
             decoding step, or one chunk of a joining call's prompt while others decode.
-        draft_policy: What the trie modes draft from: ``"trie"``, the shared trie's best
-            branches after the longest match of up to ``max_query_length`` tokens;
-            ``"suffix"``, first the call's own text (prompt, documents, output so far) with
-            each branch as deep and as heavily weighted as its match is long (SuffixDecoding),
-            then the trie's branches in the room left.
+        draft_policy: What ``"auto"`` and ``"trie"`` draft from: ``"suffix"``, first the
+            call's own text (prompt, documents, output so far), each earlier occurrence of the
+            context's end drafting a branch as deep and weighing as much as its match is long
+            (SuffixDecoding's rule), then the shared trie's branches in the room left;
+            ``"trie"``, the trie's best branches after the longest match of up to
+            ``max_query_length`` tokens only.
         prefix_cache_mb: Memory for the KV entries of past prompts, which a prompt sharing
             their beginning (a system prompt, a repeated question) reuses instead of
             prefilling it again; ``0`` turns the reuse off.
@@ -82,7 +83,7 @@ class LookaheadConfig:
     max_batch_size: int = 8
     max_tokens_per_forward: int = 256
     prefix_cache_mb: int = 256
-    draft_policy: DraftPolicy = "trie"
+    draft_policy: DraftPolicy = "suffix"
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):

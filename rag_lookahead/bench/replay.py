@@ -143,7 +143,7 @@ def main() -> None:
     rep.add_argument("recorded", nargs="+", type=Path)
     rep.add_argument("--curve", required=True, type=Path, help="a cost-curve JSON from the cache")
     rep.add_argument("--policies", default="auto,trie,oracle")
-    rep.add_argument("--draft-policy", default="trie", choices=("trie", "suffix"))
+    rep.add_argument("--draft-policy", default=LookaheadConfig.draft_policy, choices=("trie", "suffix"))
     args = parser.parse_args()
     if args.command == "record":
         torch.set_num_threads(args.threads)
