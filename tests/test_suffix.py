@@ -117,6 +117,8 @@ def test_empty_context_and_budget() -> None:
         {"depth_offset": -1},
         {"depth_factor": -1.0},
         {"weight_power": float("nan")},
+        {"depth_factor": float("inf")},
+        {"depth_factor": "4"},
         {"min_share": 1.5},
         {"max_scan": 0},
     ],

@@ -4,7 +4,7 @@ Every earlier occurrence of the context's last token in the call's prompt, docum
 so far is a candidate; its *match length* is how many tokens before it agree with the context.
 A candidate's continuation is drafted up to a depth that grows with its match length, and
 candidates vote for their continuations with a weight that also grows with it, so a long copy
-drafts a deep chain while a one-token coincidence drafts a token or two. The draft keeps the
+drafts a deep chain while a one-token coincidence drafts a few tokens with little weight. The draft keeps the
 branches with the most weight, best first.
 
 Each node's source names the longest match behind it in coarse buckets ("sfx1" ... "sfx16"),
@@ -14,6 +14,7 @@ so the planner learns how deep each kind of match is accepted on the model at ha
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,8 +61,10 @@ class SuffixRule:
         for name in ("max_match", "max_depth", "max_candidates", "max_scan"):
             check_int(name, getattr(self, name), 1)
         check_int("depth_offset", self.depth_offset, 0)
-        if not self.depth_factor >= 0 or not self.weight_power >= 0:
-            raise ValueError("depth_factor and weight_power must be non-negative")
+        for name in ("depth_factor", "weight_power"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
         if not 0 <= self.min_share <= 1:
             raise ValueError(f"min_share must be in [0, 1], got {self.min_share!r}")
 
