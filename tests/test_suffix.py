@@ -178,3 +178,18 @@ def test_config_policy_composes_the_suffix_drafter_first() -> None:
     assert chain(tree)[:2] == [3, 4] and tree.sources[1].startswith("sfx")
     drafter.close()
     assert len(trie) == 0
+
+
+class Shared:
+    """A `DocumentScope`'s documents, as `build_drafter` sees them."""
+
+    owner = "scope-1"
+    sequences = ([40, 41, 42, 43],)
+
+
+def test_shared_documents_are_drafted_from_too() -> None:
+    trie = TokenTrie()
+    drafter = build_drafter(LookaheadConfig(mode="trie"), trie, [[1, 2]], Shared())
+    tree = drafter.propose([1, 2, 40, 41], budget=4).tree
+    assert chain(tree) == [42, 43] and set(tree.sources[1:]) == {"sfx2"}
+    drafter.close()
