@@ -11,9 +11,10 @@ from typing import Any, Literal
 from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
 from rag_lookahead.structured.grammar import Grammar
 
-__all__ = ["GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
+__all__ = ["DraftPolicy", "GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
+DraftPolicy = Literal["trie", "suffix"]
 
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
@@ -60,6 +61,12 @@ class LookaheadConfig:
             ``1`` answers one call at a time, in arrival order.
         max_tokens_per_forward: Most tokens one forward takes: all rows' drafts together in a
             decoding step, or one chunk of a joining call's prompt while others decode.
+        draft_policy: What ``"auto"`` and ``"trie"`` draft from: ``"suffix"``, first the
+            call's own text (prompt, documents, output so far), each earlier occurrence of the
+            context's end drafting a branch as deep and weighing as much as its match is long
+            (SuffixDecoding's rule), then the shared trie's branches in the room left;
+            ``"trie"``, the trie's best branches after the longest match of up to
+            ``max_query_length`` tokens only.
         prefix_cache_mb: Memory for the KV entries of past prompts, which a prompt sharing
             their beginning (a system prompt, a repeated question) reuses instead of
             prefilling it again; ``0`` turns the reuse off.
@@ -77,6 +84,7 @@ class LookaheadConfig:
     max_batch_size: int = 8
     max_tokens_per_forward: int = 256
     prefix_cache_mb: int = 256
+    draft_policy: DraftPolicy = "suffix"
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -93,6 +101,8 @@ class LookaheadConfig:
             "max_tokens_per_forward",
         ):
             _positive(name, getattr(self, name))
+        if self.draft_policy not in ("trie", "suffix"):
+            raise ValueError(f"draft_policy must be 'trie' or 'suffix', got {self.draft_policy!r}")
         if self.ngram_size < 2:
             raise ValueError(f"ngram_size must be at least 2, got {self.ngram_size}")
         if self.mode in ("auto", "jacobi") and self.ngram_size - 1 > self.decoding_length:

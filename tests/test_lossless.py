@@ -52,6 +52,7 @@ def noisy_copies(reference: list[int], rng: random.Random, count: int) -> list[l
     branch_length=st.integers(1, 8),
     query=st.integers(1, 3),
     mode=st.sampled_from(["trie", "auto", "jacobi"]),
+    policy=st.sampled_from(["trie", "suffix"]),
     curve=st.sampled_from(sorted(CURVES)),
     window=st.tuples(st.integers(1, 5), st.integers(2, 5), st.integers(1, 4)),  # W, N, G
 )
@@ -63,6 +64,7 @@ def test_engine_matches_greedy(
     branch_length: int,
     query: int,
     mode: str,
+    policy: str,
     curve: str,
     window: tuple[int, int, int],
 ) -> None:
@@ -77,6 +79,7 @@ def test_engine_matches_greedy(
         window_size=window[0],
         ngram_size=min(window[1], decoding_length + 1),
         guess_set_size=window[2],
+        draft_policy=policy,  # type: ignore[arg-type]
     )
     engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=CURVES[curve])
     rng = random.Random(seed)
@@ -105,12 +108,14 @@ def test_the_full_continuation_in_the_trie_is_accepted_in_few_steps(family: str)
     assert engine.tree_verification
 
 
-def test_documents_drive_drafts_and_are_eliminated() -> None:
+@pytest.mark.parametrize("policy", ["trie", "suffix"])
+def test_documents_drive_drafts_and_are_eliminated(policy: str) -> None:
     model = tiny_model("llama")
     tokenizer = CharTokenizer()
     prompt = [9, 8, 7]
     reference = greedy_reference(model, prompt, NEW_TOKENS)
-    engine = LookaheadEngine(model, tokenizer, LookaheadConfig(mode="trie", min_query_length=1))
+    config = LookaheadConfig(mode="trie", min_query_length=1, draft_policy=policy)  # type: ignore[arg-type]
+    engine = LookaheadEngine(model, tokenizer, config)
     document = tokenizer.decode(prompt + reference)
     completion = engine.complete(prompt, max_new_tokens=NEW_TOKENS, documents=[document])
     assert completion.token_ids == reference

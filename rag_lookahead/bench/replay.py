@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,12 @@ import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import gold_inputs, load_records
+from rag_lookahead.config import Mode
 from rag_lookahead.decoding.costs import CostCurve, CostModel
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.compose import build_drafter
+from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 
 Plan = Callable[[DraftTree, list[int]], DraftTree]  # (proposed tree, the answer from here) -> verified tree
@@ -56,15 +58,42 @@ def matched(tree: DraftTree, answer: list[int]) -> list[int]:
     return nodes
 
 
+class PromptLookup:
+    """HF prompt lookup's drafts (``prompt_lookup_num_tokens=10``, n-grams of up to 2 tokens):
+    the continuation of the first earlier occurrence of the context's last n-gram."""
+
+    def __init__(self, tokens: int = 10, ngram: int = 2) -> None:
+        self.tokens, self.ngram = tokens, ngram
+
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        context = list(context)
+        for size in range(min(self.ngram, len(context) - 1), 0, -1):
+            tail = context[-size:]
+            for start in range(len(context) - size):
+                if context[start : start + size] == tail:
+                    chain = context[start + size : start + size + min(self.tokens, budget)]
+                    parents = list(range(-1, len(chain) - 1))
+                    return StepDraft(DraftTree.from_draft(context[-1], chain, parents, "lookup"))
+        return StepDraft(DraftTree.root_only(context[-1]))
+
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def replay(
     recorded: dict[str, Any], config: LookaheadConfig, curve: CostCurve, policy: str
 ) -> dict[str, float]:
-    """Decode-phase speedup over greedy and tokens per forward for ``policy`` (auto, trie, oracle)."""
+    """Decode-phase speedup over greedy and tokens per forward for ``policy`` (auto, trie,
+    oracle, or prompt_lookup: HF prompt lookup's drafts, each verified whole)."""
     trie = TokenTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
     planner = StepPlanner(config, CostModel(curve))
     plans: dict[str, Plan] = {
         "auto": lambda tree, answer: planner.plan(StepDraft(tree), room=1 << 62).tree,
         "trie": lambda tree, answer: tree,
+        "prompt_lookup": lambda tree, answer: tree,
         "oracle": lambda tree, answer: tree if len(matched(tree, answer)) > 1 else tree.subtree([]),
     }
     plan = plans[policy]
@@ -72,7 +101,9 @@ def replay(
     steps = tokens = 0
     for item in recorded["answers"]:
         prompt, answer = item["prompt"], item["output"]
-        drafter = build_drafter(config, trie, [prompt])
+        drafter: Drafter = (
+            PromptLookup() if policy == "prompt_lookup" else build_drafter(config, trie, [prompt])
+        )
         context, done = prompt + answer[:1], 1  # the first token comes from the prefill
         drafter.observe(answer[:1])
         while done < len(answer):
@@ -107,20 +138,23 @@ def main() -> None:
     rec.add_argument("--limit", type=int, default=20)
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--out", required=True, type=Path)
+    rec.add_argument("--threads", type=int, default=2, help="torch threads of the recording run")
     rep = commands.add_parser("replay", help="price policies on recorded answers")
     rep.add_argument("recorded", nargs="+", type=Path)
     rep.add_argument("--curve", required=True, type=Path, help="a cost-curve JSON from the cache")
     rep.add_argument("--policies", default="auto,trie,oracle")
+    rep.add_argument("--draft-policy", default=LookaheadConfig.draft_policy, choices=("trie", "suffix"))
     args = parser.parse_args()
     if args.command == "record":
-        torch.set_num_threads(2)
+        torch.set_num_threads(args.threads)
         record(args.data, args.limit, args.max_new_tokens, args.out)
         return
     curve = load_curve(args.curve)
     for path in args.recorded:
         recorded = json.loads(path.read_text())
         for policy in args.policies.split(","):
-            config = LookaheadConfig(mode="trie" if policy == "trie" else "auto")
+            mode: Mode = "trie" if policy == "trie" else "auto"
+            config = LookaheadConfig(mode=mode, draft_policy=args.draft_policy)
             print(path.stem, policy, replay(recorded, config, curve, policy))
 
 

@@ -3,6 +3,7 @@
 from rag_lookahead.drafting.compose import ComposedDrafter, SharedDocuments, build_drafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter, NGramPool
 from rag_lookahead.drafting.protocol import Drafter
+from rag_lookahead.drafting.suffix import SuffixDrafter, SuffixRule
 from rag_lookahead.drafting.trie import OUTPUT_OWNER, InsertCursor, TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
 
@@ -14,6 +15,8 @@ __all__ = [
     "JacobiDrafter",
     "NGramPool",
     "SharedDocuments",
+    "SuffixDrafter",
+    "SuffixRule",
     "TokenTrie",
     "TrieDrafter",
     "build_drafter",

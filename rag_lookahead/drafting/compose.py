@@ -12,6 +12,7 @@ from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.drafting.constrained import GrammarDrafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter
 from rag_lookahead.drafting.protocol import Drafter
+from rag_lookahead.drafting.suffix import SuffixDrafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
 
@@ -39,6 +40,9 @@ def build_drafter(
     With ``shared`` documents the call's branches join theirs, which outlive the call.
     """
     drafters: list[Drafter] = []
+    pooled = [*sequences, *shared.sequences] if shared is not None else list(sequences)
+    if config.mode in ("auto", "trie") and config.draft_policy == "suffix":
+        drafters.append(SuffixDrafter(pooled, config.min_query_length))
     if config.mode in ("auto", "trie"):
         owner = shared.owner if shared is not None else f"call-{uuid.uuid4().hex}"
         drafters.append(
@@ -51,7 +55,6 @@ def build_drafter(
             )
         )
     if config.mode in ("auto", "jacobi"):
-        pooled = [*sequences, *shared.sequences] if shared is not None else list(sequences)
         drafters.append(JacobiDrafter(pooled, config.window_size, config.ngram_size, config.guess_set_size))
     return ComposedDrafter(drafters)
 
