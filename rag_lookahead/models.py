@@ -32,6 +32,7 @@ __all__ = [
     "builtin_model_dir",
     "builtin_name",
     "check_loading_options",
+    "check_placement",
     "default_cache_dir",
     "default_model_dir",
     "load_model",
@@ -260,6 +261,18 @@ def check_loading_options(
     )
 
 
+def check_placement(device: object, model_kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``model_kwargs`` place the model (a ``device_map``, a quantization): then it is
+    not moved, and a ``device`` given too is an error."""
+    placed = "device_map" in model_kwargs or "quantization_config" in model_kwargs
+    if placed and device is not None:
+        raise ValueError(
+            "a model placed by device_map or quantized is not moved: give device_map in "
+            "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
+        )
+    return placed
+
+
 def load_model(
     name_or_path: str | None = None,
     *,
@@ -294,12 +307,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_kw, tokenizer_kw = check_loading_options(model_kwargs, tokenizer_kwargs)
-    placed = "device_map" in model_kw or "quantization_config" in model_kw
-    if placed and device is not None:
-        raise ValueError(
-            "a model placed by device_map or quantized is not moved: give device_map in "
-            "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
-        )
+    placed = check_placement(device, model_kw)
     model_kw["dtype"] = _dtype(dtype, model_kw, device)
     location, local = _resolve(name_or_path, cache_dir, progress)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
