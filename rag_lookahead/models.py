@@ -35,6 +35,7 @@ __all__ = [
     "check_placement",
     "default_cache_dir",
     "default_model_dir",
+    "is_missing_directory",
     "load_model",
 ]
 
@@ -228,6 +229,13 @@ def _add_eos(generation_config: Any, token_id: int) -> None:
     generation_config.eos_token_id = [*ids, token_id] if token_id not in ids else ids
 
 
+def is_missing_directory(name: str) -> bool:
+    """Whether the model ``name`` reads as a path (or is one) that is no directory: nothing to
+    load, and no hub id either."""
+    path = Path(name).expanduser()
+    return (path.exists() or name.startswith((".", "/", "~"))) and not path.is_dir()
+
+
 def _resolve(name_or_path: str | None, cache_dir: Path | None, progress: bool) -> tuple[str, bool]:
     """A loadable location and whether it is a local directory."""
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
@@ -235,7 +243,7 @@ def _resolve(name_or_path: str | None, cache_dir: Path | None, progress: bool) -
         return str(builtin_model_dir(name, cache_dir, progress=progress)), True
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser()), True
-    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+    if is_missing_directory(name):
         raise FileNotFoundError(f"model path {name!r} is not a model directory")
     return name, False
 
