@@ -98,7 +98,7 @@ class LoadOptions:
     ) -> LoadOptions:
         """``load``, or the options given one by one (``None`` or ``False`` being not given),
         but not both: what the functions that take both accept."""
-        named = {"model": model, **options}
+        named: dict[str, Any] = {"model": model, **options}
         given = {name: value for name, value in named.items() if value is not None and value is not False}
         if load is None:
             return cls(**given)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.loading import LoadKeywords, LoadOptions
@@ -17,7 +18,7 @@ _LOADING_FLAGS = tuple(name for name in LoadKeywords.__annotations__ if name != 
 
 def load_options(args: argparse.Namespace, progress: bool = True) -> LoadOptions:
     """The model flags' loading options, with ``progress`` bars (drawn on a terminal only)."""
-    flags = {name: getattr(args, name, None) for name in _LOADING_FLAGS}
+    flags: dict[str, Any] = {name: getattr(args, name, None) for name in _LOADING_FLAGS}
     return LoadOptions.of(None, args.model, **flags, progress=progress)
 
 

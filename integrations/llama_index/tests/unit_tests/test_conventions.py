@@ -5,6 +5,7 @@ a model loaded with your own options."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
-from rag_lookahead import LookaheadEngine
+from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.testing import save_tiny_model, tiny_engine
 
 N = 24
@@ -163,3 +164,28 @@ def test_loading_options_reach_the_engine(tmp_path) -> None:
 def test_loading_options_and_an_engine_are_exclusive(engine, option) -> None:
     with pytest.raises(ValueError, match="either an engine or options"):
         LookaheadLLM(engine=engine, **option)
+
+
+def test_a_local_call_past_its_timeout_raises(engine) -> None:
+    llm = LookaheadLLM(engine=engine, max_new_tokens=200, timeout=0.05)
+    responses = llm.stream_complete(QUESTION)
+    next(responses)
+    time.sleep(1.0)  # an unread stream does not advance: the deadline passes while it waits
+    with pytest.raises(TimeoutError, match="timeout of 0.05 s"):
+        list(responses)
+    assert not engine.trie.owners() - {"__output__"}  # the call ended and let go of its branches
+    with pytest.raises(TimeoutError, match="timeout of 1e-09 s"):
+        asyncio.run(LookaheadLLM(engine=engine, max_new_tokens=200, timeout=1e-9).acomplete(QUESTION))
+    # A loose deadline changes nothing.
+    loose = LookaheadLLM(engine=engine, max_new_tokens=N, timeout=600)
+    assert loose.complete(QUESTION).text == greedy(engine)
+
+
+def test_lookahead_config_sets_a_given_engines_drafting(engine) -> None:
+    config = LookaheadConfig(mode="trie", decoding_length=4)
+    llm = LookaheadLLM(engine=engine, lookahead_config=config, max_new_tokens=N)
+    assert llm.engine.config == config and llm.engine.trie is engine.trie
+    assert llm.complete(QUESTION).text == greedy(engine)
+    renamed = pytest.warns(DeprecationWarning, match="lookahead_config")
+    with renamed, pytest.raises(ValueError, match="either"):
+        LookaheadLLM(engine=engine, config=config)  # its old name was a loading option
