@@ -5,7 +5,6 @@ a model loaded with your own options."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from llama_index.core.llms import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.testing import save_tiny_model, tiny_engine
+from rag_lookahead.testing import read_past_deadline, save_tiny_model, tiny_engine
 
 N = 24
 QUESTION = "Where is the lighthouse?"
@@ -167,13 +166,14 @@ def test_loading_options_and_an_engine_are_exclusive(engine, option) -> None:
 
 
 def test_a_local_call_past_its_timeout_raises(engine) -> None:
-    llm = LookaheadLLM(engine=engine, max_new_tokens=200, timeout=0.05)
-    responses = llm.stream_complete(QUESTION)
-    next(responses)
-    time.sleep(1.0)  # an unread stream does not advance: the deadline passes while it waits
-    with pytest.raises(TimeoutError, match="timeout of 0.05 s"):
-        list(responses)
-    assert not engine.trie.owners() - {"__output__"}  # the call ended and let go of its branches
+    for call in ("stream_complete", "stream_chat"):
+        prompt = (
+            QUESTION if call == "stream_complete" else [ChatMessage(role=MessageRole.USER, content=QUESTION)]
+        )
+        responses = getattr(LookaheadLLM(engine=engine, max_new_tokens=200, timeout=0.05), call)(prompt)
+        with pytest.raises(TimeoutError, match="timeout of 0.05 s"):
+            read_past_deadline(responses, 0.05)
+        assert not engine.trie.owners() - {"__output__"}  # the call ended and let go of its branches
     with pytest.raises(TimeoutError, match="timeout of 1e-09 s"):
         asyncio.run(LookaheadLLM(engine=engine, max_new_tokens=200, timeout=1e-9).acomplete(QUESTION))
     # A loose deadline changes nothing.
