@@ -41,7 +41,9 @@ _CORPORA_ROUTE = "/v1/corpora"
 @dataclass(frozen=True)
 class EngineLoad(LoadOptions):
     """How a replica makes its engine: the `LoadOptions` of its model (plain values, which
-    travel to every replica; each loads its own copy), and its drafting settings.
+    travel to every replica; each loads its own copy), and its drafting settings. Its
+    ``model`` is a built-in model's name, or a directory present at this path wherever a
+    replica runs.
 
     Attributes:
         config: The drafting settings (``None``: the defaults).
