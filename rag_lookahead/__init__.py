@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rag_lookahead.decoding.tree import DraftTree, StepDraft
     from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafter
     from rag_lookahead.engine import LookaheadEngine
+    from rag_lookahead.loading import LoadOptions
     from rag_lookahead.models import DEFAULT_MODEL, load_model
     from rag_lookahead.prompts import rag_messages
     from rag_lookahead.scope import DocumentScope
@@ -41,6 +42,7 @@ __all__ = [
     "GenerationParams",
     "Grammar",
     "JacobiDrafter",
+    "LoadOptions",
     "LookaheadConfig",
     "LookaheadEngine",
     "StepDraft",
@@ -66,6 +68,7 @@ _exported = lazy_attributes(
         "TokenTrie": "rag_lookahead.drafting",
         "TrieDrafter": "rag_lookahead.drafting",
         "LookaheadEngine": "rag_lookahead.engine",
+        "LoadOptions": "rag_lookahead.loading",
         "DEFAULT_MODEL": "rag_lookahead.models",
         "load_model": "rag_lookahead.models",
         "rag_messages": "rag_lookahead.prompts",

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,14 +29,18 @@ from rag_lookahead.drafting.compose import call_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.interface import EngineBase
+from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.measurement import measure_costs
 from rag_lookahead.model_facts import ModelFacts
-from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
+from rag_lookahead.prompts import Prompt
 from rag_lookahead.scheduler import Scheduler
 from rag_lookahead.scope import DocumentScope, check_scope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["LookaheadEngine"]
 
@@ -105,37 +109,31 @@ class LookaheadEngine(EngineBase):
         name_or_path: str | None = None,
         *,
         config: LookaheadConfig | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | str | None = None,
-        trust_remote_code: bool = False,
-        model_kwargs: Mapping[str, Any] | None = None,
-        tokenizer_kwargs: Mapping[str, Any] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        progress: bool = False,
+        load: LoadOptions | None = None,
+        **loading: Unpack[LoadKeywords],
     ) -> LookaheadEngine:
-        """Load a model offline and wrap it.
+        """Load a model offline and wrap it, with drafting settings ``config``.
 
-        ``name_or_path`` is ``None`` (the default SmolLM2-135M-Instruct), a built-in model's
-        name (``"gemma3-270m"``, see `rag_lookahead.models.BUILTIN_MODELS`), a local directory
-        or a hub id already in the local cache. ``device``, ``dtype``, ``trust_remote_code``,
-        ``model_kwargs`` and ``tokenizer_kwargs`` are `rag_lookahead.models.load_model`'s;
-        ``chat_template_kwargs`` go to the chat template of every chat prompt. ``progress``
-        shows progress bars on standard error, when it is a terminal, while a built-in model is
-        converted and while the costs are measured.
+        How it loads is ``load`` (`LoadOptions`), or the same options given one by one:
+        ``name_or_path`` (`LoadOptions.model`: ``None`` for the default SmolLM2-135M-Instruct,
+        a built-in model's name such as ``"gemma3-270m"``, a local directory or a hub id
+        already in the local cache), ``device``, ``dtype``, ``trust_remote_code``,
+        ``model_kwargs``, ``tokenizer_kwargs``, ``chat_template_kwargs`` and ``progress``.
         """
         from rag_lookahead.models import load_model
 
-        template_kwargs = check_chat_template_kwargs(chat_template_kwargs)  # before a long load
+        options = LoadOptions.of(load, name_or_path, **loading)  # checked before a long load
         model, tokenizer = load_model(
-            name_or_path,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            model_kwargs=model_kwargs,
-            tokenizer_kwargs=tokenizer_kwargs,
-            progress=progress,
+            options.model,
+            device=options.device,
+            dtype=options.dtype,
+            trust_remote_code=options.trust_remote_code,
+            model_kwargs=options.model_kwargs,
+            tokenizer_kwargs=options.tokenizer_kwargs,
+            progress=options.progress,
         )
-        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs, progress=progress)
+        template_kwargs = options.chat_template_kwargs
+        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs, progress=options.progress)
 
     def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
         """This engine with other drafting settings: the same model, runner and trie.

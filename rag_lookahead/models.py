@@ -32,8 +32,10 @@ __all__ = [
     "builtin_model_dir",
     "builtin_name",
     "check_loading_options",
+    "check_placement",
     "default_cache_dir",
     "default_model_dir",
+    "is_missing_directory",
     "load_model",
 ]
 
@@ -227,6 +229,13 @@ def _add_eos(generation_config: Any, token_id: int) -> None:
     generation_config.eos_token_id = [*ids, token_id] if token_id not in ids else ids
 
 
+def is_missing_directory(name: str) -> bool:
+    """Whether the model ``name`` reads as a path (or is one) that is no directory: nothing to
+    load, and no hub id either."""
+    path = Path(name).expanduser()
+    return (path.exists() or name.startswith((".", "/", "~"))) and not path.is_dir()
+
+
 def _resolve(name_or_path: str | None, cache_dir: Path | None, progress: bool) -> tuple[str, bool]:
     """A loadable location and whether it is a local directory."""
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
@@ -234,7 +243,7 @@ def _resolve(name_or_path: str | None, cache_dir: Path | None, progress: bool) -
         return str(builtin_model_dir(name, cache_dir, progress=progress)), True
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser()), True
-    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+    if is_missing_directory(name):
         raise FileNotFoundError(f"model path {name!r} is not a model directory")
     return name, False
 
@@ -258,6 +267,18 @@ def check_loading_options(
         keyword_arguments("model_kwargs", model_kwargs, _RESERVED),
         keyword_arguments("tokenizer_kwargs", tokenizer_kwargs, _RESERVED),
     )
+
+
+def check_placement(device: object, model_kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``model_kwargs`` place the model (a ``device_map``, a quantization): then it is
+    not moved, and a ``device`` given too is an error."""
+    placed = "device_map" in model_kwargs or "quantization_config" in model_kwargs
+    if placed and device is not None:
+        raise ValueError(
+            "a model placed by device_map or quantized is not moved: give device_map in "
+            "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
+        )
+    return placed
 
 
 def load_model(
@@ -294,12 +315,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_kw, tokenizer_kw = check_loading_options(model_kwargs, tokenizer_kwargs)
-    placed = "device_map" in model_kw or "quantization_config" in model_kw
-    if placed and device is not None:
-        raise ValueError(
-            "a model placed by device_map or quantized is not moved: give device_map in "
-            "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
-        )
+    placed = check_placement(device, model_kw)
     model_kw["dtype"] = _dtype(dtype, model_kw, device)
     location, local = _resolve(name_or_path, cache_dir, progress)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}

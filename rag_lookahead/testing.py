@@ -7,7 +7,8 @@ need: the same tokens with lookahead on and off. Nothing here downloads anything
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "greedy_reference",
     "nested_person",
     "packaged_template",
+    "read_past_deadline",
     "run_together",
     "save_tiny_model",
     "sliding_config",
@@ -353,3 +355,12 @@ def save_tiny_model(directory: Path, family: str = "llama") -> Path:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def read_past_deadline(items: Iterator[Any], seconds: float) -> list[Any]:
+    """Read the first of a call's ``items``, leave the rest unread past ``seconds`` (an unread
+    stream does not advance, so the call cannot end first), then read them: a call with that
+    deadline raises `TimeoutError` here."""
+    next(items)
+    time.sleep(seconds + 0.5)
+    return list(items)

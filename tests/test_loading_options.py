@@ -215,3 +215,41 @@ def test_a_missing_builtin_package_names_its_install_and_licence(monkeypatch) ->
         models.builtin_model_dir("gemma3-270m")
     with pytest.raises(KeyError, match="no built-in model"):
         models.builtin_model_dir("gemma9")
+
+
+def test_load_options_are_one_checked_value_of_plain_values(model_dir) -> None:
+    import pickle
+
+    from rag_lookahead import LoadOptions
+    from rag_lookahead.http.replica import EngineLoad
+
+    options = LoadOptions(model_dir, device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert (options.device, options.dtype) == ("cpu", "bfloat16")  # names, not torch objects
+    assert pickle.loads(pickle.dumps(options)) == options
+    assert options.given() == ["model", "device", "dtype"] and LoadOptions().given() == []
+    engine = LookaheadEngine.from_pretrained(load=options, config=LookaheadConfig(mode="trie"))
+    assert engine.model.dtype == torch.bfloat16 and engine.config.mode == "trie"
+    assert options.load().model.dtype == torch.bfloat16
+    replica = EngineLoad(model_dir, model_kwargs={"attn_implementation": "eager"}, config=engine.config)
+    assert isinstance(replica, LoadOptions) and replica.load().config == engine.config
+    with pytest.raises(ValueError, match="either as load= or one by one"):
+        LookaheadEngine.from_pretrained(model_dir, load=options)
+
+
+BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"dtype": "float33"}, ValueError, "torch dtype"),
+    ({"dtype": "__class__"}, ValueError, "torch dtype"),
+    ({"device": ""}, ValueError, "device must be"),
+    ({"trust_remote_code": "yes"}, TypeError, "trust_remote_code must be True or False"),
+    ({"progress": 1}, TypeError, "progress must be True or False"),
+    ({"model_kwargs": {"device_map": "cpu"}, "device": "cpu"}, ValueError, "not moved"),
+    ({"chat_template_kwargs": {"tokenize": False}}, ValueError, "sets it for every prompt"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), BAD_OPTIONS)
+def test_bad_load_options_are_refused_when_made(kwargs, error, message) -> None:
+    from rag_lookahead import LoadOptions
+
+    with pytest.raises(error, match=message):
+        LoadOptions(**kwargs)

@@ -6,9 +6,13 @@ engine's text and `DecodeStats` become OpenAI's reply objects and stream chunks 
 `ReplyStream`), as plain dicts. A front end that builds its own prompt (an adapter's
 message objects) plans its call's options the same way (`plan_call`), and reads a streamed
 reply that may call tools off the same `HeldReply`, and names the model as the others do
-(`display_name`). The core never imports this package.
+(`display_name`). Its engine comes from what its user gave, checked and resolved the same way
+(`EngineSource`), and its ``timeout`` bounds a local call the same way (`within_deadline`).
+The core never imports this package.
 """
 
+from rag_lookahead.adapters.deadline import within_deadline
+from rag_lookahead.adapters.engines import EngineSource, plain_engine
 from rag_lookahead.adapters.errors import RequestError
 from rag_lookahead.adapters.logprobs import openai_logprobs
 from rag_lookahead.adapters.names import display_name
@@ -30,6 +34,7 @@ __all__ = [
     "OPTION_KEYS",
     "CallKind",
     "CallPlan",
+    "EngineSource",
     "HeldReply",
     "ReplyHeader",
     "ReplyStream",
@@ -37,9 +42,11 @@ __all__ = [
     "ToolPlan",
     "display_name",
     "openai_logprobs",
+    "plain_engine",
     "plan_call",
     "plan_chat",
     "plan_completion",
     "reply",
     "usage",
+    "within_deadline",
 ]

@@ -4,6 +4,7 @@ ray`` for replicas under Ray Serve), or the vLLM or SGLang command for a model, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
 import shlex
@@ -86,15 +87,13 @@ def _run_backend(args: argparse.Namespace) -> int:
 def _run_local(args: argparse.Namespace) -> int:
     import torch
 
-    from rag_lookahead.engine import LookaheadEngine
+    from rag_lookahead.cli.settings import load_options
 
     settings = _serve_settings(args)
     serve = _server()  # before a long load
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained(
-        args.model, config=_config(args), device=args.device, dtype=args.dtype, progress=True
-    )
+    engine = load_options(args).load(_config(args))
     _announce(args, settings)
     serve(engine, settings, args.host, args.port)
     return 0
@@ -109,7 +108,10 @@ def _run_ray(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--backend ray needs the ray and serve extras: pip install 'rag-lookahead[ray,serve]' ({err})"
         ) from None
-    load = EngineLoad(model=args.model, device=args.device, dtype=args.dtype, config=_config(args))
+    from rag_lookahead.cli.settings import load_options
+
+    # No bars: a replica's output is no terminal.
+    load = EngineLoad(**dataclasses.asdict(load_options(args, progress=False)), config=_config(args))
     _announce(args, settings)
     run_ray(load, settings, args.host, args.port, replicas=args.replicas or 1, address=args.ray_address)
     return 0

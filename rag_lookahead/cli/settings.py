@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.rag.chunking import ChunkingConfig
 from rag_lookahead.rag.retrieval import RetrievalConfig, check_mode
 
-__all__ = ["chunking_config", "lookahead_config", "retrieval_config"]
+__all__ = ["chunking_config", "load_options", "lookahead_config", "retrieval_config"]
+
+# The model flags besides --model, named as the options (`serve` takes only some of them).
+_LOADING_FLAGS = tuple(name for name in LoadKeywords.__annotations__ if name != "progress")
+
+
+def load_options(args: argparse.Namespace, progress: bool = True) -> LoadOptions:
+    """The model flags' loading options, with ``progress`` bars (drawn on a terminal only)."""
+    flags: dict[str, Any] = {name: getattr(args, name, None) for name in _LOADING_FLAGS}
+    return LoadOptions.of(None, args.model, **flags, progress=progress)
 
 
 def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.cli.settings import chunking_config, lookahead_config, retrieval_config
+from rag_lookahead.cli.settings import chunking_config, load_options, lookahead_config, retrieval_config
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.progress import progress_bar
 from rag_lookahead.rag import DocumentIndex, RagPipeline, SentenceTransformerEmbedder
@@ -20,6 +20,7 @@ __all__ = [
     "bundled_index",
     "bundled_questions",
     "chunking_config",
+    "load_options",
     "lookahead_config",
     "make_embedder",
     "make_engine",
@@ -34,17 +35,7 @@ def make_engine(args: argparse.Namespace, measure: bool = True) -> LookaheadEngi
     reading it from the cache, unless not ``measure``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained(
-        args.model,
-        config=lookahead_config(args),
-        device=args.device,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        model_kwargs=args.model_kwargs,
-        tokenizer_kwargs=args.tokenizer_kwargs,
-        chat_template_kwargs=args.chat_template_kwargs,
-        progress=True,  # bars on a terminal only
-    )
+    engine = load_options(args).load(lookahead_config(args))
     if measure and engine.config.mode == "auto" and engine.tree_verification:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.
         engine.measure_costs(remeasure=args.remeasure)

@@ -1,6 +1,7 @@
 """What each replica of the app runs with when several serve side by side (Ray Serve): how it
-loads its engine (`EngineLoad`: plain values, sent to every replica) and the app it serves
-(`replica_app`: every answer names the replica, corpus routes are refused).
+loads its engine (`EngineLoad`: `LoadOptions` and drafting settings, plain values sent to every
+replica) and the app it serves (`replica_app`: every answer names the replica, corpus routes
+are refused).
 
 Replicas share nothing, so every request must carry what it drafts from (``documents``). A
 corpus (``/v1/corpora``) would live in one replica's trie while the next request naming it may
@@ -20,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.http.errors import error_body
+from rag_lookahead.loading import LoadOptions
 
 if TYPE_CHECKING:
     from rag_lookahead.engine import LookaheadEngine
@@ -36,47 +38,27 @@ CORPORA_REFUSED = (
 _CORPORA_ROUTE = "/v1/corpora"
 
 
-def _optional_text(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
-
-
 @dataclass(frozen=True)
-class EngineLoad:
-    """How a replica loads its engine: `LookaheadEngine.from_pretrained`'s options as plain
-    values, which travel to every replica (each loads its own copy).
+class EngineLoad(LoadOptions):
+    """How a replica makes its engine: the `LoadOptions` of its model (plain values, which
+    travel to every replica; each loads its own copy), and its drafting settings. Its
+    ``model`` is a built-in model's name, or a directory present at this path wherever a
+    replica runs.
 
     Attributes:
-        model: A built-in model's name, or a model directory present at this path wherever a
-            replica runs (``None``: the default model).
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (``None``: the CPU).
-        dtype: A torch dtype's name (``"bfloat16"``) or ``"auto"`` (``None``: fp32 on the CPU).
         config: The drafting settings (``None``: the defaults).
     """
 
-    model: str | None = None
-    device: str | None = None
-    dtype: str | None = None
     config: LookaheadConfig | None = None
 
     def __post_init__(self) -> None:
-        _optional_text("model", self.model)
-        _optional_text("device", self.device)
-        _optional_text("dtype", self.dtype)
+        super().__post_init__()
         if self.config is not None and not isinstance(self.config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig or None, got {type(self.config).__name__}")
 
-    @property
-    def on_gpu(self) -> bool:
-        """Whether the engine runs on a CUDA device (its replica then needs a GPU)."""
-        return self.device is not None and self.device.startswith("cuda")
-
-    def load(self) -> LookaheadEngine:
-        from rag_lookahead.engine import LookaheadEngine
-
-        return LookaheadEngine.from_pretrained(
-            self.model, config=self.config, device=self.device, dtype=self.dtype
-        )
+    def load(self, config: LookaheadConfig | None = None) -> LookaheadEngine:
+        """The engine, drafting with ``config`` or else this load's own."""
+        return super().load(config or self.config)
 
 
 def replica_app(app: FastAPI, replica: str) -> FastAPI:

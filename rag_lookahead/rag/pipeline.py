@@ -9,22 +9,23 @@ in the trie and help later questions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.interface import Engine
+from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.prompts import RAG_SYSTEM, rag_messages
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
 from rag_lookahead.rag.retrieval import RetrievalConfig
 from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.streaming.stream import StreamChunk, TextStream
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Answer", "AnswerStream", "History", "PreparedQuery", "RagPipeline", "RetrievalConfig"]
 
@@ -143,30 +144,18 @@ class RagPipeline:
         *,
         system_prompt: str | None = RAG_SYSTEM,
         lookahead_config: LookaheadConfig | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | str | None = None,
-        trust_remote_code: bool = False,
-        model_kwargs: Mapping[str, Any] | None = None,
-        tokenizer_kwargs: Mapping[str, Any] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
+        load: LoadOptions | None = None,
+        **loading: Unpack[LoadKeywords],
     ) -> RagPipeline:
         """A pipeline over ``index`` with a model loaded offline, your way.
 
-        The model and its options are `LookaheadEngine.from_pretrained`'s (its ``config`` is
-        ``lookahead_config`` here), e.g. ``chat_template_kwargs={"enable_thinking": False}``
-        so that a Qwen3 model answers without a thinking block.
+        The model loads as ``load`` (`LoadOptions`) says, or as the same options given one by
+        one (``name_or_path`` is `LoadOptions.model`), e.g.
+        ``chat_template_kwargs={"enable_thinking": False}`` so that a Qwen3 model answers
+        without a thinking block; ``lookahead_config`` is the engine's drafting settings.
         """
-        engine = LookaheadEngine.from_pretrained(
-            name_or_path,
-            config=lookahead_config,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            model_kwargs=model_kwargs,
-            tokenizer_kwargs=tokenizer_kwargs,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-        return cls(engine, index, config, system_prompt=system_prompt)
+        options = LoadOptions.of(load, name_or_path, **loading)
+        return cls(options.load(lookahead_config), index, config, system_prompt=system_prompt)
 
     def retrieve(self, question: str) -> list[Hit]:
         """The relevant chunks for ``question``, best first (possibly none)."""

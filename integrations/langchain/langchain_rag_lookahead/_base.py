@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -24,12 +23,20 @@ from typing_extensions import Self
 
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
-from rag_lookahead import DEFAULT_MODEL, DecodeStats, LookaheadConfig, LookaheadEngine, TextStream
-from rag_lookahead.adapters import FINISH_REASONS, CallKind, CallPlan, RequestError, display_name, plan_call
+from rag_lookahead import DecodeStats, LookaheadConfig
+from rag_lookahead.adapters import (
+    FINISH_REASONS,
+    CallKind,
+    CallPlan,
+    EngineSource,
+    RequestError,
+    plan_call,
+    within_deadline,
+)
 from rag_lookahead.interface import Engine
-from rag_lookahead.models import check_loading_options
-from rag_lookahead.prompts import Prompt, check_chat_template_kwargs
-from rag_lookahead.server import ServerEngine, ServerKind
+from rag_lookahead.loading import LoadKeywords, LoadOptions
+from rag_lookahead.prompts import Prompt
+from rag_lookahead.server import ServerKind
 from rag_lookahead.streaming import StreamChunk
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
@@ -47,29 +54,8 @@ Piece = StreamChunk | DecodeStats
 
 DocumentLike = str | Document
 
-_LOAD_FIELDS = frozenset(
-    {
-        "model",
-        "device",
-        "dtype",
-        "trust_remote_code",
-        "model_kwargs",
-        "tokenizer_kwargs",
-        "chat_template_kwargs",
-    }
-)
-_LOCAL_FIELDS = frozenset(
-    {
-        "device",
-        "dtype",
-        "trust_remote_code",
-        "lookahead_config",
-        "model_kwargs",
-        "tokenizer_kwargs",
-        "chat_template_kwargs",
-    }
-)
-_SERVER_FIELDS = frozenset({"server_kind"})
+# The loading options among the fields (`LoadOptions` besides ``model``).
+_LOAD_FIELDS = tuple(name for name in LoadKeywords.__annotations__ if name != "progress")
 
 
 class LookaheadSettings(BaseModel):
@@ -191,95 +177,45 @@ class LookaheadSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_source(self) -> Self:
-        given = self.model_fields_set
-        if self.engine is not None and (_LOAD_FIELDS | {"base_url"}) & given:
-            names = ", ".join(sorted((_LOAD_FIELDS | {"base_url"}) & given))
-            raise ValueError(f"pass either `engine` or options to load a model ({names}), not both")
-        if self.base_url is not None:
-            return self._check_server()
-        if _SERVER_FIELDS & given:
-            raise ValueError(f"{sorted(_SERVER_FIELDS & given)} apply to a server: pass `base_url` too")
-        if self.model is not None:
-            path = Path(self.model).expanduser()
-            looks_local = self.model.startswith((".", "/", "~")) or path.exists()
-            if looks_local and not path.is_dir():
-                raise ValueError(f"model {self.model!r} is not a model directory")
-        # Checked now rather than when the first call loads the model.
-        check_loading_options(self.model_kwargs, self.tokenizer_kwargs)
-        check_chat_template_kwargs(self.chat_template_kwargs)
-        return self
-
-    def _check_server(self) -> Self:
-        if not self.model:
-            raise ValueError("with `base_url`, `model` is the served model's name")
-        local = sorted(_LOCAL_FIELDS & self.model_fields_set)
-        if local:
-            raise ValueError(f"{local} apply to a local model, not to a server at `base_url`")
-        if not self.lookahead:
-            raise ValueError(
-                "a server decides its own speculative decoding; `lookahead=False` needs a local model"
-            )
+        self.engine_source()  # checked now rather than when the first call loads the model
         return self
 
     # ------------------------------------------------------------------ engine
 
+    def engine_source(self) -> EngineSource:
+        """Where the engine comes from, as these settings say (checked; nothing loads)."""
+        server: dict[str, Any] = {"kind": None if self.server_kind == "openai" else self.server_kind}
+        if self.base_url is not None:  # else accepted and unused, as other chat models' are
+            server["api_key"] = self.api_key.get_secret_value() if self.api_key is not None else None
+            server["max_retries"] = self.max_retries
+        return EngineSource(
+            engine=self.engine,
+            load=LoadOptions.of(None, self.model, **{name: getattr(self, name) for name in _LOAD_FIELDS}),
+            base_url=self.base_url,
+            server=server,
+            timeout=self.timeout,
+            lookahead_config=self.lookahead_config,
+            lookahead=self.lookahead,
+        )
+
     @property
     def model_name(self) -> str:
         """The model's name, for traces and `response_metadata`."""
-        if self.engine is not None:
-            return display_name(self.engine)
-        return self.model or DEFAULT_MODEL
+        return self.engine_source().model_name
 
     def resolved_config(self) -> LookaheadConfig | None:
         """The drafting settings calls run with (mode ``"off"`` when ``lookahead=False``).
 
         ``None`` on a server, which drafts by its own settings.
         """
-        config = self.lookahead_config
-        if config is None:
-            if self.base_url is not None or _foreign(self.engine):
-                return None
-            config = self.engine.config if isinstance(self.engine, LookaheadEngine) else LookaheadConfig()
-        return config if self.lookahead else dataclasses.replace(config, mode="off")
+        return self.engine_source().config
 
     def get_engine(self) -> Engine:
         """The engine calls run on, loading the model on first use (thread-safe)."""
         with self._resolve_lock:
             if self._resolved is None:
-                self._resolved = self._build_engine()
+                self._resolved = self.engine_source().resolve()
             return self._resolved
-
-    def _build_engine(self) -> Engine:
-        if self.base_url is not None:
-            return ServerEngine(
-                self.base_url,
-                str(self.model),
-                self.server_kind,
-                api_key=self.api_key.get_secret_value() if self.api_key is not None else None,
-                timeout=self.timeout if self.timeout is not None else 600.0,
-                max_retries=self.max_retries if self.max_retries is not None else 2,
-            )
-        config = self.resolved_config()
-        if self.engine is not None and not isinstance(self.engine, LookaheadEngine):
-            if config is not None:
-                raise ValueError("`lookahead_config` applies to a local LookaheadEngine, not to this engine")
-            return self.engine if self.lookahead else self.engine.plain()
-        assert config is not None
-        if self.engine is None:
-            return LookaheadEngine.from_pretrained(
-                self.model,
-                config=config,
-                device=self.device,
-                dtype=self.dtype,
-                trust_remote_code=self.trust_remote_code,
-                model_kwargs=self.model_kwargs,
-                tokenizer_kwargs=self.tokenizer_kwargs,
-                chat_template_kwargs=self.chat_template_kwargs,
-            )
-        if self.engine.config == config:
-            return self.engine
-        # The same model, runner and trie, other drafting settings (e.g. lookahead off).
-        return self.engine.with_config(config)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -358,11 +294,7 @@ class LookaheadSettings(BaseModel):
         engine = self.get_engine()
         scope = link.scope(engine)
         with engine.stream(plan.prompt, plan.params, scope=scope, **plan.stream_kwargs()) as stream:
-            # A server's `timeout` is its own; without one it is the whole call's deadline.
-            deadline = _Deadline(self.timeout if self.base_url is None else None, stream)
-            with deadline:
-                yield from stream.chunks()
-            deadline.check(stream.stats)
+            yield from within_deadline(stream.chunks(), stream, self.engine_source().deadline)
             yield stream.stats
 
     def _response_metadata(self, stats: DecodeStats) -> dict[str, Any]:
@@ -372,41 +304,6 @@ class LookaheadSettings(BaseModel):
             "finish_reason": FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
             "lookahead": stats.as_dict(),
         }
-
-
-class _Deadline:
-    """A local call's deadline: its stream is closed once ``seconds`` have passed.
-
-    The close comes from a timer thread (so a call waiting for its turn ends too, a step later
-    at most); `check` then raises `TimeoutError` as other chat models' timeouts do, rather
-    than returning a silently cut answer.
-    """
-
-    def __init__(self, seconds: float | None, stream: TextStream) -> None:
-        self.seconds = seconds
-        self._expired = threading.Event()
-        self._stream = stream
-        self._timer = threading.Timer(seconds, self._expire) if seconds is not None else None
-        if self._timer is not None:
-            self._timer.daemon = True
-
-    def _expire(self) -> None:
-        self._expired.set()
-        self._stream.close()
-
-    def check(self, stats: DecodeStats) -> None:
-        """Raise if the deadline closed the call (one that finished first keeps its reason)."""
-        if self._expired.is_set() and stats.finish_reason == "abandoned":
-            raise TimeoutError(f"the call ran past its timeout of {self.seconds} s")
-
-    def __enter__(self) -> Self:
-        if self._timer is not None:
-            self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
 
 
 def usage(stats: DecodeStats) -> dict[str, int]:
@@ -430,8 +327,3 @@ def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[st
         else:
             raise TypeError(f"documents are strings or LangChain Documents, got {type(doc).__name__}")
     return texts
-
-
-def _foreign(engine: Engine | None) -> bool:
-    """Whether ``engine`` is given and is not a local `LookaheadEngine` (a server's)."""
-    return engine is not None and not isinstance(engine, LookaheadEngine)

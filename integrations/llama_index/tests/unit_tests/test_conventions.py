@@ -14,8 +14,8 @@ from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
-from rag_lookahead import LookaheadEngine
-from rag_lookahead.testing import save_tiny_model, tiny_engine
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.testing import read_past_deadline, save_tiny_model, tiny_engine
 
 N = 24
 QUESTION = "Where is the lighthouse?"
@@ -163,3 +163,29 @@ def test_loading_options_reach_the_engine(tmp_path) -> None:
 def test_loading_options_and_an_engine_are_exclusive(engine, option) -> None:
     with pytest.raises(ValueError, match="either an engine or options"):
         LookaheadLLM(engine=engine, **option)
+
+
+def test_a_local_call_past_its_timeout_raises(engine) -> None:
+    for call in ("stream_complete", "stream_chat"):
+        prompt = (
+            QUESTION if call == "stream_complete" else [ChatMessage(role=MessageRole.USER, content=QUESTION)]
+        )
+        responses = getattr(LookaheadLLM(engine=engine, max_new_tokens=200, timeout=0.05), call)(prompt)
+        with pytest.raises(TimeoutError, match="timeout of 0.05 s"):
+            read_past_deadline(responses, 0.05)
+        assert not engine.trie.owners() - {"__output__"}  # the call ended and let go of its branches
+    with pytest.raises(TimeoutError, match="timeout of 1e-09 s"):
+        asyncio.run(LookaheadLLM(engine=engine, max_new_tokens=200, timeout=1e-9).acomplete(QUESTION))
+    # A loose deadline changes nothing.
+    loose = LookaheadLLM(engine=engine, max_new_tokens=N, timeout=600)
+    assert loose.complete(QUESTION).text == greedy(engine)
+
+
+def test_lookahead_config_sets_a_given_engines_drafting(engine) -> None:
+    config = LookaheadConfig(mode="trie", decoding_length=4)
+    llm = LookaheadLLM(engine=engine, lookahead_config=config, max_new_tokens=N)
+    assert llm.engine.config == config and llm.engine.trie is engine.trie
+    assert llm.complete(QUESTION).text == greedy(engine)
+    renamed = pytest.warns(DeprecationWarning, match="lookahead_config")
+    with renamed, pytest.raises(ValueError, match="either"):
+        LookaheadLLM(engine=engine, config=config)  # its old name was a loading option

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+import warnings
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -36,8 +37,8 @@ from llama_index.core.tools.types import BaseTool
 
 from llama_index.llms.rag_lookahead import calls
 from llama_index.llms.rag_lookahead.calls import Call, Settings
-from llama_index.llms.rag_lookahead.loading import plain_engine, resolve_engine, server_arguments
 from llama_index.llms.rag_lookahead.responses import (
+    R,
     Shape,
     alast,
     aresponses,
@@ -55,8 +56,9 @@ from llama_index.llms.rag_lookahead.tools import (
     tool_selections,
 )
 from rag_lookahead import DEFAULT_MODEL, LookaheadConfig, TextStream
-from rag_lookahead.adapters import RequestError, display_name, plan_call
+from rag_lookahead.adapters import EngineSource, RequestError, display_name, plain_engine, plan_call
 from rag_lookahead.interface import Engine
+from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.server import ServerKind
 
 __all__ = ["LookaheadLLM"]
@@ -159,56 +161,53 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         self,
         engine: Engine | None = None,
         *,
-        config: LookaheadConfig | None = None,
-        device: str | None = None,
-        dtype: Any = None,
-        trust_remote_code: bool = False,
-        model_kwargs: dict[str, Any] | None = None,
-        tokenizer_kwargs: dict[str, Any] | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        lookahead_config: LookaheadConfig | None = None,
         model: str | None = None,
         base_url: str | None = None,
         server_kind: ServerKind = "openai",
         api_key: str | None = None,
         timeout: float | None = None,
         max_retries: int | None = None,
+        config: LookaheadConfig | None = None,
         **kwargs: Any,
     ) -> None:
-        """Wrap ``engine``, or load ``model_name`` offline with ``config`` and the loading
-        options of `LookaheadEngine.from_pretrained`: ``device``, ``dtype``,
+        """Wrap ``engine``, or load ``model_name`` offline with the loading options of
+        `rag_lookahead.LoadOptions` given by name: ``device``, ``dtype``,
         ``trust_remote_code``, ``model_kwargs`` (device_map, quantization_config,
-        attn_implementation, revision...), ``tokenizer_kwargs`` and ``chat_template_kwargs``
-        (e.g. ``{"enable_thinking": False}`` for Qwen3).
+        attn_implementation, revision...), ``tokenizer_kwargs``, ``chat_template_kwargs``
+        (e.g. ``{"enable_thinking": False}`` for Qwen3) and ``progress``.
+        ``lookahead_config`` is the drafting settings (`LookaheadConfig`): the loaded
+        model's, or those of a variant of the given `LookaheadEngine`; ``config`` is its old
+        name (deprecated), a loading option refused beside an engine.
 
         Or, with ``base_url`` (an OpenAI-compatible API root such as
         ``"http://localhost:8000/v1"``), answer on that server as LangChain's ``ChatLookahead``
         does: ``model`` is then the served model's name, and ``server_kind`` ('vllm', 'sglang',
         'rag-lookahead' or 'openai'), ``api_key``, ``timeout`` (seconds to wait for the server,
         default 600) and ``max_retries`` (default 2) go to its `ServerEngine`. ``model`` is
-        ``model_name`` under LangChain's and OpenAI's name.
+        ``model_name`` under LangChain's and OpenAI's name. Without ``base_url``, ``timeout``
+        is the seconds a whole call may take: past them the call stops and raises
+        `TimeoutError`.
 
         Other keyword arguments set the fields above (and `CustomLLM`'s, e.g. ``system_prompt``).
         """
         if model is not None and kwargs.setdefault("model_name", model) != model:
             raise ValueError("pass either `model` or `model_name`, not both")
-        server = server_arguments(
-            base_url,
-            server_kind=server_kind,
-            api_key=api_key,
+        loading = {name: kwargs.pop(name) for name in LoadKeywords.__annotations__ if name in kwargs}
+        source = EngineSource(
+            engine=engine,
+            load=LoadOptions.of(None, None if engine is not None else kwargs.get("model_name"), **loading),
+            base_url=base_url,
+            server={
+                "kind": None if server_kind == "openai" else server_kind,
+                "api_key": api_key,
+                "max_retries": max_retries,
+                "context_window": kwargs.get("context_window") if base_url is not None else None,
+            },
             timeout=timeout,
-            max_retries=max_retries,
-            context_window=kwargs.get("context_window"),
+            lookahead_config=_renamed_config(config, lookahead_config, engine),
         )
-        load = {
-            "config": config,
-            "device": device,
-            "dtype": dtype,
-            "trust_remote_code": trust_remote_code or None,
-            "model_kwargs": model_kwargs,
-            "tokenizer_kwargs": tokenizer_kwargs,
-            "chat_template_kwargs": chat_template_kwargs,
-        }
-        engine = resolve_engine(engine, kwargs.get("model_name"), load, server)
+        engine = source.resolve()
         kwargs.setdefault("model_name", display_name(engine))
         window = engine.context_window
         if window is not None:
@@ -216,6 +215,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         kwargs.setdefault("is_chat_model", engine.chat)
         super().__init__(**kwargs)
         self._engine = engine
+        self._deadline = source.deadline
         if self.track_retrievals and engine.drafts_from_documents:
             self._retrievals = RetrievalScopes.attach()
 
@@ -247,40 +247,46 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return last(responses(*self._completion(prompt, formatted, kwargs)))
+        return last(responses(*self._completion(prompt, formatted, kwargs), self._deadline))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return responses(*self._completion(prompt, formatted, kwargs))
+        return responses(*self._completion(prompt, formatted, kwargs), self._deadline)
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return last(responses(*self._chat(messages, kwargs)))
+        return last(responses(*self._chat(messages, kwargs), self._deadline))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return responses(*self._chat(messages, kwargs))
+        return responses(*self._chat(messages, kwargs), self._deadline)
 
     # Async calls open in a worker thread (tokenizing a long prompt is work too; `to_thread`
     # copies the context, the published scope included) and decode in worker threads.
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return await alast(aresponses(*await asyncio.to_thread(self._completion, prompt, formatted, kwargs)))
+        return await alast(await self._aopen(self._completion, prompt, formatted, kwargs))
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        return aresponses(*await asyncio.to_thread(self._completion, prompt, formatted, kwargs))
+        return await self._aopen(self._completion, prompt, formatted, kwargs)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await alast(aresponses(*await asyncio.to_thread(self._chat, messages, kwargs)))
+        return await alast(await self._aopen(self._chat, messages, kwargs))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        return aresponses(*await asyncio.to_thread(self._chat, messages, kwargs))
+        return await self._aopen(self._chat, messages, kwargs)
+
+    async def _aopen(
+        self, open_call: Callable[..., tuple[TextStream, Shape[R]]], *args: Any
+    ) -> AsyncGenerator[R, None]:
+        """The responses of a call opened in a worker thread (tokenizing a long prompt is work too)."""
+        return aresponses(*await asyncio.to_thread(open_call, *args), self._deadline)
 
     # Every surface method streams. The call is opened before its responses are returned, not
     # on their first iteration, so that the scope published at the call is the one read.
@@ -385,6 +391,21 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         call = calls.plan(prompt, kwargs, self._engine, settings, chat=chat, response_format=response_format)
         engine = self._engine if self.lookahead else plain_engine(self._engine)
         return open_stream(self._engine, engine, call.plan, call.scope, self._retrievals), call
+
+
+def _renamed_config(
+    config: LookaheadConfig | None, lookahead_config: LookaheadConfig | None, engine: Engine | None
+) -> LookaheadConfig | None:
+    """``lookahead_config``, or ``config`` under its old name: a loading option, as it was."""
+    if config is None:
+        return lookahead_config
+    warnings.warn("LookaheadLLM(config=...) is now lookahead_config=", DeprecationWarning, stacklevel=3)
+    if engine is not None or lookahead_config is not None:
+        raise ValueError(
+            "takes either an engine or options to load one, not both: pass either `engine` or config "
+            "(or lookahead_config=, the drafting settings of a given engine's variant)"
+        )
+    return config
 
 
 def _chat_shape(call: Call) -> Shape[ChatResponse]:

@@ -21,7 +21,7 @@ from llama_index.core.base.llms.types import (
 )
 
 from rag_lookahead import DecodeStats, TextStream, TokenLogprob
-from rag_lookahead.adapters import HeldReply
+from rag_lookahead.adapters import HeldReply, within_deadline
 from rag_lookahead.streaming import aiterate
 from rag_lookahead.structured import ToolFormat
 
@@ -116,21 +116,24 @@ def _with_logprobs(response: R, stream: TextStream) -> R:
     return response
 
 
-def responses(stream: TextStream, shape: Shape[R]) -> Generator[R, None, None]:
-    """Cumulative responses per shown piece, then one with the rest and the stats."""
+def responses(stream: TextStream, shape: Shape[R], deadline: float | None = None) -> Generator[R, None, None]:
+    """Cumulative responses per shown piece, then one with the rest and the stats; past
+    ``deadline`` seconds, `TimeoutError` (see `within_deadline`)."""
     reply = HeldReply(shape.tool_format)
     with stream:  # leaving early ends generation and releases the call's trie branches
-        for chunk in stream.chunks():
+        for chunk in within_deadline(stream.chunks(), stream, deadline):
             if (response := shape.piece(reply, chunk.text)) is not None:
                 yield _with_logprobs(response, stream)
     yield _with_logprobs(shape.end(stream, reply), stream)
 
 
-async def aresponses(stream: TextStream, shape: Shape[R]) -> AsyncGenerator[R, None]:
+async def aresponses(
+    stream: TextStream, shape: Shape[R], deadline: float | None = None
+) -> AsyncGenerator[R, None]:
     """`responses` for async callers (decoding runs in worker threads)."""
     reply = HeldReply(shape.tool_format)
     # `async for` alone would leave the chunks open when the consumer stops early.
-    async with aclosing(aiterate(stream.chunks())) as chunks:
+    async with aclosing(aiterate(within_deadline(stream.chunks(), stream, deadline))) as chunks:
         async for chunk in chunks:
             if (response := shape.piece(reply, chunk.text)) is not None:
                 yield _with_logprobs(response, stream)

@@ -319,35 +319,13 @@ class _SpanHandler(BaseSpanHandler[Any]):
 
     # Spans are tracked by the methods above; the base class's bookkeeping stays unused.
 
-    def new_span(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        parent_span_id: str | None = None,
-        tags: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def new_span(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def prepare_to_exit_span(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        result: Any | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def prepare_to_exit_span(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def prepare_to_drop_span(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        err: BaseException | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def prepare_to_drop_span(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 

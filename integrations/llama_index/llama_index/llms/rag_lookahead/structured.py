@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 from llama_index.core.base.llms.types import ChatMessage
-from llama_index.core.bridge.pydantic import BaseModel, ValidationError
+from llama_index.core.bridge.pydantic import BaseModel, PrivateAttr, ValidationError
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import (
     LLMStructuredPredictEndEvent,
@@ -28,6 +28,7 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.types import PydanticProgramMode
 
 from rag_lookahead import TextStream
+from rag_lookahead.adapters import within_deadline
 from rag_lookahead.streaming import DecodeStats, aiterate
 
 __all__ = [
@@ -93,25 +94,28 @@ def partial_structured(output_cls: type[BaseModel], text: str) -> FlexibleModel 
         return None
 
 
-def predict(stream: TextStream, output_cls: type[Model]) -> Model:
-    """The whole reply as an ``output_cls`` instance."""
-    completion = stream.complete()
-    return parse_structured(output_cls, completion.text, completion.stats)
+def predict(stream: TextStream, output_cls: type[Model], deadline: float | None = None) -> Model:
+    """The whole reply as an ``output_cls`` instance (`TimeoutError` past ``deadline`` seconds)."""
+    for _ in within_deadline(stream.chunks(), stream, deadline):
+        pass
+    return parse_structured(output_cls, stream.text, stream.stats)
 
 
-async def apredict(stream: TextStream, output_cls: type[Model]) -> Model:
+async def apredict(stream: TextStream, output_cls: type[Model], deadline: float | None = None) -> Model:
     """`predict` for async callers (decoding runs in worker threads)."""
-    async with aclosing(aiterate(stream.chunks())) as chunks:
+    async with aclosing(aiterate(within_deadline(stream.chunks(), stream, deadline))) as chunks:
         async for _ in chunks:
             pass
     return parse_structured(output_cls, stream.text, stream.stats)
 
 
-def partials(stream: TextStream, output_cls: type[Model]) -> Generator[Any, None, None]:
+def partials(
+    stream: TextStream, output_cls: type[Model], deadline: float | None = None
+) -> Generator[Any, None, None]:
     """Partial objects as the JSON grows (each new one once), then the ``output_cls`` instance."""
     last = None
     with stream:
-        for chunk in stream.chunks():
+        for chunk in within_deadline(stream.chunks(), stream, deadline):
             partial = partial_structured(output_cls, stream.text) if chunk.text else None
             if partial is not None and partial != last:
                 last = partial
@@ -119,10 +123,12 @@ def partials(stream: TextStream, output_cls: type[Model]) -> Generator[Any, None
     yield parse_structured(output_cls, stream.text, stream.stats)
 
 
-async def apartials(stream: TextStream, output_cls: type[Model]) -> AsyncGenerator[Any, None]:
+async def apartials(
+    stream: TextStream, output_cls: type[Model], deadline: float | None = None
+) -> AsyncGenerator[Any, None]:
     """`partials` for async callers (decoding runs in worker threads)."""
     last = None
-    async with aclosing(aiterate(stream.chunks())) as chunks:
+    async with aclosing(aiterate(within_deadline(stream.chunks(), stream, deadline))) as chunks:
         async for chunk in chunks:
             partial = partial_structured(output_cls, stream.text) if chunk.text else None
             if partial is not None and partial != last:
@@ -134,6 +140,9 @@ async def apartials(stream: TextStream, output_cls: type[Model]) -> AsyncGenerat
 class StructuredOutputLLM(LLM):
     """An LLM whose structured output is a reply decoded under the output class's JSON
     schema (in `PydanticProgramMode.DEFAULT`; another mode goes LlamaIndex's way)."""
+
+    # Seconds a whole call may take (a local call's ``timeout``), or ``None``.
+    _deadline: float | None = PrivateAttr(default=None)
 
     @abstractmethod
     def _open_structured(
@@ -171,7 +180,8 @@ class StructuredOutputLLM(LLM):
         dispatcher.event(
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
-        result = predict(self._structured_stream(output_cls, prompt, llm_kwargs, prompt_args), output_cls)
+        stream = self._structured_stream(output_cls, prompt, llm_kwargs, prompt_args)
+        result = predict(stream, output_cls, self._deadline)
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
@@ -189,7 +199,7 @@ class StructuredOutputLLM(LLM):
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
         stream = await asyncio.to_thread(self._structured_stream, output_cls, prompt, llm_kwargs, prompt_args)
-        result = await apredict(stream, output_cls)
+        result = await apredict(stream, output_cls, self._deadline)
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
@@ -204,7 +214,8 @@ class StructuredOutputLLM(LLM):
         instance; decoded under the schema's grammar."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        return partials(self._structured_stream(output_cls, prompt, llm_kwargs, prompt_args), output_cls)
+        stream = self._structured_stream(output_cls, prompt, llm_kwargs, prompt_args)
+        return partials(stream, output_cls, self._deadline)
 
     async def astream_structured_predict(
         self,
@@ -217,4 +228,4 @@ class StructuredOutputLLM(LLM):
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return await super().astream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         stream = await asyncio.to_thread(self._structured_stream, output_cls, prompt, llm_kwargs, prompt_args)
-        return apartials(stream, output_cls)
+        return apartials(stream, output_cls, self._deadline)
