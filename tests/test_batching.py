@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 
@@ -305,3 +306,125 @@ def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one(
     for i, prompt in enumerate([prompts[2], prompts[3]]):
         alone, _ = runner.forward_step(drafts[i], prefilled(runner, prompt), len(prompt))
         torch.testing.assert_close(logits[i, : len(drafts[i])], alone, rtol=1e-4, atol=1e-4)
+
+
+def joining_engine(curve, max_tokens_per_forward: int = 8):
+    """An engine whose forwards cost as ``curve`` says (rows times width for a batch)."""
+    model = tiny_model("llama")
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_tokens_per_forward=max_tokens_per_forward)
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    engine.planner.cost_curve = curve
+    return model, engine
+
+
+def record_steps(engine: LookaheadEngine, watched: list[int]) -> list[tuple[int, int, int]]:
+    """After each batched forward: the rows, the first row's tokens so far, and how much of
+    the ``watched`` prompt is prefilled (0 before it joins the batch)."""
+    scheduler, log = engine.scheduler, []
+    forward_batch = engine.runner.forward_batch
+
+    def logged(inputs, *args, **kwargs):
+        logits = forward_batch(inputs, *args, **kwargs)
+        joined = [c.prefilled for c in scheduler._rows if c.prompt_ids == watched]
+        log.append((inputs.input_ids.shape[0], len(scheduler._rows[0].ids), joined[0] if joined else 0))
+        return logits
+
+    engine.runner.forward_batch = logged  # type: ignore[method-assign]
+    return log
+
+
+def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output() -> None:
+    """Where a wider forward costs the running rows nothing more (a flat curve, as on an idle
+    GPU), a joining prompt is prefilled in their steps, straight into its own row."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat())
+    alone: list[int] = []
+    forward = engine.runner.forward
+
+    def counting(input_ids, *args, **kwargs):
+        if kwargs.get("last_only"):  # a prompt's forward (else a step of a call alone)
+            alone.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    engine.runner.forward = counting  # type: ignore[method-assign]
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    log = record_steps(engine, long_prompt)
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    next(first.chunks())  # decoding
+    second = engine.stream(long_prompt, max_new_tokens=12)  # joins while the first decodes
+    outputs = [first.complete(), second.complete()]
+    assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 40)
+    assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
+    assert alone == [3]  # only the first prompt, before anybody else ran, went alone
+    joined = next(i for i, (_, _, prefilled) in enumerate(log) if prefilled == 45)
+    joining = [(tokens, prefilled) for rows, tokens, prefilled in log[: joined + 1] if rows == 2]
+    # Each step of the join took a chunk (at least 4 tokens: 8 a forward over 2 rows, more
+    # where the running row's draft is wider) and a step of the running row, which released
+    # tokens at every one of them.
+    steps = list(itertools.pairwise(joining))
+    assert len(steps) >= 5
+    assert all(b[1] - a[1] >= 4 and b[0] > a[0] for a, b in steps)
+
+
+def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_steps() -> None:
+    """Where every token costs (a CPU), the chunk goes apart: no bigger than what a running
+    step costs, and the running row steps between two chunks."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve((1, 64), (1.0, 64.0)), max_tokens_per_forward=64)
+    chunks: list[tuple[int, int]] = []
+    forward = engine.runner.forward
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    next(first.chunks())
+    scheduler = engine.scheduler
+
+    def counting(input_ids, *args, **kwargs):
+        if kwargs.get("last_only"):
+            chunks.append((input_ids.shape[1], len(scheduler._rows[0].ids)))
+        return forward(input_ids, *args, **kwargs)
+
+    engine.runner.forward = counting  # type: ignore[method-assign]
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    second = engine.stream(long_prompt, max_new_tokens=12)
+    outputs = [first.complete(), second.complete()]
+    assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 40)
+    assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
+    sizes = [size for size, _ in chunks]
+    # No chunk costs more than a running step: at most its widest draft with its root.
+    assert sum(sizes) == 45 and max(sizes) <= engine.config.decoding_length + 1
+    ran = [tokens for _, tokens in chunks]
+    assert all(b > a for a, b in itertools.pairwise(ran))  # it stepped between chunks
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    family=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 10_000),
+    calls=st.integers(2, 5),
+    stagger=st.integers(0, 3),
+    budget=st.sampled_from([4, 9, 24]),
+)
+def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
+    family, seed, calls, stagger, budget
+) -> None:
+    """Prompts prefilled in the running rows' steps (a flat curve), from a kept prefix or
+    not, several at once, with drafts beside them: each output is the greedy one."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    rng = random.Random(seed)
+    model = tiny_model(family)
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=4, max_tokens_per_forward=budget)
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    engine.planner.cost_curve = CostCurve.flat()
+    jobs: list[tuple[list[int], GenerationParams]] = []
+    for _ in range(calls):
+        base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
+        prompt = (base * rng.randint(2, 12))[: rng.randint(1, 40)]
+        if jobs and rng.random() < 0.5:  # starts like an earlier prompt: its prefix is reused
+            earlier = rng.choice(jobs)[0]
+            prompt = earlier[: rng.randint(1, len(earlier))] + prompt[: rng.randint(0, 8)]
+        jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
+    for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
+        assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
