@@ -34,6 +34,10 @@ class BatchForward:
         self.runner = runner
         self.max_tokens_per_forward = max_tokens_per_forward
         self.calibration = Calibration()
+        # The one-row curve is measured for drafts, a few tokens wide, and only extrapolated
+        # to a prompt's chunks: how much steeper or flatter the prompts forwarded alone find
+        # it past its last measured size.
+        self.prompts = Calibration()
         self.width = 1  # the running rows' drafts in the last step: what a join plans against
 
     def run(
@@ -57,25 +61,54 @@ class BatchForward:
             curve(width) if rows == 1 else batched(rows, width) * self.calibration.factor(rows, width)
         )
 
+    def alone(self) -> Callable[[int], float] | None:
+        """Seconds of a prompt's chunk forwarded alone, by its tokens, as calibrated so far."""
+        curve = self.runner.costs.curve
+        if curve is None:
+            return None
+        last = curve.sizes[-1]
+
+        def seconds(tokens: int) -> float:
+            if tokens <= last:
+                return curve(tokens)
+            return curve(last) + (curve(tokens) - curve(last)) * self.prompts.factor(1, tokens)
+
+        return seconds
+
+    def observe_prompt(self, tokens: int, seconds: float) -> None:
+        """A prompt's chunk of ``tokens`` forwarded alone took ``seconds``."""
+        curve = self.runner.costs.curve
+        if curve is None or tokens <= curve.sizes[-1] or curve(tokens) <= curve(curve.sizes[-1]):
+            return
+        beyond = curve(curve.sizes[-1])
+        self.prompts.record(1, tokens, curve(tokens) - beyond, max(seconds - beyond, 1e-6))
+
     def fuses(self, decode_rows: int, remaining: int) -> bool:
         """Whether a prompt of ``remaining`` tokens to prefill costs the ``decode_rows``
         running rows less in their steps' forwards than forwarded apart between them."""
-        cost = self.cost()
-        if cost is None or decode_rows == 0:
+        cost, alone = self.cost(), self.alone()
+        if cost is None or alone is None or decode_rows == 0:
             return False
-        limit = self.max_tokens_per_forward
-        fused = fused_prefill([remaining], decode_rows, self.width, cost, limit)
-        apart = separate_prefill(remaining, cost(decode_rows, self.width), lambda c: cost(1, c), limit)
-        return fused.rate > apart.rate
+        limit, missed = self.max_tokens_per_forward, self.missed(decode_rows)
+        fused = fused_prefill([remaining], decode_rows, self.width, cost, limit, missed)
+        return fused.rate >= separate_prefill(remaining, alone, limit, missed).rate
 
     def chunk(self, remaining: int, decode_rows: int) -> int:
-        """The chunk of a prompt to forward apart, between two steps of the running rows
-        (``decode_rows`` in the batch; none: calls outside it, one token a step)."""
+        """The chunk of a prompt of ``remaining`` tokens to forward apart, between two steps
+        of the ``decode_rows`` running rows."""
+        alone = self.alone()
+        if alone is None:
+            return min(remaining, self.max_tokens_per_forward)
+        missed = self.missed(decode_rows)
+        return separate_prefill(remaining, alone, self.max_tokens_per_forward, missed).tokens
+
+    def missed(self, decode_rows: int) -> float:
+        """What a step loses by a call not decoding in it yet: a row's share of its cost (a
+        plain step's, for calls decoding outside the batch)."""
         cost = self.cost()
         if cost is None:
-            return min(remaining, self.max_tokens_per_forward)
-        budget = cost(decode_rows, self.width) if decode_rows else cost(1, 1)
-        return separate_prefill(remaining, budget, lambda c: cost(1, c), self.max_tokens_per_forward).tokens
+            return 0.0
+        return cost(decode_rows, self.width) / decode_rows if decode_rows else cost(1, 1)
 
     def _decode(
         self, batch: BatchCache, calls: list[Call], proposals: list[StepDraft]

@@ -252,9 +252,11 @@ class Scheduler:
         prompt = call.prompt_ids
         start, busy = self._cached_prefix(call), bool(self._rows or self._alone)
         end = start + self._forward.chunk(len(prompt) - start, self._decode_rows()) if busy else len(prompt)
+        started = time.perf_counter()
         logits, call.cache = self.runner.forward(
             torch.tensor([prompt[start:end]]), call.cache, last_only=True
         )
+        self._forward.observe_prompt(end - start, time.perf_counter() - started)
         call.prefilled = end
         if end < len(prompt):
             return

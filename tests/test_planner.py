@@ -222,26 +222,31 @@ def test_a_prompt_rides_as_wide_as_the_forward_allows_where_width_is_free() -> N
     assert fused_prefill([300, 40], 0, 0, cpu_like, 256).tokens == 128
 
 
-def test_a_prompt_widening_every_row_rides_narrow_and_within_one_step() -> None:
+def test_a_prompt_widening_every_row_rides_as_wide_as_pays() -> None:
     base = cpu_like(8, 2)
     plan = fused_prefill([100], 8, 2, cpu_like, 256)
     # Padding every row to a wider chunk costs more per prompt token: the drafts' own width.
     assert plan.tokens == 2 and plan.rate == pytest.approx(2 / (cpu_like(9, 2) - base))
-    # Never more than the step's own cost added, even where the rate would still grow.
-    rising = fused_prefill([100], 8, 2, lambda rows, width: 10.0 if rows == 8 else 11.0 + width / 2, 256)
-    assert rising.tokens == 18 and rising.rate == pytest.approx(18 / 10.0)
+    # Counting the step the joining call misses, the fewer steps it takes the better.
+    missed = fused_prefill([100], 8, 2, cpu_like, 256, missed=base / 8)
+    assert missed.tokens == 256 // 9
+    assert missed.rate == pytest.approx(28 / (cpu_like(9, 28) - base + base / 8))
 
 
-def test_a_chunk_apart_costs_at_most_a_running_step() -> None:
+def test_a_chunk_apart_is_the_most_prompt_per_second_its_forward_and_the_missed_step_take() -> None:
     alone = CostCurve((1, 256), (35.0, 35.0 + 0.5 * 255))
-    budget = cpu_like(8, 2)
-    plan = separate_prefill(1000, budget, alone, 256)
-    assert alone(plan.tokens) <= budget < alone(plan.tokens + 1)
-    assert plan.rate == pytest.approx(plan.tokens / alone(plan.tokens))
-    assert separate_prefill(20, budget, alone, 256).tokens == 20  # the rest of the prompt
-    assert separate_prefill(1000, 1.0, alone, 256).tokens == 1  # at least a token
+    plan = separate_prefill(1000, alone, 256)
+    assert plan.tokens == 256 and plan.rate == pytest.approx(256 / alone(256))
+    assert separate_prefill(20, alone, 256).tokens == 20  # the rest of the prompt
+    knee = CostCurve((1, 64, 256), (35.0, 60.0, 400.0))  # dearer per token past 64
+    assert separate_prefill(1000, knee, 256).tokens == 64
+    assert separate_prefill(1000, knee, 256, missed=10.0).rate == pytest.approx(64 / 70.0)
     # On such a machine a join goes apart: a wide chunk there beats a narrow one in every row.
-    assert plan.rate > fused_prefill([1000], 8, 2, cpu_like, 256).rate
+    missed = cpu_like(8, 2) / 8
+    assert (
+        separate_prefill(1000, alone, 256, missed).rate
+        > fused_prefill([1000], 8, 2, cpu_like, 256, missed).rate
+    )
 
 
 def test_a_variant_made_before_a_measurement_plans_with_it() -> None:

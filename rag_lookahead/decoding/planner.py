@@ -128,14 +128,18 @@ class PrefillPlan:
 
 
 def separate_prefill(
-    remaining: int, budget: float, alone: Callable[[int], float], max_tokens: int
+    remaining: int, alone: Callable[[int], float], max_tokens: int, missed: float = 0.0
 ) -> PrefillPlan:
     """A chunk of a prompt forwarded apart, between two steps of the running rows (who wait
-    for all of it): the largest whose forward costs at most ``budget`` seconds (a step of
-    theirs), at least one token."""
-    top = max(min(remaining, max_tokens), 1)
-    chunk = next((c for c in range(top, 0, -1) if alone(c) <= budget), 1)
-    return PrefillPlan(chunk, chunk / alone(chunk))
+    for all of it): the most prompt tokens per second, up to ``max_tokens``. A second here is
+    the chunk's forward plus ``missed``, what the batch loses by the call not decoding in that
+    step yet (a row's share of the step)."""
+    best = PrefillPlan(1, 1 / (alone(1) + missed))
+    for tokens in range(2, max(min(remaining, max_tokens), 1) + 1):
+        rate = tokens / (alone(tokens) + missed)
+        if rate >= best.rate:
+            best = PrefillPlan(tokens, rate)
+    return best
 
 
 def fused_prefill(
@@ -144,25 +148,26 @@ def fused_prefill(
     width: int,
     cost: Callable[[int, int], float],
     max_tokens: int,
+    missed: float = 0.0,
 ) -> PrefillPlan:
     """The width of a step in which prompts (``remaining`` tokens each) ride along with
     ``decode_rows`` rows of drafts ``width`` wide, each taking up to that width of its prompt.
 
     Every row of the forward is padded to the widest, so a wider chunk widens every row: the
-    step costs ``cost(rows, width)``. The plan takes the width that prefills the most prompt
-    tokens per second it adds to the running rows' step, adding at most that step's own cost
-    (the widest when it adds nothing); with no running rows, the widest.
+    step costs ``cost(rows, width)``. The plan takes the width, up to ``max_tokens`` over all
+    rows, that prefills the most prompt tokens per second it adds to the running rows' step
+    (the widest of equals), counting ``missed`` as `separate_prefill` does; with no running
+    rows, the widest.
     """
     rows = decode_rows + len(remaining)
-    widest = max(min(max(remaining), max(max_tokens // rows, 1)), width, 1)
+    least = max(width, 1)
+    widest = max(min(max(remaining), max_tokens // rows), least)
     if decode_rows == 0:
         return PrefillPlan(widest, float("inf"))
-    base, least = cost(decode_rows, width), max(width, 1)
+    base = cost(decode_rows, width)
     best = PrefillPlan(least, 0.0)
     for tokens in range(least, widest + 1):
-        extra = cost(rows, tokens) - base
-        if extra > base and tokens > least:  # over budget (the drafts' own width never is)
-            continue
+        extra = cost(rows, tokens) - base + missed
         progress = sum(min(r, tokens) for r in remaining)
         rate = progress / extra if extra > 0 else float("inf")
         if rate >= best.rate:
