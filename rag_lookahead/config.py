@@ -57,8 +57,9 @@ class LookaheadConfig:
         guess_set_size: G, most n-grams kept per first token in the pool (LADE's GUESS_SET_SIZE).
         max_batch_size: Most calls decoding together in one forward; more wait their turn.
             ``1`` answers one call at a time, in arrival order.
-        max_tokens_per_forward: Most tokens one forward takes: all rows' drafts together in a
-            decoding step, or one chunk of a joining call's prompt while others decode.
+        max_tokens_per_forward: Most tokens one forward takes: all rows' drafts (and joining
+            prompts' chunks riding along) together in a decoding step, or one chunk of a
+            joining call's prompt forwarded apart while others decode.
         prefix_cache_mb: Memory for the KV entries of past prompts, which a prompt sharing
             their beginning (a system prompt, a repeated question) reuses instead of
             prefilling it again; ``0`` turns the reuse off.

@@ -1,9 +1,12 @@
 """Continuous batching: every running call's step in one forward, driven by its readers.
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
-prompt is prefilled in its own cache, from the longest beginning it shares with a kept prompt
-(`PrefixCache`), in chunks while others are decoding (a whole prompt at once when nobody waits
-on it); its cache then becomes one row of the batch (`BatchCache`).
+prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`). Where
+the measured costs say so (`BatchForward.fuses`: a wider forward is cheap, as on a GPU), the
+call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
+running rows' steps, chunk by chunk, straight into its row; else it is prefilled in its own
+cache, in chunks between their steps (a whole prompt at once when nobody waits on it), and
+that cache then becomes its row.
 Each step drafts for every row, plans how much of each draft the batch verifies
 (`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
 accepts, keeps the accepted path in the cache and releases the tokens through the call's
