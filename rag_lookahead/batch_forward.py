@@ -148,11 +148,14 @@ class BatchForward:
             return [chunk], [logits[-1:]]
         cost = self.cost()
         if cost is not None:
-            tokens = fused_prefill(left, len(decoding), width, cost, self.max_tokens_per_forward).tokens
+            missed = self.missed(len(decoding))
+            tokens = fused_prefill(
+                left, len(decoding), width, cost, self.max_tokens_per_forward, missed
+            ).tokens
         else:
             tokens = max(min(max(left), self.max_tokens_per_forward // len(calls)), width, 1)
         steps = [
-            d or prompt_chunk(c, min(tokens, len(c.prompt_ids) - c.prefilled))
+            d if d is not None else prompt_chunk(c, min(tokens, len(c.prompt_ids) - c.prefilled))
             for c, d in zip(calls, drafts, strict=True)
         ]
         # Logits only where they are read: the drafts' nodes, and the last token of a prompt.

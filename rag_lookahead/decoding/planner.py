@@ -121,7 +121,7 @@ def plan_batch(
 class PrefillPlan:
     """How much of joining prompts one step prefills: ``tokens`` per prefilling row (the
     step's width when they ride in the batch's forward, else the chunk forwarded apart), and
-    ``rate``, prompt tokens per second that the running rows wait for it (``inf``: free)."""
+    ``rate``, prompt tokens per second it costs the batch (``inf``: free)."""
 
     tokens: int
     rate: float
