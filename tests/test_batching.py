@@ -427,3 +427,39 @@ def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
     for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
         assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
     assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_a_prompt_prefilled_in_the_steps_is_kept_for_the_next_prompt_like_it() -> None:
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat())
+    system = [(5 * i) % 90 + 4 for i in range(30)]  # nothing in common with the first
+    log = record_steps(engine, [*system, 1, 2])
+    first = engine.stream([3, 14, 15], max_new_tokens=60)
+    next(first.chunks())
+    second = engine.stream([*system, 1, 2], max_new_tokens=8)  # rides in the first's steps
+    assert second.complete().token_ids == greedy_reference(model, [*system, 1, 2], 8)
+    assert second.stats.cached_prompt_tokens == 0
+    assert any(0 < prefilled < 32 for _, _, prefilled in log)  # it was a row while prefilling
+    third = engine.stream([*system, 7], max_new_tokens=8)  # starts from the second's row
+    assert third.complete().token_ids == greedy_reference(model, [*system, 7], 8)
+    assert third.stats.cached_prompt_tokens == 30
+    assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 60)
+
+
+def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exact() -> None:
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat())
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    log = record_steps(engine, long_prompt)
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    chunks = first.chunks()
+    next(chunks)
+    second = engine.stream(long_prompt, max_new_tokens=12)
+    while not any(0 < prefilled < 45 for _, _, prefilled in log):
+        next(chunks)  # each read drives a step
+    second.close()
+    assert second.stats.finish_reason == "abandoned"
+    assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 40)
+    assert engine.scheduler._rows == []
