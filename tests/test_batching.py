@@ -308,9 +308,9 @@ def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one(
         torch.testing.assert_close(logits[i, : len(drafts[i])], alone, rtol=1e-4, atol=1e-4)
 
 
-def joining_engine(curve, max_tokens_per_forward: int = 8):
+def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama"):
     """An engine whose forwards cost as ``curve`` says (rows times width for a batch)."""
-    model = tiny_model("llama")
+    model = tiny_model(family)
     config = LookaheadConfig(mode="trie", min_query_length=1, max_tokens_per_forward=max_tokens_per_forward)
     engine = LookaheadEngine(model, CharTokenizer(), config)
     engine.planner.cost_curve = curve
@@ -333,12 +333,13 @@ def record_steps(engine: LookaheadEngine, watched: list[int]) -> list[tuple[int,
     return log
 
 
-def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output() -> None:
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output(family: str) -> None:
     """Where a wider forward costs the running rows nothing more (a flat curve, as on an idle
     GPU), a joining prompt is prefilled in their steps, straight into its own row."""
     from rag_lookahead.decoding.costs import CostCurve
 
-    model, engine = joining_engine(CostCurve.flat())
+    model, engine = joining_engine(CostCurve.flat(), family=family)
     alone: list[int] = []
     forward = engine.runner.forward
 
@@ -463,3 +464,21 @@ def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exa
     assert second.stats.finish_reason == "abandoned"
     assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 40)
     assert engine.scheduler._rows == []
+
+
+@pytest.mark.parametrize("projects", [True, False])
+def test_a_batched_forward_keeps_the_logits_asked_for_only(projects: bool) -> None:
+    """``keep``: the model projects those positions alone, or (a model without
+    ``logits_to_keep``) they are picked from all of them; the same logits either way."""
+    runner = ModelRunner(tiny_model("llama"))
+    batch = BatchCache()
+    for prompt in ([3, 14, 15, 9], [2, 7, 1]):
+        batch.add_row(prefilled(runner, prompt))
+    drafts = [StepDraft(TREE), StepDraft(DraftTree((1, 2, 3), (-1, 0, 1)))]
+    batch.prepare()
+    inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
+    every = runner.forward_batch(inputs, batch.cache, batch.lengths)  # [2, 4, V]
+    runner._logits_to_keep = projects
+    batch.prepare()
+    kept = runner.forward_batch(inputs, batch.cache, batch.lengths, keep=[0, 2])
+    torch.testing.assert_close(kept, every[:, [0, 2]], rtol=1e-4, atol=1e-4)
