@@ -59,8 +59,9 @@ class LookaheadConfig:
         guess_set_size: G, most n-grams kept per first token in the pool (LADE's GUESS_SET_SIZE).
         max_batch_size: Most calls decoding together in one forward; more wait their turn.
             ``1`` answers one call at a time, in arrival order.
-        max_tokens_per_forward: Most tokens one forward takes: all rows' drafts together in a
-            decoding step, or one chunk of a joining call's prompt while others decode.
+        max_tokens_per_forward: Most tokens one forward takes: all rows' drafts (and joining
+            prompts' chunks riding along) together in a decoding step, or one chunk of a
+            joining call's prompt forwarded apart while others decode.
         draft_policy: What ``"auto"`` and ``"trie"`` draft from: ``"suffix"``, first the
             call's own text (prompt, documents, output so far), each earlier occurrence of the
             context's end drafting a branch as deep and weighing as much as its match is long

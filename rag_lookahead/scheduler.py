@@ -1,9 +1,12 @@
 """Continuous batching: every running call's step in one forward, driven by its readers.
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
-prompt is prefilled in its own cache, from the longest beginning it shares with a kept prompt
-(`PrefixCache`), in chunks while others are decoding (a whole prompt at once when nobody waits
-on it); its cache then becomes one row of the batch (`BatchCache`).
+prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`). Where
+the measured costs say so (`BatchForward.fuses`: a wider forward is cheap, as on a GPU), the
+call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
+running rows' steps, chunk by chunk, straight into its row; else it is prefilled in its own
+cache, in chunks between their steps (a whole prompt at once when nobody waits on it), and
+that cache then becomes its row.
 Each step drafts for every row, plans how much of each draft the batch verifies
 (`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
 accepts, keeps the accepted path in the cache and releases the tokens through the call's
@@ -183,12 +186,45 @@ class Scheduler:
                 self._joining.append(self._waiting.popleft())
                 running += 1
         self._retire_cancelled()
+        self._fuse_joining()
         if self._rows:
             self._guarded(list(self._rows), self._batch_step, batch=True)
         for call in list(self._alone):
             self._guarded([call], self._alone_step)
-        if self._joining:  # one prefill (chunk) per iteration; the call steps from the next one
+        if self._joining:  # one chunk apart per iteration; the call steps from the next one
             self._guarded([self._joining[0]], self._prefill)
+
+    def _fuse_joining(self) -> None:
+        """Joining calls whose prompts ride in the batch's steps from now on (in order, while
+        the costs say that slows the running rows less than prefilling them apart)."""
+        for call in list(self._joining):
+            if not call.batchable or call.cache is not None:  # (one prefilling apart goes on)
+                return
+            remaining = len(call.prompt_ids) - self._cached_prefix(call)
+            if not self._forward.fuses(self._decode_rows(), remaining):
+                return
+            self._guarded([call], self._add_row)
+
+    def _decode_rows(self) -> int:
+        return sum(1 for call in self._rows if not _prefilling(call))
+
+    def _cached_prefix(self, call: Call) -> int:
+        """How much of ``call``'s prompt is cached already (its cache from there, once)."""
+        if call.cache is None and call.batchable:
+            call.cache, call.prefilled = (
+                self._prefixes.lookup(call.prompt_ids)
+                if self._prefixes is not None
+                else (new_tree_cache(), 0)
+            )
+            call.recorder.cached_prompt_tokens = call.prefilled
+        return call.prefilled
+
+    def _add_row(self, call: Call) -> None:
+        """``call`` becomes a row of the batch, where the rest of its prompt is prefilled."""
+        self._batch.add_row(call.cache, min(self.max_batch_size, len(self._rows) + 1 + len(self._joining)))
+        call.cache = None
+        self._joining.remove(call)
+        self._rows.append(call)
 
     def _guarded(self, calls: list[Call], run: Callable[..., None], batch: bool = False) -> None:
         """Run one phase on ``calls`` (a batch step takes them all, another phase the one);
@@ -214,28 +250,23 @@ class Scheduler:
     # ------------------------------------------------------------------ phases
 
     def _prefill(self, call: Call) -> None:
+        """A chunk of ``call``'s prompt forwarded apart, in its own cache (all of it when
+        nobody else runs)."""
         prompt = call.prompt_ids
-        if call.cache is None and call.batchable:
-            call.cache, call.prefilled = (
-                self._prefixes.lookup(prompt) if self._prefixes is not None else (new_tree_cache(), 0)
-            )
-            call.recorder.cached_prompt_tokens = call.prefilled
-        start, busy = call.prefilled, bool(self._rows or self._alone)
-        end = min(len(prompt), start + self.max_tokens_per_forward) if busy else len(prompt)
+        start, busy = self._cached_prefix(call), bool(self._rows or self._alone)
+        end = start + self._forward.chunk(len(prompt) - start, self._decode_rows()) if busy else len(prompt)
+        started = time.perf_counter()
         logits, call.cache = self.runner.forward(
             torch.tensor([prompt[start:end]]), call.cache, last_only=True
         )
+        self._forward.observe_prompt(end - start, time.perf_counter() - started)
         call.prefilled = end
         if end < len(prompt):
             return
         if self._prefixes is not None and call.batchable:
             self._prefixes.store(prompt, call.cache)
-        # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
-        call.drafter = call.make_drafter() if call.make_drafter is not None else None
-        tokens = choose_next(call, logits[-1:])
-        call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
         self._joining.remove(call)
-        if self._release(call, tokens):
+        if self._first_token(call, logits[-1:]):
             return
         if call.batchable:
             self._batch.add_row(
@@ -245,6 +276,15 @@ class Scheduler:
             self._rows.append(call)
         else:
             self._alone.append(call)
+
+    def _first_token(self, call: Call, logits: torch.Tensor) -> bool:
+        """Its prompt prefilled (``logits`` ``[1, V]`` at its last token), ``call`` gets its
+        drafter and its first token; whether that ended it."""
+        # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
+        call.drafter = call.make_drafter() if call.make_drafter is not None else None
+        tokens = choose_next(call, logits)
+        call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
+        return self._release(call, tokens)
 
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
@@ -257,7 +297,7 @@ class Scheduler:
         """One step of every row. A row's own work (drafting, choosing its tokens, releasing
         them) failing ends that row's call with the error while the others step on; only a
         failure of the shared work (the forward, the cache) reaches `_guarded`."""
-        proposals = [_attempt(propose, call) for call in calls]
+        proposals = [None if _prefilling(call) else _attempt(propose, call) for call in calls]
         failed = [i for i, p in enumerate(proposals) if isinstance(p, Exception)]
         if failed:  # they leave before the forward
             self._end_rows(calls, proposals, failed)
@@ -265,21 +305,36 @@ class Scheduler:
             proposals = [p for i, p in enumerate(proposals) if i not in failed]
             if not calls:
                 return
-        drafts, logits = self._forward.run(
-            self._batch, calls, [p for p in proposals if isinstance(p, StepDraft)]
-        )
+        rows = [p if isinstance(p, StepDraft) else None for p in proposals]
+        drafts, logits = self._forward.run(self._batch, calls, rows)
         verdicts = [
-            _attempt(verify, call, draft, logits[i])
-            for i, (call, draft) in enumerate(zip(calls, drafts, strict=True))
+            (list(draft.tree.tokens), list(range(len(draft))))  # a prompt's chunk: all kept
+            if row is None
+            else _attempt(verify, call, draft, logits[i])
+            for i, (call, draft, row) in enumerate(zip(calls, drafts, rows, strict=True))
         ]
         # A failed row keeps only its root (the columns past it stay hidden) and leaves below.
         nodes = [[0] if isinstance(v, Exception) else v[1] for v in verdicts]
         self._batch.keep_accepted(max(len(d) for d in drafts), nodes)
         outcomes = [
-            v if isinstance(v, Exception) else _attempt(self._release, call, v[0])
-            for call, v in zip(calls, verdicts, strict=True)
+            v
+            if isinstance(v, Exception)
+            else _attempt(self._release, call, v[0])
+            if row is not None
+            else _attempt(self._prefilled, i, call, len(v[0]), logits[i])
+            for i, (call, v, row) in enumerate(zip(calls, verdicts, rows, strict=True))
         ]
         self._end_rows(calls, outcomes, [i for i, ended in enumerate(outcomes) if ended is not False])
+
+    def _prefilled(self, row: int, call: Call, tokens: int, logits: torch.Tensor) -> bool:
+        """Row ``row`` prefilled ``tokens`` more of ``call``'s prompt; once all of it, the call
+        gets its first token (``logits`` ``[1, V]``). Whether that ended the call."""
+        call.prefilled += tokens
+        if _prefilling(call):
+            return False
+        if self._prefixes is not None:
+            self._prefixes.store(call.prompt_ids, self._batch.row_view(row))
+        return self._first_token(call, logits)
 
     def _end_rows(self, calls: list[Call], outcomes: Sequence[object], gone: list[int]) -> None:
         """The rows ``gone`` leave the batch (``calls`` are its rows): those whose outcome is
@@ -323,6 +378,10 @@ class Scheduler:
         keep = [i for i in range(len(self._rows)) if i not in left]
         self._rows = [self._rows[i] for i in keep]
         self._batch.keep_rows(keep)
+
+
+def _prefilling(call: Call) -> bool:
+    return call.prefilled < len(call.prompt_ids)
 
 
 def _attempt(run: Callable[..., T], *args: Any) -> T | Exception:

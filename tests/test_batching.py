@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 
@@ -305,3 +306,179 @@ def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one(
     for i, prompt in enumerate([prompts[2], prompts[3]]):
         alone, _ = runner.forward_step(drafts[i], prefilled(runner, prompt), len(prompt))
         torch.testing.assert_close(logits[i, : len(drafts[i])], alone, rtol=1e-4, atol=1e-4)
+
+
+def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama"):
+    """An engine whose forwards cost as ``curve`` says (rows times width for a batch)."""
+    model = tiny_model(family)
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_tokens_per_forward=max_tokens_per_forward)
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    engine.planner.cost_curve = curve
+    return model, engine
+
+
+def record_steps(engine: LookaheadEngine, watched: list[int]) -> list[tuple[int, int, int]]:
+    """After each batched forward: the rows, the first row's tokens so far, and how much of
+    the ``watched`` prompt is prefilled (0 before it joins the batch)."""
+    scheduler, log = engine.scheduler, []
+    forward_batch = engine.runner.forward_batch
+
+    def logged(inputs, *args, **kwargs):
+        logits = forward_batch(inputs, *args, **kwargs)
+        joined = [c.prefilled for c in scheduler._rows if c.prompt_ids == watched]
+        log.append((inputs.input_ids.shape[0], len(scheduler._rows[0].ids), joined[0] if joined else 0))
+        return logits
+
+    engine.runner.forward_batch = logged  # type: ignore[method-assign]
+    return log
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output(family: str) -> None:
+    """Where a wider forward costs the running rows nothing more (a flat curve, as on an idle
+    GPU), a joining prompt is prefilled in their steps, straight into its own row."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat(), family=family)
+    alone: list[int] = []
+    forward = engine.runner.forward
+
+    def counting(input_ids, *args, **kwargs):
+        if kwargs.get("last_only"):  # a prompt's forward (else a step of a call alone)
+            alone.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    engine.runner.forward = counting  # type: ignore[method-assign]
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    log = record_steps(engine, long_prompt)
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    next(first.chunks())  # decoding
+    second = engine.stream(long_prompt, max_new_tokens=12)  # joins while the first decodes
+    outputs = [first.complete(), second.complete()]
+    assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 40)
+    assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
+    assert alone == [3]  # only the first prompt, before anybody else ran, went alone
+    joined = next(i for i, (_, _, prefilled) in enumerate(log) if prefilled == 45)
+    joining = [(tokens, prefilled) for rows, tokens, prefilled in log[: joined + 1] if rows == 2]
+    # Each step of the join took a chunk (at least 4 tokens: 8 a forward over 2 rows, more
+    # where the running row's draft is wider) and a step of the running row, which released
+    # tokens at every one of them (the last chunk: what was left of the prompt).
+    steps = list(itertools.pairwise(joining))
+    assert len(steps) >= 5
+    assert all(b[1] - a[1] >= min(4, 45 - a[1]) and b[0] > a[0] for a, b in steps)
+
+
+def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_steps() -> None:
+    """Where a wider forward costs (a CPU), the prompt goes apart, in the chunks that prefill
+    the most of it per second, and the running row steps between two chunks."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    knee = CostCurve((1, 8, 64), (1.0, 2.0, 200.0))  # dearer per token past 8
+    model, engine = joining_engine(knee, max_tokens_per_forward=64)
+    chunks: list[tuple[int, int]] = []
+    forward = engine.runner.forward
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    next(first.chunks())
+    scheduler = engine.scheduler
+
+    def counting(input_ids, *args, **kwargs):
+        if kwargs.get("last_only"):
+            chunks.append((input_ids.shape[1], len(scheduler._rows[0].ids)))
+        return forward(input_ids, *args, **kwargs)
+
+    engine.runner.forward = counting  # type: ignore[method-assign]
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    second = engine.stream(long_prompt, max_new_tokens=12)
+    outputs = [first.complete(), second.complete()]
+    assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 40)
+    assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
+    assert [size for size, _ in chunks] == [8, 8, 8, 8, 8, 5]  # the most prompt per second
+    ran = [tokens for _, tokens in chunks]
+    assert all(b > a for a, b in itertools.pairwise(ran))  # it stepped between chunks
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    family=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 10_000),
+    calls=st.integers(2, 5),
+    stagger=st.integers(0, 3),
+    budget=st.sampled_from([4, 9, 24]),
+)
+def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
+    family, seed, calls, stagger, budget
+) -> None:
+    """Prompts prefilled in the running rows' steps (a flat curve), from a kept prefix or
+    not, several at once, with drafts beside them: each output is the greedy one."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    rng = random.Random(seed)
+    model = tiny_model(family)
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=4, max_tokens_per_forward=budget)
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    engine.planner.cost_curve = CostCurve.flat()
+    jobs: list[tuple[list[int], GenerationParams]] = []
+    for _ in range(calls):
+        base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
+        prompt = (base * rng.randint(2, 12))[: rng.randint(1, 40)]
+        if jobs and rng.random() < 0.5:  # starts like an earlier prompt: its prefix is reused
+            earlier = rng.choice(jobs)[0]
+            prompt = earlier[: rng.randint(1, len(earlier))] + prompt[: rng.randint(0, 8)]
+        jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
+    for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
+        assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_a_prompt_prefilled_in_the_steps_is_kept_for_the_next_prompt_like_it() -> None:
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat())
+    system = [(5 * i) % 90 + 4 for i in range(30)]  # nothing in common with the first
+    log = record_steps(engine, [*system, 1, 2])
+    first = engine.stream([3, 14, 15], max_new_tokens=60)
+    next(first.chunks())
+    second = engine.stream([*system, 1, 2], max_new_tokens=8)  # rides in the first's steps
+    assert second.complete().token_ids == greedy_reference(model, [*system, 1, 2], 8)
+    assert second.stats.cached_prompt_tokens == 0
+    assert any(0 < prefilled < 32 for _, _, prefilled in log)  # it was a row while prefilling
+    third = engine.stream([*system, 7], max_new_tokens=8)  # starts from the second's row
+    assert third.complete().token_ids == greedy_reference(model, [*system, 7], 8)
+    assert third.stats.cached_prompt_tokens == 30
+    assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 60)
+
+
+def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exact() -> None:
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat())
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    log = record_steps(engine, long_prompt)
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    chunks = first.chunks()
+    next(chunks)
+    second = engine.stream(long_prompt, max_new_tokens=12)
+    while not any(0 < prefilled < 45 for _, _, prefilled in log):
+        next(chunks)  # each read drives a step
+    second.close()
+    assert second.stats.finish_reason == "abandoned"
+    assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 40)
+    assert engine.scheduler._rows == []
+
+
+@pytest.mark.parametrize("projects", [True, False])
+def test_a_batched_forward_keeps_the_logits_asked_for_only(projects: bool) -> None:
+    """``keep``: the model projects those positions alone, or (a model without
+    ``logits_to_keep``) they are picked from all of them; the same logits either way."""
+    runner = ModelRunner(tiny_model("llama"))
+    batch = BatchCache()
+    for prompt in ([3, 14, 15, 9], [2, 7, 1]):
+        batch.add_row(prefilled(runner, prompt))
+    drafts = [StepDraft(TREE), StepDraft(DraftTree((1, 2, 3), (-1, 0, 1)))]
+    batch.prepare()
+    inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
+    every = runner.forward_batch(inputs, batch.cache, batch.lengths)  # [2, 4, V]
+    runner._logits_to_keep = projects
+    batch.prepare()
+    kept = runner.forward_batch(inputs, batch.cache, batch.lengths, keep=[0, 2])
+    torch.testing.assert_close(kept, every[:, [0, 2]], rtol=1e-4, atol=1e-4)

@@ -13,7 +13,15 @@ from rag_lookahead.decoding.costs import (
     cached_curve,
     measure_curve,
 )
-from rag_lookahead.decoding.planner import AcceptanceModel, StepPlanner, plan_batch, plan_draft, rank_draft
+from rag_lookahead.decoding.planner import (
+    AcceptanceModel,
+    StepPlanner,
+    fused_prefill,
+    plan_batch,
+    plan_draft,
+    rank_draft,
+    separate_prefill,
+)
 from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 
 # root -> a -> b -> c ; root -> d ; a -> e
@@ -197,6 +205,48 @@ def test_a_batch_plan_widens_only_while_the_rate_grows() -> None:
     assert [len(t) for t in steep] == [1, 1]
     capped = plan_batch(ranked, lambda width: 1.0, max_tokens=4)
     assert [len(t) for t in capped] == [2, 2]
+
+
+def cpu_like(rows: int, width: int) -> float:
+    """A weights read per forward, a cache read per row, and every token of every row (pads
+    included) computed: milliseconds."""
+    return 30.0 + 5.0 * rows + 0.5 * rows * width
+
+
+def test_a_prompt_rides_as_wide_as_the_forward_allows_where_width_is_free() -> None:
+    plan = fused_prefill([100], 8, 2, lambda rows, width: 1.0, 256)
+    assert plan.tokens == 256 // 9 and plan.rate == float("inf")
+    assert fused_prefill([5, 100], 7, 2, lambda rows, width: 1.0, 256).tokens == 256 // 9
+    assert fused_prefill([10], 7, 2, lambda rows, width: 1.0, 256).tokens == 10  # all that is left
+    # Nobody decodes: nobody waits, the widest.
+    assert fused_prefill([300, 40], 0, 0, cpu_like, 256).tokens == 128
+
+
+def test_a_prompt_widening_every_row_rides_as_wide_as_pays() -> None:
+    base = cpu_like(8, 2)
+    plan = fused_prefill([100], 8, 2, cpu_like, 256)
+    # Padding every row to a wider chunk costs more per prompt token: the drafts' own width.
+    assert plan.tokens == 2 and plan.rate == pytest.approx(2 / (cpu_like(9, 2) - base))
+    # Counting the step the joining call misses, the fewer steps it takes the better.
+    missed = fused_prefill([100], 8, 2, cpu_like, 256, missed=base / 8)
+    assert missed.tokens == 256 // 9
+    assert missed.rate == pytest.approx(28 / (cpu_like(9, 28) - base + base / 8))
+
+
+def test_a_chunk_apart_is_the_most_prompt_per_second_its_forward_and_the_missed_step_take() -> None:
+    alone = CostCurve((1, 256), (35.0, 35.0 + 0.5 * 255))
+    plan = separate_prefill(1000, alone, 256)
+    assert plan.tokens == 256 and plan.rate == pytest.approx(256 / alone(256))
+    assert separate_prefill(20, alone, 256).tokens == 20  # the rest of the prompt
+    knee = CostCurve((1, 64, 256), (35.0, 60.0, 400.0))  # dearer per token past 64
+    assert separate_prefill(1000, knee, 256).tokens == 64
+    assert separate_prefill(1000, knee, 256, missed=10.0).rate == pytest.approx(64 / 70.0)
+    # On such a machine a join goes apart: a wide chunk there beats a narrow one in every row.
+    missed = cpu_like(8, 2) / 8
+    assert (
+        separate_prefill(1000, alone, 256, missed).rate
+        > fused_prefill([1000], 8, 2, cpu_like, 256, missed).rate
+    )
 
 
 def test_a_variant_made_before_a_measurement_plans_with_it() -> None:

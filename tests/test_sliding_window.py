@@ -132,11 +132,16 @@ def test_the_whole_answer_in_the_trie_is_verified_in_trees_past_the_window(famil
 
 
 @pytest.mark.parametrize("family", ["gemma3", "mistral", "gpt_oss"])
-def test_batched_calls_on_a_sliding_model_each_get_their_own_greedy_output(family: str) -> None:
+@pytest.mark.parametrize("inside", [False, True])
+def test_batched_calls_on_a_sliding_model_each_get_their_own_greedy_output(family: str, inside: bool) -> None:
+    """``inside``: joining prompts ride in the running rows' steps (a flat cost curve)."""
+    from rag_lookahead.decoding.costs import CostCurve
+
     rng = random.Random(family)
     model = sliding_model(family)
     config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=4, max_tokens_per_forward=24)
     engine = LookaheadEngine(model, CharTokenizer(), config)
+    engine.planner.cost_curve = CostCurve.flat() if inside else None
     jobs = []
     for _ in range(4):
         base = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 5))]

@@ -160,15 +160,31 @@ class BatchCache:
         if not isinstance(self.cache, RowCache):
             self.cache = self._row_cache(capacity, max(self.lengths[0], length))
         assert isinstance(self.cache, RowCache)
-        for layer, (new_keys, new_values) in zip(
-            self.cache.row_layers(), [_states(layer) for layer in _full_layers(row)], strict=True
-        ):
+        layers = self.cache.row_layers()
+        states = [_states(layer) for layer in _full_layers(row)] if length else [None] * len(layers)
+        for layer, new in zip(layers, states, strict=True):
             layer.reserve(capacity, length)
             assert layer.key_buffer is not None and layer.value_buffer is not None
-            layer.key_buffer[count - 1, :, :length] = new_keys[0]
-            layer.value_buffer[count - 1, :, :length] = new_values[0]
+            if new is not None:  # (a row that starts empty is prefilled in place)
+                layer.key_buffer[count - 1, :, :length] = new[0][0]
+                layer.value_buffer[count - 1, :, :length] = new[1][0]
         self.lengths.append(length)
         return count - 1
+
+    def row_view(self, index: int) -> DynamicCache:
+        """Row ``index``'s cached tokens as a cache of its own: views, not copies."""
+        if not isinstance(self.cache, RowCache):
+            return self.cache
+        view = DynamicCache()
+        view.layers = []
+        for layer in self.cache.row_layers():
+            keys, values = layer.rows()
+            own = DynamicLayer()
+            row = slice(index, index + 1)
+            own.lazy_initialization(keys[row], values[row])
+            own.keys, own.values = keys[row, :, : self.lengths[index]], values[row, :, : self.lengths[index]]
+            view.layers.append(own)
+        return view
 
     @torch.inference_mode()
     def keep_rows(self, keep: Sequence[int]) -> None:

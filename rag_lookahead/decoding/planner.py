@@ -24,7 +24,17 @@ from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance, 
 from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 
-__all__ = ["AcceptanceModel", "RankedDraft", "StepPlanner", "plan_batch", "plan_draft", "rank_draft"]
+__all__ = [
+    "AcceptanceModel",
+    "PrefillPlan",
+    "RankedDraft",
+    "StepPlanner",
+    "fused_prefill",
+    "plan_batch",
+    "plan_draft",
+    "rank_draft",
+    "separate_prefill",
+]
 
 # The Jacobi window rides along only where it adds at most this much to a forward's cost.
 _WINDOW_OVERHEAD = 1.05
@@ -105,6 +115,64 @@ def plan_batch(
                 best_width, best_rate = width, rate
     # Every width tried is at least each row's least size (under the cap): fixed rows stay whole.
     return [d.take(min(len(d.tree), best_width)) for d in drafts]
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """How much of joining prompts one step prefills: ``tokens`` per prefilling row (the
+    step's width when they ride in the batch's forward, else the chunk forwarded apart), and
+    ``rate``, prompt tokens per second it costs the batch (``inf``: free)."""
+
+    tokens: int
+    rate: float
+
+
+def separate_prefill(
+    remaining: int, alone: Callable[[int], float], max_tokens: int, missed: float = 0.0
+) -> PrefillPlan:
+    """A chunk of a prompt forwarded apart, between two steps of the running rows (who wait
+    for all of it): the most prompt tokens per second, up to ``max_tokens``. A second here is
+    the chunk's forward plus ``missed``, what the batch loses by the call not decoding in that
+    step yet (a row's share of the step)."""
+    best = PrefillPlan(1, 1 / (alone(1) + missed))
+    for tokens in range(2, max(min(remaining, max_tokens), 1) + 1):
+        rate = tokens / (alone(tokens) + missed)
+        if rate >= best.rate:
+            best = PrefillPlan(tokens, rate)
+    return best
+
+
+def fused_prefill(
+    remaining: Sequence[int],
+    decode_rows: int,
+    width: int,
+    cost: Callable[[int, int], float],
+    max_tokens: int,
+    missed: float = 0.0,
+) -> PrefillPlan:
+    """The width of a step in which prompts (``remaining`` tokens each) ride along with
+    ``decode_rows`` rows of drafts ``width`` wide, each taking up to that width of its prompt.
+
+    Every row of the forward is padded to the widest, so a wider chunk widens every row: the
+    step costs ``cost(rows, width)``. The plan takes the width, up to ``max_tokens`` over all
+    rows, that prefills the most prompt tokens per second it adds to the running rows' step
+    (the widest of equals), counting ``missed`` as `separate_prefill` does; with no running
+    rows, the widest.
+    """
+    rows = decode_rows + len(remaining)
+    least = max(width, 1)
+    widest = max(min(max(remaining), max_tokens // rows), least)
+    if decode_rows == 0:
+        return PrefillPlan(widest, float("inf"))
+    base = cost(decode_rows, width)
+    best = PrefillPlan(least, 0.0)
+    for tokens in range(least, widest + 1):
+        extra = cost(rows, tokens) - base + missed
+        progress = sum(min(r, tokens) for r in remaining)
+        rate = progress / extra if extra > 0 else float("inf")
+        if rate >= best.rate:
+            best = PrefillPlan(tokens, rate)
+    return best
 
 
 @dataclass

@@ -97,10 +97,16 @@ class ModelRunner:
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
         return out.logits[0], cache
 
-    def forward_batch(self, inputs: TreeInputs, cache: Any, lengths: Sequence[int]) -> torch.Tensor:
+    def forward_batch(
+        self, inputs: TreeInputs, cache: Any, lengths: Sequence[int], keep: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.decoding.batch`)
-        over rows of ``lengths`` cached tokens."""
-        kwargs = {self.cache_arg: cache}
+        over rows of ``lengths`` cached tokens; with ``keep`` (ascending), only at those
+        positions of every row, ``[B, len(keep), V]``."""
+        kwargs: dict[str, Any] = {self.cache_arg: cache}
+        where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
+        if where is not None and self._logits_to_keep:
+            kwargs["logits_to_keep"], where = where, None  # the model projects those alone
         with self._running():
             out = self.model(
                 input_ids=inputs.input_ids,
@@ -109,7 +115,7 @@ class ModelRunner:
                 use_cache=True,
                 **kwargs,
             )
-        return out.logits
+        return out.logits if where is None else out.logits[:, where]
 
     def forward_step(self, draft: StepDraft, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
         """Logits ``[len(draft), V]`` for a step's tree (then its side rows) after ``past`` tokens."""

@@ -173,6 +173,8 @@ class DraftTree:
     def ancestor_mask(self) -> torch.Tensor:
         """``[n, n]`` bool: ``mask[i, j]`` iff node j is node i or one of its ancestors."""
         n = len(self)
+        if self.parents == tuple(range(-1, n - 1)):  # a chain (a prompt's chunk): causal
+            return torch.ones(n, n, dtype=torch.bool).tril()
         rows: list[int] = []
         cols: list[int] = []
         for i in range(n):
