@@ -220,7 +220,7 @@ def test_sentence_chunks_pack_whole_sentences(embedder) -> None:
     doc = load_documents([CORPUS / "honeybees.txt"])[0][0]
     config = ChunkingConfig(size=40, overlap=15, unit="sentences")
     chunks = split_document(doc, config, embedder.tokenizer)
-    sentences = list(chunking._sentences(doc.text, 0, len(doc.text)))
+    sentences = list(chunking._sentences(doc.text, 0, len(doc.text), config.splitter))
     starts, ends = {s for s, _ in sentences}, {e for _, e in sentences}
     assert len(chunks) > 3
     for chunk, following in pairwise(chunks):
@@ -310,7 +310,7 @@ def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> N
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 3
     assert meta["embedder"] == DEFAULT_EMBEDDER and meta["dimension"] == 384
-    assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens"}
+    assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens", "splitter": "sentencex"}
     assert set(meta["sources"]) == set(built.sources)
     # embedder=None builds the default model; hand it the one already loaded.
     monkeypatch.setattr(store, "SentenceTransformerEmbedder", lambda: embedder)
