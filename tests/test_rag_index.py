@@ -173,6 +173,7 @@ def test_jsonl_text_field_is_configurable(tmp_path: Path) -> None:
         ({"size": 10, "overlap": 10}, "less than size"),
         ({"overlap": -1}, "at least 0"),
         ({"unit": "words"}, "'tokens' or 'sentences'"),
+        ({"splitter": "pysbd"}, "'sentencex' or 'punctuation'"),
     ],
 )
 def test_chunking_config_is_validated(kwargs, message) -> None:
@@ -244,6 +245,72 @@ def test_a_sentence_longer_than_the_size_is_cut_by_tokens(embedder) -> None:
     middle = chunks[1:-1]
     assert len(middle) >= 3 and all(len(tokens(embedder.tokenizer, c.text)) <= 20 for c in middle)
     assert all(doc.text[c.start : c.end] == c.text for c in chunks)
+
+
+ABBREVIATED = (
+    'Use a splitter, e.g. sentencex. It works in the U.S. and the U.K. too. He said "Stop." '
+    "Dr. Smith paid $3.50 at 5 p.m. yesterday."
+)
+
+
+def sentences_of(text: str, splitter: chunking.Splitter) -> list[str]:
+    return [text[s:e] for s, e in chunking._sentences(text, 0, len(text), splitter)]
+
+
+def test_sentences_end_at_full_stops_not_at_abbreviations() -> None:
+    assert sentences_of(ABBREVIATED, "sentencex") == [
+        "Use a splitter, e.g. sentencex.",
+        "It works in the U.S. and the U.K. too.",
+        'He said "Stop."',  # the closing quote belongs to its sentence
+        "Dr. Smith paid $3.50 at 5 p.m. yesterday.",
+    ]
+    # The rule of indexes saved before sentencex, kept for them: every full stop, and a closing
+    # quote between two sentences belongs to neither.
+    assert sentences_of(ABBREVIATED, "punctuation")[:3] == [
+        "Use a splitter, e.g.",
+        "sentencex.",
+        "It works in the U.S.",
+    ]
+    assert 'He said "Stop.' in sentences_of(ABBREVIATED, "punctuation")
+
+
+def test_a_long_block_is_split_a_window_at_a_time_as_if_whole(monkeypatch) -> None:
+    words = ["bees", "e.g. honeybees", "the U.S. Forest Service", "Dr. Lee", "3.5 km", "(see Fig. 2.)"]
+    text = " ".join(
+        f"Sentence {n} is about {words[n % 6]} and {'more ' * (n % 7)}flowers." for n in range(400)
+    )
+    assert len(text) > 4 * chunking._SPLIT_WINDOW
+    whole = chunking._sentencex_ends(text)
+    assert list(chunking._sentence_ends(text)) == whole and len(whole) == 399
+    monkeypatch.setattr(chunking, "_SPLIT_WINDOW", 300)  # many windows, many restarts
+    assert list(chunking._sentence_ends(text)) == whole
+
+
+def test_an_index_saved_before_the_splitter_was_recorded_keeps_cutting_by_punctuation(
+    embedder, tmp_path: Path
+) -> None:
+    config = ChunkingConfig(size=48, overlap=12)
+    index, _ = DocumentIndex.build([CORPUS / "honeybees.txt"], embedder, config)
+    directory = saved(index, tmp_path / "idx")
+    assert json.loads((directory / "meta.json").read_text())["chunking"]["splitter"] == "sentencex"
+
+    def before(meta) -> None:
+        del meta["chunking"]["splitter"]
+
+    tamper(directory, edit_meta=before)
+    old = DocumentIndex.load(directory, embedder)
+    assert old.chunks == index.chunks  # read as it is
+    assert old.config == ChunkingConfig(size=48, overlap=12, splitter="punctuation")
+    notes = Document("notes.txt", " ".join([ABBREVIATED] * 4))  # one paragraph, cut at sentences
+    old.add([notes])
+    by_rule = {
+        rule: split_document(notes, ChunkingConfig(size=48, overlap=12, splitter=rule), embedder.tokenizer)
+        for rule in ("punctuation", "sentencex")
+    }
+    assert by_rule["punctuation"] != by_rule["sentencex"]
+    assert [c for c in old.chunks if c.source == "notes.txt"] == by_rule["punctuation"]
+    old.save(directory)
+    assert DocumentIndex.load(directory, embedder).config.splitter == "punctuation"
 
 
 def test_chunk_ids_are_stable_and_chunks_validated() -> None:
