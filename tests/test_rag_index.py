@@ -272,6 +272,15 @@ def test_sentences_end_at_full_stops_not_at_abbreviations() -> None:
         "It works in the U.S.",
     ]
     assert 'He said "Stop.' in sentences_of(ABBREVIATED, "punctuation")
+    # Offsets count characters (not UTF-8 bytes, nor UTF-16 units): astral, combining, CJK.
+    text = "Emoji 🚀 fine. Cafe\u0301 closes! 日本語の文です。次の文。 Last one"
+    assert sentences_of(text, "sentencex") == [
+        "Emoji 🚀 fine.",
+        "Cafe\u0301 closes!",
+        "日本語の文です。",
+        "次の文。",
+        "Last one",
+    ]
 
 
 def test_a_long_block_is_split_a_window_at_a_time_as_if_whole(monkeypatch) -> None:

@@ -9,10 +9,10 @@ cut unless one alone is longer than a chunk, then at its lines), then whole sent
 sentence longer than a chunk is cut between tokens. Sentences are found by sentencex
 (Wikimedia's rule-based splitter, in Rust: it knows "e.g." and "U.S." end no sentence, and that
 a closing quote belongs to the sentence it closes); a blank line, a list item or a table row
-also starts one. Not pysbd: about 200 times slower than sentencex, it would make chunking several
-times slower (and its wheel installs top-level ``benchmarks`` and ``examples`` packages); not
-nupunkt (Punkt with a model in the wheel): it needs Python 3.11; not NLTK's punkt: its model is
-a download.
+also starts one. Not pysbd: its pure-Python rules alone take many times what all of chunking
+takes with sentencex (benchmarks/sentence_splitter.py times chunking), and its wheel installs
+top-level ``benchmarks`` and ``examples`` packages; not nupunkt (Punkt with its model in the
+wheel): it needs Python 3.11; not NLTK's punkt: its model is a download.
 
 Chunks are exact substrings of their document (``doc.text[start:end] == chunk.text``): token
 boundaries come from the fast tokenizer's offset mapping, never from decoding ids, so what is
@@ -407,7 +407,7 @@ def _sentences(text: str, start: int, end: int, splitter: Splitter) -> Iterator[
     if splitter == "punctuation":
         cuts = [(m.start(), m.end()) for m in _SENTENCE_END.finditer(piece)]
     else:
-        cuts = [(at, at) for at in _sentence_ends(piece)]
+        cuts = [(end, end) for end in _sentence_ends(piece)]
         cuts += [(m.start(), m.end()) for m in _PARAGRAPH_BREAK.finditer(piece)]
     at = 0
     for stop, resume in sorted(cuts + [(m.start(), m.end()) for m in _LINE_ITEM.finditer(piece)]):
