@@ -500,6 +500,66 @@ def test_heading_text_is_indexed(hash_embedder, case, text, words) -> None:
         assert any(phrase in chunk.indexed_text for chunk in chunks), (phrase, chunks)
 
 
+# (case, a plain-text document hard on the sentence splitter): its chunks are slices of it that
+# leave out nothing but whitespace, each within the chunk size
+SENTENCE_CASES: list[tuple[str, str]] = [
+    ("only abbreviations", "e.g. i.e. etc. U.S. vs. Mr. Dr. Ph.D. a.m. Fig. No. " * 300),
+    ("no punctuation at all", " ".join(f"w{i % 97}" for i in range(3000))),
+    ("only punctuation", "!!!???... . . . ?! ." * 300),
+    ("a very long sentence", "and then " * 3000 + "it ended."),
+    ("CJK without spaces", "日本語の文です。次の文。" * 1000),
+    ("question marks without spaces", "a?B" * 6000),
+    ("emoji, combining accents, right to left", "Emoji 🚀 fine. Cafe\u0301 au lait! שלום עולם. " * 300),
+    ("closing quotes and brackets", '"Stop." She stopped. (It rained.) [See Fig. 3.] ' * 300),
+    ("control characters", "nul\x00 here. tab\there.\x0b vt. \x1c sep.\x85next. " * 300),
+    ("line ends of every kind", "One.\rTwo.\r\nThree.\u2028Four.\n" * 300),
+]
+
+
+@pytest.mark.parametrize(("case", "text"), SENTENCE_CASES, ids=[c[0] for c in SENTENCE_CASES])
+def test_hostile_sentences_lose_no_character(hash_embedder, monkeypatch, case, text) -> None:
+    seen: list[int] = []
+    split = chunking.sentencex.get_sentence_boundaries
+
+    def measured(language: str, piece: str) -> Any:
+        seen.append(len(piece))
+        return split(language, piece)
+
+    monkeypatch.setattr(chunking.sentencex, "get_sentence_boundaries", measured)
+    config = ChunkingConfig(size=48, overlap=12)
+    chunks = split_document(Document("notes.txt", text), config, hash_embedder.tokenizer)
+    covered = bytearray(len(text))
+    for chunk in chunks:
+        assert text[chunk.start : chunk.end] == chunk.text
+        assert len(hash_embedder.tokenizer(chunk.text, add_special_tokens=False)["input_ids"]) <= 48
+        covered[chunk.start : chunk.end] = b"\1" * len(chunk.text)
+    assert all(covered[i] or c.isspace() for i, c in enumerate(text))
+    # a run without spaces costs sentencex the square of its length: it is given windows
+    assert seen and max(seen) <= chunking._SPLIT_WINDOW
+
+
+def test_a_lone_surrogate_is_refused_clearly(hash_embedder) -> None:
+    with pytest.raises(ValueError, match=r"notes.txt holds a lone surrogate \(U\+D800 at character 3\)"):
+        split_document(Document("notes.txt", "ab \ud800 cd."), ChunkingConfig(), hash_embedder.tokenizer)
+
+
+def test_an_index_cut_by_punctuation_says_it_keeps_its_rule(
+    tmp_path, capsys, monkeypatch, hash_embedder
+) -> None:
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: hash_embedder)
+    docs, out = _folder(tmp_path), tmp_path / "index"
+    assert main(["index", str(docs), "--out", str(out), "--embedder", "hash"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["chunking"]["splitter"]  # as saved before the splitter was recorded
+    (out / "meta.json").write_text(json.dumps(meta))
+    (docs / "ants.txt").write_text("Ants, e.g. wood ants, farm aphids.\n")
+    capsys.readouterr()
+    assert main(["index", str(docs), "--out", str(out), "--embedder", "hash"]) == 0
+    assert "keeping the index's chunking" in (said := capsys.readouterr().out) and "'punctuation'" in said
+    chunks = DocumentIndex.load(out, hash_embedder).chunks
+    assert [c.text for c in chunks if c.source.endswith("ants.txt")] == ["Ants, e.g. wood ants, farm aphids."]
+
+
 def _a_file(tmp_path: Path) -> Path:
     (tmp_path / "notes.txt").write_text("keep me")
     return tmp_path / "notes.txt"

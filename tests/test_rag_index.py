@@ -173,6 +173,7 @@ def test_jsonl_text_field_is_configurable(tmp_path: Path) -> None:
         ({"size": 10, "overlap": 10}, "less than size"),
         ({"overlap": -1}, "at least 0"),
         ({"unit": "words"}, "'tokens' or 'sentences'"),
+        ({"splitter": "pysbd"}, "'sentencex' or 'punctuation'"),
     ],
 )
 def test_chunking_config_is_validated(kwargs, message) -> None:
@@ -220,7 +221,7 @@ def test_sentence_chunks_pack_whole_sentences(embedder) -> None:
     doc = load_documents([CORPUS / "honeybees.txt"])[0][0]
     config = ChunkingConfig(size=40, overlap=15, unit="sentences")
     chunks = split_document(doc, config, embedder.tokenizer)
-    sentences = list(chunking._sentences(doc.text, 0, len(doc.text)))
+    sentences = list(chunking._sentences(doc.text, 0, len(doc.text), config.splitter))
     starts, ends = {s for s, _ in sentences}, {e for _, e in sentences}
     assert len(chunks) > 3
     for chunk, following in pairwise(chunks):
@@ -244,6 +245,81 @@ def test_a_sentence_longer_than_the_size_is_cut_by_tokens(embedder) -> None:
     middle = chunks[1:-1]
     assert len(middle) >= 3 and all(len(tokens(embedder.tokenizer, c.text)) <= 20 for c in middle)
     assert all(doc.text[c.start : c.end] == c.text for c in chunks)
+
+
+ABBREVIATED = (
+    'Use a splitter, e.g. sentencex. It works in the U.S. and the U.K. too. He said "Stop." '
+    "Dr. Smith paid $3.50 at 5 p.m. yesterday."
+)
+
+
+def sentences_of(text: str, splitter: chunking.Splitter) -> list[str]:
+    return [text[s:e] for s, e in chunking._sentences(text, 0, len(text), splitter)]
+
+
+def test_sentences_end_at_full_stops_not_at_abbreviations() -> None:
+    assert sentences_of(ABBREVIATED, "sentencex") == [
+        "Use a splitter, e.g. sentencex.",
+        "It works in the U.S. and the U.K. too.",
+        'He said "Stop."',  # the closing quote belongs to its sentence
+        "Dr. Smith paid $3.50 at 5 p.m. yesterday.",
+    ]
+    # The rule of indexes saved before sentencex, kept for them: every full stop, and a closing
+    # quote between two sentences belongs to neither.
+    assert sentences_of(ABBREVIATED, "punctuation")[:3] == [
+        "Use a splitter, e.g.",
+        "sentencex.",
+        "It works in the U.S.",
+    ]
+    assert 'He said "Stop.' in sentences_of(ABBREVIATED, "punctuation")
+    # Offsets count characters (not UTF-8 bytes, nor UTF-16 units): astral, combining, CJK.
+    text = "Emoji 🚀 fine. Cafe\u0301 closes! 日本語の文です。次の文。 Last one"
+    assert sentences_of(text, "sentencex") == [
+        "Emoji 🚀 fine.",
+        "Cafe\u0301 closes!",
+        "日本語の文です。",
+        "次の文。",
+        "Last one",
+    ]
+
+
+def test_a_long_block_is_split_a_window_at_a_time_as_if_whole(monkeypatch) -> None:
+    words = ["bees", "e.g. honeybees", "the U.S. Forest Service", "Dr. Lee", "3.5 km", "(see Fig. 2.)"]
+    text = " ".join(
+        f"Sentence {n} is about {words[n % 6]} and {'more ' * (n % 7)}flowers." for n in range(400)
+    )
+    assert len(text) > 4 * chunking._SPLIT_WINDOW
+    whole = chunking._sentencex_ends(text)
+    assert list(chunking._sentence_ends(text)) == whole and len(whole) == 399
+    monkeypatch.setattr(chunking, "_SPLIT_WINDOW", 300)  # many windows, many restarts
+    assert list(chunking._sentence_ends(text)) == whole
+
+
+def test_an_index_saved_before_the_splitter_was_recorded_keeps_cutting_by_punctuation(
+    embedder, tmp_path: Path
+) -> None:
+    config = ChunkingConfig(size=48, overlap=12)
+    index, _ = DocumentIndex.build([CORPUS / "honeybees.txt"], embedder, config)
+    directory = saved(index, tmp_path / "idx")
+    assert json.loads((directory / "meta.json").read_text())["chunking"]["splitter"] == "sentencex"
+
+    def before(meta) -> None:
+        del meta["chunking"]["splitter"]
+
+    tamper(directory, edit_meta=before)
+    old = DocumentIndex.load(directory, embedder)
+    assert old.chunks == index.chunks  # read as it is
+    assert old.config == ChunkingConfig(size=48, overlap=12, splitter="punctuation")
+    notes = Document("notes.txt", " ".join([ABBREVIATED] * 4))  # one paragraph, cut at sentences
+    old.add([notes])
+    by_rule = {
+        rule: split_document(notes, ChunkingConfig(size=48, overlap=12, splitter=rule), embedder.tokenizer)
+        for rule in ("punctuation", "sentencex")
+    }
+    assert by_rule["punctuation"] != by_rule["sentencex"]
+    assert [c for c in old.chunks if c.source == "notes.txt"] == by_rule["punctuation"]
+    old.save(directory)
+    assert DocumentIndex.load(directory, embedder).config.splitter == "punctuation"
 
 
 def test_chunk_ids_are_stable_and_chunks_validated() -> None:
@@ -310,7 +386,7 @@ def test_save_load_round_trip(built, embedder, tmp_path: Path, monkeypatch) -> N
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["format"] == "rag-lookahead-index" and meta["format_version"] == 3
     assert meta["embedder"] == DEFAULT_EMBEDDER and meta["dimension"] == 384
-    assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens"}
+    assert meta["chunking"] == {"size": 48, "overlap": 12, "unit": "tokens", "splitter": "sentencex"}
     assert set(meta["sources"]) == set(built.sources)
     # embedder=None builds the default model; hand it the one already loaded.
     monkeypatch.setattr(store, "SentenceTransformerEmbedder", lambda: embedder)

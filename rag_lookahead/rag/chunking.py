@@ -6,7 +6,13 @@ is indexed with its text and shown with its source; a heading with no text under
 FAQ written as headings) is the text of its own chunk. Within a section (or a whole plain-text
 document) whole blocks are packed first (paragraphs, lists, tables; fenced code blocks are never
 cut unless one alone is longer than a chunk, then at its lines), then whole sentences, and a
-sentence longer than a chunk is cut between tokens.
+sentence longer than a chunk is cut between tokens. Sentences are found by sentencex
+(Wikimedia's rule-based splitter, in Rust: it knows "e.g." and "U.S." end no sentence, and that
+a closing quote belongs to the sentence it closes); a blank line, a list item or a table row
+also starts one. Not pysbd: its pure-Python rules alone take many times what all of chunking
+takes with sentencex (benchmarks/sentence_splitter.py times chunking), and its wheel installs
+top-level ``benchmarks`` and ``examples`` packages; not nupunkt (Punkt with its model in the
+wheel): it needs Python 3.11; not NLTK's punkt: its model is a download.
 
 Chunks are exact substrings of their document (``doc.text[start:end] == chunk.text``): token
 boundaries come from the fast tokenizer's offset mapping, never from decoding ids, so what is
@@ -27,18 +33,32 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Literal
 
+import sentencex
+
 from rag_lookahead.rag.documents import Document
 
-__all__ = ["LONG_LINE", "Chunk", "ChunkingConfig", "long_lines", "split_document"]
+__all__ = ["LONG_LINE", "Chunk", "ChunkingConfig", "Splitter", "long_lines", "split_document"]
 
 Unit = Literal["tokens", "sentences"]
+Splitter = Literal["sentencex", "punctuation"]
 Span = tuple[int, int]  # [start, end) character offsets
 
 # Tokenizing a huge document in one call holds every offset at once; blocks keep memory flat.
 _BLOCK_CHARS = 100_000
-# A sentence ends at . ! or ? (and any closing quotes or brackets) before whitespace, or at a
-# blank line; simple, and wrong only in ways that cost a slightly odd chunk boundary.
+# The "punctuation" splitter (indexes saved before sentencex keep it): a sentence ends at . ! or ?
+# (and any closing quotes or brackets, which fall between two sentences) before whitespace, or at
+# a blank line.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*\n")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+# English abbreviations; the full stops of other scripts (CJK, Devanagari, ...) end sentences too.
+_LANGUAGE = "en"
+# sentencex looks back to the last space before every full stop, so a run without spaces (CJK text,
+# a line of "a?b") costs the square of its length: a long block is split a window at a time.
+_SPLIT_WINDOW = 4_096
+# A sentence ending this close to a window's end may have been decided on a look-ahead the window
+# cut short (sentencex reads 30 bytes ahead): it is found again from the next window.
+_WINDOW_MARGIN = 128
 # Inside a block, a list item or a table row also starts a new sentence.
 _LINE_ITEM = re.compile(r"\n(?=[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]|[ \t]*\|)")
 _BLANK_LINE = re.compile(r"\n[ \t]*(?:\r?\n|\r)|\r\n?[ \t]*\r\n?")
@@ -63,11 +83,15 @@ class ChunkingConfig:
         unit: ``"sentences"`` packs whole blocks, then whole sentences (repeating whole
             trailing sentences as the overlap when a chunk ends inside a block); ``"tokens"`` cuts
             anywhere between tokens. Either way no chunk straddles a markdown heading.
+        splitter: How sentences are found: ``"sentencex"``, or ``"punctuation"`` (a sentence
+            ends at every ``.``, ``!`` or ``?`` before whitespace, "e.g." included), the rule of
+            indexes saved before sentencex, kept so that such an index grows by the same rule.
     """
 
     size: int = 200
     overlap: int = 40
     unit: Unit = "sentences"
+    splitter: Splitter = "sentencex"
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
@@ -80,6 +104,8 @@ class ChunkingConfig:
             )
         if self.unit not in ("tokens", "sentences"):
             raise ValueError(f"chunk unit must be 'tokens' or 'sentences', got {self.unit!r}")
+        if self.splitter not in ("sentencex", "punctuation"):
+            raise ValueError(f"sentence splitter must be 'sentencex' or 'punctuation', got {self.splitter!r}")
 
 
 @dataclass(frozen=True)
@@ -168,8 +194,17 @@ def split_document(doc: Document, config: ChunkingConfig, tokenizer: Any) -> lis
         config: Chunk size, overlap and unit.
         tokenizer: A Hugging Face *fast* tokenizer (it must return offset mappings), normally
             the embedder's own, so a chunk's length is what the embedder will see.
+
+    Raises:
+        ValueError: The text holds a lone surrogate (a JSON record may escape one).
     """
     text = doc.text
+    surrogate = _SURROGATE.search(text)
+    if surrogate:  # JSON may escape one; neither sentencex nor a tokenizer takes it
+        raise ValueError(
+            f"{doc.source} holds a lone surrogate (U+{ord(surrogate.group()):04X} at character "
+            f"{surrogate.start()}), which is no Unicode text; fix or drop it"
+        )
     sections = _markdown_sections(text) if is_markdown(doc.source) else [_plain_section(text)]
     chunks: list[Chunk] = []
     for section in sections:
@@ -286,10 +321,7 @@ def _plain_section(text: str) -> _Section:
 
 def _atoms(text: str, blocks: tuple[_Block, ...], config: ChunkingConfig, tokenizer: Any) -> list[_Atom]:
     """The section as pieces to pack: sentences, whole code blocks (or their lines)."""
-    pieces: list[tuple[_Block, list[Span]]] = [
-        (block, list(_lines(text, block) if block.code else _sentences(text, block.start, block.end)))
-        for block in blocks
-    ]
+    pieces = [(block, list(_pieces(text, block, config.splitter))) for block in blocks]
     counts = iter(_count(text, [span for _, spans in pieces for span in spans], tokenizer, config.size))
     atoms: list[_Atom] = []
     for block, spans in pieces:
@@ -301,6 +333,10 @@ def _atoms(text: str, blocks: tuple[_Block, ...], config: ChunkingConfig, tokeni
         for i, (span, count) in enumerate(counted):
             atoms.append(_Atom(span, count, _BLOCK if i == 0 else _SENTENCE))
     return atoms
+
+
+def _pieces(text: str, block: _Block, splitter: Splitter) -> Iterator[Span]:
+    return _lines(text, block) if block.code else _sentences(text, block.start, block.end, splitter)
 
 
 def _pack(atoms: list[_Atom], text: str, config: ChunkingConfig, tokenizer: Any) -> list[Span]:
@@ -365,20 +401,42 @@ def _group_span(group: list[_Atom]) -> Span:
 # ----------------------------------------------------------------------- sentences, tokens
 
 
-def _sentences(text: str, start: int, end: int) -> Iterator[Span]:
+def _sentences(text: str, start: int, end: int, splitter: Splitter) -> Iterator[Span]:
     """Sentence spans of ``text[start:end]``, with surrounding whitespace left out."""
     piece = text[start:end]
+    if splitter == "punctuation":
+        cuts = [(m.start(), m.end()) for m in _SENTENCE_END.finditer(piece)]
+    else:
+        cuts = [(end, end) for end in _sentence_ends(piece)]
+        cuts += [(m.start(), m.end()) for m in _PARAGRAPH_BREAK.finditer(piece)]
     at = 0
-    ends = sorted(
-        [(m.start(), m.end()) for m in _SENTENCE_END.finditer(piece)]
-        + [(m.start(), m.end()) for m in _LINE_ITEM.finditer(piece)]
-    )
-    for stop, resume in ends:
+    for stop, resume in sorted(cuts + [(m.start(), m.end()) for m in _LINE_ITEM.finditer(piece)]):
         if stop < at:
             continue
         yield from _stripped(text, start + at, start + stop)
         at = resume
     yield from _stripped(text, start + at, end)
+
+
+def _sentence_ends(piece: str) -> Iterator[int]:
+    """Where sentencex ends the sentences of `piece` (offsets, the last one's end left out), a
+    window at a time: each window starts where the last sentence the previous one ended whole did."""
+    at = 0
+    while len(piece) - at > _SPLIT_WINDOW:
+        window = piece[at : at + _SPLIT_WINDOW]
+        ends = [end for end in _sentencex_ends(window) if end <= _SPLIT_WINDOW - _WINDOW_MARGIN]
+        if not ends:  # one sentence of thousands of characters: cut it before a space if it has one
+            last = _SPLIT_WINDOW - _WINDOW_MARGIN
+            space = max(window.rfind(" ", 1, last), window.rfind("\n", 1, last))
+            ends = [space if space > 0 else last]
+        yield from (at + end for end in ends)
+        at += ends[-1]
+    yield from (at + end for end in _sentencex_ends(piece[at:]))
+
+
+def _sentencex_ends(piece: str) -> list[int]:
+    sentences = sentencex.get_sentence_boundaries(_LANGUAGE, piece)
+    return [sentence["end_index"] for sentence in sentences[:-1]]
 
 
 def _lines(text: str, block: _Block) -> Iterator[Span]:

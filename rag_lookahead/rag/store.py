@@ -6,8 +6,10 @@
   ``vector`` (the first 16 hex digits of the SHA-256 of that row's little-endian float32 bytes);
 - ``keyword/``: the BM25 index of the same rows, as bm25s writes it (``.npy`` arrays read
   without pickle, JSON vocabulary and parameters);
-- ``meta.json``: format name and version, embedder name and dimension, chunking settings, the
-  SHA-256 of every source's text, ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes, and
+- ``meta.json``: format name and version, embedder name and dimension, chunking settings (an
+  index saved before they named the sentence splitter was cut by ``"punctuation"``, and an update
+  keeps cutting it so: its chunks stay as they were and new ones are cut alike), the SHA-256 of
+  every source's text, ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes, and
   ``keyword``: the tokenizer's name and the SHA-256 of every file of ``keyword/``.
 
 The files are chained, and `read_rows` checks the whole chain on every load: meta.json fixes
@@ -60,6 +62,7 @@ _INDEX, _CHUNKS, _META, _KEYWORD = "index.faiss", "chunks.jsonl", "meta.json", "
 META_FILE = _META  # its presence tells an index directory apart
 _CHUNK_FIELDS = frozenset({"id", "source", "text", "start", "end", "headings", "row", "vector"})
 _VECTOR_DIGEST = 16  # hex digits of a row's SHA-256 kept in chunks.jsonl
+_FIRST_SPLITTER = "punctuation"  # of indexes whose chunking settings name no splitter
 
 
 class IndexFormatError(ValueError):
@@ -258,7 +261,7 @@ def check_embedder(meta: Mapping[str, Any], embedder: Embedder | None) -> Embedd
 
 def chunking_config(meta: Mapping[str, Any]) -> ChunkingConfig:
     try:
-        return ChunkingConfig(**meta["chunking"])
+        return ChunkingConfig(**{"splitter": _FIRST_SPLITTER, **meta["chunking"]})
     except (TypeError, ValueError) as err:
         raise IndexFormatError(f"the index's chunking settings are invalid ({err}); {_REBUILD}") from None
 
