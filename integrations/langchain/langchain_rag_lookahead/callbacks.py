@@ -3,9 +3,10 @@
 `LookaheadCallbackHandler` watches a chain run. It records which runs belong to which top-level
 run (from each run's ``parent_run_id``) and keeps the documents any retriever returns inside it.
 When a lookahead model is called later in that run, it asks the handler for the run's documents:
-they are inserted as branches of a `DocumentScope` owned by the run (once per engine; later
-retrievals are added), and the scope is closed when the top-level run ends or fails. Documents
-of a run that never calls a lookahead model are never inserted, and are forgotten at its end.
+they are inserted as branches of a `DocumentScope` owned by the run (once per trie, see
+`RunScopes`; later retrievals are added), and the scope is closed when the top-level run ends
+or fails. Documents of a run that never calls a lookahead model are never inserted, and are
+forgotten at its end.
 
 A model finds its run through LangChain's own callback plumbing (`run_link`): the handlers and
 parent run id of its run manager, or of the runnable config of the code calling it.
@@ -29,7 +30,8 @@ from langchain_core.documents import Document
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 
-from rag_lookahead.interface import Engine, Scope, scope_key
+from rag_lookahead.adapters import RunScopes
+from rag_lookahead.interface import Engine, Scope
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]
 
@@ -38,17 +40,10 @@ Output = TypeVar("Output")
 
 
 @dataclass
-class _EngineScope:
-    engine: Engine
-    scope: Scope
-    added: int = 0  # how many of the run's documents are already in the scope
-
-
-@dataclass
 class _TopRun:
     members: list[UUID] = field(default_factory=list)
     documents: list[str] = field(default_factory=list)
-    scopes: dict[int, _EngineScope] = field(default_factory=dict)  # by id(scope_key(engine))
+    scopes: RunScopes = field(default_factory=RunScopes)
 
 
 class LookaheadCallbackHandler(BaseCallbackHandler):
@@ -73,14 +68,7 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
             run = self._runs.get(top) if top is not None else None
             if run is None or not run.documents:
                 return None
-            key = id(scope_key(engine))  # alive while the entry holds the engine
-            entry = run.scopes.get(key)
-            if entry is None:
-                entry = run.scopes[key] = _EngineScope(engine, engine.scope())
-            # Under the lock so two calls of one run never insert the same documents twice.
-            entry.scope.add(run.documents[entry.added :])
-            entry.added = len(run.documents)
-            return entry.scope
+            return run.scopes.scope(engine, run.documents)
 
     @property
     def active_runs(self) -> int:
@@ -106,8 +94,7 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
             run = self._runs.pop(run_id)
             for member in run.members:
                 self._top.pop(member, None)
-        for entry in run.scopes.values():  # outside the lock: closing waits for the engine
-            entry.scope.close()
+        run.scopes.close()  # outside the lock: closing waits for the engine
 
     def _retrieved(self, run_id: UUID, documents: Sequence[Document]) -> None:
         with self._lock:
