@@ -163,7 +163,9 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
         `rag_lookahead.LoadOptions` given by name: ``device``, ``dtype``,
         ``trust_remote_code``, ``model_kwargs`` (device_map, quantization_config,
         attn_implementation, revision...), ``tokenizer_kwargs``, ``chat_template_kwargs``
-        (e.g. ``{"enable_thinking": False}`` for Qwen3) and ``progress``.
+        (e.g. ``{"enable_thinking": False}`` for Qwen3) and ``progress`` (default ``True``:
+        progress bars on standard error, when it is a terminal, while the model is converted
+        and its costs measured; see `EngineSource`).
         ``lookahead_config`` is the drafting settings (`LookaheadConfig`): the loaded
         model's, or those of a variant of the given `LookaheadEngine`; ``config`` is its old
         name (deprecated), a loading option refused beside an engine.
@@ -181,6 +183,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
         """
         if model is not None and kwargs.setdefault("model_name", model) != model:
             raise ValueError("pass either `model` or `model_name`, not both")
+        progress = kwargs.pop("progress", True)
         loading = {name: kwargs.pop(name) for name in LoadKeywords.__annotations__ if name in kwargs}
         source = EngineSource(
             engine=engine,
@@ -194,6 +197,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
             },
             timeout=timeout,
             lookahead_config=_renamed_config(config, lookahead_config, engine),
+            progress=progress,
         )
         engine = source.resolve()
         kwargs.setdefault("model_name", display_name(engine))
