@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from rag_lookahead.drafting.trie import TokenTrie
 
-__all__ = ["DocumentScope", "check_scope", "document_texts"]
+__all__ = ["DocumentScope", "document_texts"]
 
 
 def document_texts(documents: Iterable[str]) -> list[str]:
@@ -50,6 +50,11 @@ class DocumentScope:
         return self._trie
 
     @property
+    def key(self) -> TokenTrie:
+        """Its trie: the engine that opened it and that engine's variants may use it."""
+        return self._trie
+
+    @property
     def sequences(self) -> Sequence[Sequence[int]]:
         """The token ids of the documents added so far."""
         return tuple(self._sequences)
@@ -79,12 +84,3 @@ class DocumentScope:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
             self.close()
-
-
-def check_scope(scope: DocumentScope | None, trie: TokenTrie) -> None:
-    """Refuse a call ``scope`` that is closed, or that is not over ``trie`` (its engine's)."""
-    if scope is not None and scope.closed:
-        raise ValueError("the document scope passed to this call is closed")
-    if scope is not None and scope.trie is not trie:
-        # Its branches live in another trie: this call could neither see nor release them.
-        raise ValueError("the document scope passed to this call belongs to another engine")

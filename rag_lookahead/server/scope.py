@@ -33,6 +33,11 @@ class ServerScope:
         return self._closed
 
     @property
+    def key(self) -> object:
+        """The engine that opened it: calls of other engines refuse it."""
+        return self.owner
+
+    @property
     def documents(self) -> tuple[str, ...]:
         return tuple(self._documents)
 
