@@ -49,10 +49,7 @@ class DocumentScope:
         """The trie holding this scope's branches (that of the engine that opened it)."""
         return self._trie
 
-    @property
-    def key(self) -> TokenTrie:
-        """Its trie: the engine that opened it and that engine's variants may use it."""
-        return self._trie
+    key = trie  # its `scope_key`: the engine that opened it, and that engine's variants, use it
 
     @property
     def sequences(self) -> Sequence[Sequence[int]]:

@@ -21,7 +21,8 @@ class ServerScope:
     """
 
     def __init__(self, owner: object, corpus: CorpusClient | None) -> None:
-        self.owner = owner  # the engine that opened it: calls of other engines refuse it
+        self.owner = owner  # the engine that opened it
+        self.key = owner  # its `scope_key`: calls of other engines refuse it
         self._corpus = corpus
         self._documents: list[str] = []
         self._corpus_ids: list[str] = []
@@ -31,11 +32,6 @@ class ServerScope:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    @property
-    def key(self) -> object:
-        """The engine that opened it: calls of other engines refuse it."""
-        return self.owner
 
     @property
     def documents(self) -> tuple[str, ...]:

@@ -110,66 +110,21 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
 
     # ------------------------------------------------------------------ callbacks
 
-    def on_chain_start(
-        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
+    # Every run this handler sees starts and ends the same way, whatever its kind; the
+    # arguments besides the run ids (inputs, prompts, documents...) do not matter here.
+
+    def _on_start(self, *args: Any, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._start(run_id, parent_run_id)
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def _on_end(self, *args: Any, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id)
 
-    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_retriever_start(
-        self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._start(run_id, parent_run_id)
+    on_chain_start = on_retriever_start = on_llm_start = on_chat_model_start = on_tool_start = _on_start
+    on_chain_end = on_chain_error = on_retriever_error = _on_end
+    on_llm_end = on_llm_error = on_tool_end = on_tool_error = _on_end
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any) -> None:
         self._retrieved(run_id, documents)
-        self._end(run_id)
-
-    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_llm_start(
-        self, serialized: Any, prompts: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._start(run_id, parent_run_id)
-
-    def on_chat_model_start(
-        self,
-        serialized: Any,
-        messages: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id)
-
-    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_tool_start(
-        self,
-        serialized: Any,
-        input_str: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id)
-
-    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id)
 
 
