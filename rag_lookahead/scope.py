@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rag_lookahead.drafting.trie import TokenTrie
 
-__all__ = ["DocumentScope", "document_texts"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["DocumentScope", "ScopeLifecycle", "document_texts"]
 
 
 def document_texts(documents: Iterable[str]) -> list[str]:
@@ -30,7 +34,31 @@ def document_texts(documents: Iterable[str]) -> list[str]:
     return texts
 
 
-class DocumentScope:
+class ScopeLifecycle:
+    """What every engine's scope does alike: it closes once, when told to, at the end of a
+    ``with`` block, or when it is garbage-collected unclosed."""
+
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
+            self.__exit__(None, None, None)
+
+
+class DocumentScope(ScopeLifecycle):
     """Document branches owned by one query, visible to the calls that are passed this scope."""
 
     def __init__(self, trie: TokenTrie, tokenize: Callable[[str], list[int]]) -> None:
@@ -39,10 +67,6 @@ class DocumentScope:
         self._tokenize = tokenize
         self._sequences: list[list[int]] = []
         self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def trie(self) -> TokenTrie:
@@ -71,13 +95,3 @@ class DocumentScope:
         if not self._closed:
             self._closed = True
             self._trie.eliminate(self.owner)
-
-    def __enter__(self) -> DocumentScope:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
-            self.close()
