@@ -28,13 +28,13 @@ from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import call_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
-from rag_lookahead.interface import EngineBase
+from rag_lookahead.interface import EngineBase, check_scope
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.measurement import measure_costs
 from rag_lookahead.model_facts import ModelFacts
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.scheduler import Scheduler
-from rag_lookahead.scope import DocumentScope, check_scope, document_texts
+from rag_lookahead.scope import DocumentScope, document_texts
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
@@ -267,7 +267,7 @@ class LookaheadEngine(EngineBase):
         texts = document_texts(documents)
         prompt_ids = self.encode(prompt, tools=tools)
         self._facts.check_prompt(prompt_ids)
-        check_scope(scope, self.trie)
+        check_scope(scope, self)
         eos = self._facts.call_eos(params.eos_token_id)
         grammar = self._facts.grammar_state(params.grammar, eos)
         batchable = self._batchable()

@@ -15,7 +15,7 @@ from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.streaming.stream import Completion, TextStream
 
-__all__ = ["Engine", "EngineBase", "Scope", "scope_key"]
+__all__ = ["Engine", "EngineBase", "Scope", "check_scope", "scope_key"]
 
 
 @runtime_checkable
@@ -24,6 +24,12 @@ class Scope(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def key(self) -> Any:
+        """The `scope_key` of the engine that opened it: its engine and that engine's
+        variants may use it."""
+        ...
 
     def add(self, documents: Iterable[str]) -> None: ...
 
@@ -133,3 +139,14 @@ def scope_key(engine: Engine) -> Any:
     server). Every front end keeps a run's scopes by this key, so that two variants of one
     engine in one run share a scope rather than insert its documents twice."""
     return getattr(engine, "trie", engine)
+
+
+def check_scope(scope: Scope | None, engine: Engine) -> None:
+    """Refuse a call's ``scope`` that ``engine`` cannot use: opened by another engine (its
+    documents are where this call can neither draft from nor release them), or closed."""
+    if scope is None:
+        return
+    if getattr(scope, "key", None) is not scope_key(engine):
+        raise ValueError("the document scope passed to this call belongs to another engine")
+    if scope.closed:
+        raise ValueError("the document scope passed to this call is closed")

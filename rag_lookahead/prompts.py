@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from rag_lookahead.config import keyword_arguments
 from rag_lookahead.structured.tools import check_tools, detect_tool_format, template_messages
 
-__all__ = ["RAG_SYSTEM", "Prompt", "check_chat_template_kwargs", "encode_prompt", "rag_messages"]
+__all__ = [
+    "RAG_SYSTEM",
+    "Prompt",
+    "PromptKind",
+    "check_chat_template_kwargs",
+    "encode_prompt",
+    "rag_messages",
+    "read_prompt",
+]
 
 # Chat messages are {"role", "content"} mappings; an assistant's may carry `tool_calls` and a
 # tool result its `tool_call_id` (see `rag_lookahead.structured.tools.template_messages`).
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]] | torch.Tensor
+
+PromptKind = Literal["text", "ids", "chat"]
 
 RAG_SYSTEM = (
     "You are a helpful assistant. Answer the question using the context. "
@@ -55,31 +65,42 @@ def encode_prompt(
     messages and a template with tool support (else `ToolsNotSupportedError` naming the model).
     """
     checked_tools = check_tools(tools) if tools is not None else []
-    if checked_tools and not (
-        isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt)
-    ):
+    kind, value = read_prompt(prompt)
+    if checked_tools and kind != "chat":
         raise TypeError("tools= needs a prompt of chat messages (the chat template renders them)")
+    if kind == "text":
+        ids = tokenizer(value).input_ids
+    elif kind == "chat":
+        ids = _apply_chat_template(tokenizer, value, chat_template_kwargs or {}, checked_tools)
+    else:
+        ids = value
+    if not ids:
+        raise ValueError("the prompt is empty")
+    return ids
+
+
+def read_prompt(prompt: Prompt) -> tuple[PromptKind, Any]:
+    """What ``prompt`` is, read the same way by every engine: ``("text", str)``, ``("ids",
+    list[int])`` (a list, or a ``[L]`` / ``[1, L]`` tensor) or ``("chat", list of messages)``;
+    a clear error for anything else. An empty prompt is returned as it is."""
     if isinstance(prompt, torch.Tensor):
         if prompt.dim() == 2 and prompt.shape[0] == 1:
             prompt = prompt[0]
         if prompt.dim() != 1:
             raise ValueError(f"a prompt tensor must be [L] or [1, L], got {tuple(prompt.shape)}")
-        ids = prompt.tolist()
-    elif isinstance(prompt, str):
-        ids = tokenizer(prompt).input_ids
-    elif not isinstance(prompt, Sequence):
+        return "ids", prompt.tolist()
+    if isinstance(prompt, str):
+        return "text", prompt
+    if not isinstance(prompt, Sequence):
         raise TypeError(
             f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
         )
-    elif prompt and all(isinstance(m, Mapping) for m in prompt):
-        ids = _apply_chat_template(tokenizer, prompt, chat_template_kwargs or {}, checked_tools)  # type: ignore[arg-type]
-    elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = list(prompt)
-    else:
-        raise TypeError("a prompt is a str, token ids, or a list of chat messages")
-    if not ids:
-        raise ValueError("the prompt is empty")
-    return ids
+    items: list[Any] = list(prompt)
+    if items and all(isinstance(m, Mapping) for m in items):
+        return "chat", items
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return "ids", items
+    raise TypeError("a prompt is a str, token ids, or a list of chat messages")
 
 
 # What `encode_prompt` itself decides: a prompt of token ids that ends where the answer begins.

@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rag_lookahead.drafting.trie import TokenTrie
 
-__all__ = ["DocumentScope", "check_scope", "document_texts"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["DocumentScope", "ScopeLifecycle", "document_texts"]
 
 
 def document_texts(documents: Iterable[str]) -> list[str]:
@@ -30,7 +34,31 @@ def document_texts(documents: Iterable[str]) -> list[str]:
     return texts
 
 
-class DocumentScope:
+class ScopeLifecycle:
+    """What every engine's scope does alike: it closes once, when told to, at the end of a
+    ``with`` block, or when it is garbage-collected unclosed."""
+
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
+            self.__exit__(None, None, None)
+
+
+class DocumentScope(ScopeLifecycle):
     """Document branches owned by one query, visible to the calls that are passed this scope."""
 
     def __init__(self, trie: TokenTrie, tokenize: Callable[[str], list[int]]) -> None:
@@ -41,13 +69,11 @@ class DocumentScope:
         self._closed = False
 
     @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
     def trie(self) -> TokenTrie:
         """The trie holding this scope's branches (that of the engine that opened it)."""
         return self._trie
+
+    key = trie  # its `scope_key`: the engine that opened it, and that engine's variants, use it
 
     @property
     def sequences(self) -> Sequence[Sequence[int]]:
@@ -69,22 +95,3 @@ class DocumentScope:
         if not self._closed:
             self._closed = True
             self._trie.eliminate(self.owner)
-
-    def __enter__(self) -> DocumentScope:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
-            self.close()
-
-
-def check_scope(scope: DocumentScope | None, trie: TokenTrie) -> None:
-    """Refuse a call ``scope`` that is closed, or that is not over ``trie`` (its engine's)."""
-    if scope is not None and scope.closed:
-        raise ValueError("the document scope passed to this call is closed")
-    if scope is not None and scope.trie is not trie:
-        # Its branches live in another trie: this call could neither see nor release them.
-        raise ValueError("the document scope passed to this call belongs to another engine")

@@ -89,3 +89,30 @@ def test_a_call_within_its_deadline_is_unchanged(engine: Any) -> None:
     for seconds in (None, 600.0):
         stream = engine.stream(MESSAGES, max_new_tokens=12)
         assert "".join(within_deadline(stream, stream, seconds)) == reference
+
+
+def _loaded_as(monkeypatch: pytest.MonkeyPatch, engine: Any) -> list[bool]:
+    """Every model load answers with ``engine``'s model; the list receives each load's
+    ``progress``."""
+    import rag_lookahead.models
+
+    asked: list[bool] = []
+
+    def load_model(*args: Any, progress: bool = False, **kwargs: Any) -> Any:
+        asked.append(progress)
+        return engine.model, engine.tokenizer
+
+    monkeypatch.setattr(rag_lookahead.models, "load_model", load_model)
+    return asked
+
+
+def test_a_front_end_shows_progress_while_it_loads_unless_told_not_to(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = _loaded_as(monkeypatch, engine)
+    assert EngineSource().resolve()._progress is True  # the cost measurement's bar too
+    assert EngineSource(progress=False).resolve()._progress is False
+    assert EngineSource(load=LoadOptions(progress=True), progress=False).resolve()._progress is True
+    assert asked == [True, False, True]
+    with pytest.raises(TypeError, match="progress must be True or False"):
+        EngineSource(progress=1)  # type: ignore[arg-type]

@@ -6,8 +6,9 @@ engine's text and `DecodeStats` become OpenAI's reply objects and stream chunks 
 `ReplyStream`), as plain dicts. A front end that builds its own prompt (an adapter's
 message objects) plans its call's options the same way (`plan_call`), and reads a streamed
 reply that may call tools off the same `HeldReply`, and names the model as the others do
-(`display_name`). Its engine comes from what its user gave, checked and resolved the same way
-(`EngineSource`), and its ``timeout`` bounds a local call the same way (`within_deadline`).
+(`display_name`), and keeps a run's scopes as they do (`RunScopes`). Its engine comes from
+what its user gave, checked and resolved the same way (`EngineSource`), and its ``timeout``
+bounds a local call the same way (`within_deadline`).
 The core never imports this package.
 """
 
@@ -26,6 +27,7 @@ from rag_lookahead.adapters.requests import (
     plan_chat,
     plan_completion,
 )
+from rag_lookahead.adapters.run_scopes import RunScopes
 from rag_lookahead.adapters.streaming import HeldReply
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "ReplyHeader",
     "ReplyStream",
     "RequestError",
+    "RunScopes",
     "ToolPlan",
     "display_name",
     "openai_logprobs",

@@ -48,6 +48,11 @@ class EngineSource:
             engine's own, or the defaults.
         lookahead: ``False`` decodes plainly (drafting mode ``"off"``); a server decides that
             itself.
+        progress: Show progress bars while a model loaded here is converted and its costs
+            measured (the waits of a front end's first call), as `LoadOptions.progress` does:
+            only when standard error is a terminal. On by default, unlike the library's own
+            calls: a front end's user did not ask to load anything and would otherwise wait on
+            a blank screen. A given engine keeps its own setting; a server loads nothing.
     """
 
     engine: Engine | None = None
@@ -57,6 +62,7 @@ class EngineSource:
     timeout: float | None = None
     lookahead_config: LookaheadConfig | None = None
     lookahead: bool = True
+    progress: bool = True
     _server: ServerConfig | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +76,8 @@ class EngineSource:
                 "takes either an engine or options to load one, not both: "
                 f"pass either `engine` or {', '.join(given)}"
             )
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"progress must be True or False, got {self.progress!r}")
         if self.timeout is not None and (isinstance(self.timeout, bool) or not self.timeout > 0):
             raise ValueError(f"timeout must be a number of seconds above 0 or None, got {self.timeout!r}")
         unused = sorted(name for name, value in self.server.items() if value is not None)
@@ -133,7 +141,7 @@ class EngineSource:
             return ServerEngine(**{f.name: getattr(server, f.name) for f in dataclasses.fields(server)})
         config = self.config
         if self.engine is None:
-            return self.load.load(config)
+            return dataclasses.replace(self.load, progress=self.load.progress or self.progress).load(config)
         if not isinstance(self.engine, LookaheadEngine):
             return self.engine if self.lookahead else plain_engine(self.engine)
         if self.engine.config == config:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
-from rag_lookahead.interface import EngineBase
+from rag_lookahead.interface import EngineBase, check_scope
 from rag_lookahead.prompts import Prompt, encode_prompt
 from rag_lookahead.scope import document_texts
 from rag_lookahead.server.call import ReadLimits, ServerCall
@@ -179,7 +179,7 @@ class ServerEngine(EngineBase):
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = [t for t in document_texts(documents) if t]
         server_prompt = normalise_prompt(prompt)
-        self._check_scope(scope)
+        check_scope(scope, self)
         if self._corpus is None:
             shown = [*(scope.documents if scope is not None else ()), *texts]
             server_prompt = self._documents_in_prompt(server_prompt, shown)
@@ -240,14 +240,6 @@ class ServerEngine(EngineBase):
         scope.reload()
         request = request.with_fields(self._corpus.for_call(texts, scope.corpus_ids).fields)
         return create.create(**request.kwargs, **self._request_timeout())
-
-    def _check_scope(self, scope: ServerScope | None) -> None:
-        if scope is None:
-            return
-        if not isinstance(scope, ServerScope) or scope.owner is not self:
-            raise ValueError("the document scope passed to this call belongs to another engine")
-        if scope.closed:
-            raise ValueError("the document scope passed to this call is closed")
 
     def _documents_in_prompt(self, prompt: ServerPrompt, documents: list[str]) -> ServerPrompt:
         """``prompt``, checked to show ``documents``, or with the missing ones appended."""

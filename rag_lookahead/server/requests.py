@@ -14,10 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, cast
 
-import torch
-
 from rag_lookahead.config import GenerationParams
-from rag_lookahead.prompts import Prompt
+from rag_lookahead.prompts import Prompt, read_prompt
 from rag_lookahead.server.config import ServerConfig
 from rag_lookahead.structured.grammar import Grammar
 
@@ -45,30 +43,14 @@ class Request:
 
 def normalise_prompt(prompt: Prompt) -> ServerPrompt:
     """Text, token ids or chat messages, in the shapes the API takes (as `encode_prompt` reads them)."""
-    if isinstance(prompt, torch.Tensor):
-        if prompt.dim() == 2 and prompt.shape[0] == 1:
-            prompt = prompt[0]
-        if prompt.dim() != 1:
-            raise ValueError(f"a prompt tensor must be [L] or [1, L], got {tuple(prompt.shape)}")
-        prompt = prompt.tolist()
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        return prompt
-    if not isinstance(prompt, Sequence) or not prompt:
-        if isinstance(prompt, Sequence):
-            raise ValueError("the prompt is empty")
-        raise TypeError(
-            f"a prompt is a str, token ids, or a list of chat messages, got {type(prompt).__name__}"
-        )
-    items: list[Any] = list(prompt)
-    if all(isinstance(m, Mapping) for m in items):
-        return [_message(m) for m in items]
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-        if any(t < 0 for t in items):
-            raise ValueError("token ids must be non-negative")
-        return cast(list[int], items)
-    raise TypeError("a prompt is a str, token ids, or a list of chat messages")
+    kind, value = read_prompt(prompt)
+    if not value:
+        raise ValueError("the prompt is empty")
+    if kind == "chat":
+        return [_message(m) for m in value]
+    if kind == "ids" and any(t < 0 for t in value):
+        raise ValueError("token ids must be non-negative")
+    return cast(ServerPrompt, value)
 
 
 def _message(message: Mapping[str, Any]) -> dict[str, str]:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterable
 
-from rag_lookahead.scope import document_texts
+from rag_lookahead.scope import ScopeLifecycle, document_texts
 from rag_lookahead.server.corpus import CorpusClient
 
 __all__ = ["ServerScope"]
 
 
-class ServerScope:
+class ServerScope(ScopeLifecycle):
     """On SGLang, each `add` loads the documents as an external corpus of the server; on a
     rag-lookahead server, the first `add` loads a corpus and later ones add to it (the scope's
     calls name it). `close` removes every corpus the scope loaded. Elsewhere the scope only
@@ -21,16 +20,13 @@ class ServerScope:
     """
 
     def __init__(self, owner: object, corpus: CorpusClient | None) -> None:
-        self.owner = owner  # the engine that opened it: calls of other engines refuse it
+        self.owner = owner  # the engine that opened it
+        self.key = owner  # its `scope_key`: calls of other engines refuse it
         self._corpus = corpus
         self._documents: list[str] = []
         self._corpus_ids: list[str] = []
         self._closed = False
         self._lock = threading.Lock()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def documents(self) -> tuple[str, ...]:
@@ -80,16 +76,9 @@ class ServerScope:
             return None
         return self._corpus.remove_all(ids)
 
-    def __enter__(self) -> ServerScope:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         # A warning, not an error: the block's answer (or its own error) is what the caller
         # wants, and the failed removals are retried later.
         failure = self._remove()
         if failure is not None and self._corpus is not None:
             self._corpus.warn(failure, "a document scope")
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # never raise from a finaliser (interpreter shutdown)
-            self.__exit__(None, None, None)

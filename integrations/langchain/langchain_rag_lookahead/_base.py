@@ -54,7 +54,8 @@ Piece = StreamChunk | DecodeStats
 
 DocumentLike = str | Document
 
-# The loading options among the fields (`LoadOptions` besides ``model``).
+# The loading options among the fields (`LoadOptions` besides ``model``, and ``progress``,
+# which is the front end's: `EngineSource.progress`).
 _LOAD_FIELDS = tuple(name for name in LoadKeywords.__annotations__ if name != "progress")
 
 
@@ -128,6 +129,11 @@ class LookaheadSettings(BaseModel):
     trust_remote_code: bool = Field(
         default=False, description="Run model code shipped with the checkpoint (only if trusted)."
     )
+    progress: bool = Field(
+        default=True,
+        description="Show progress bars on standard error, when it is a terminal, while the model "
+        "loaded here is converted and its costs measured (the first call's wait).",
+    )
     model_kwargs: dict[str, Any] | None = Field(
         default=None,
         description="More arguments for the model's `from_pretrained`: device_map, "
@@ -196,6 +202,7 @@ class LookaheadSettings(BaseModel):
             timeout=self.timeout,
             lookahead_config=self.lookahead_config,
             lookahead=self.lookahead,
+            progress=self.progress,
         )
 
     @property

@@ -3,9 +3,10 @@
 `LookaheadCallbackHandler` watches a chain run. It records which runs belong to which top-level
 run (from each run's ``parent_run_id``) and keeps the documents any retriever returns inside it.
 When a lookahead model is called later in that run, it asks the handler for the run's documents:
-they are inserted as branches of a `DocumentScope` owned by the run (once per engine; later
-retrievals are added), and the scope is closed when the top-level run ends or fails. Documents
-of a run that never calls a lookahead model are never inserted, and are forgotten at its end.
+they are inserted as branches of a `DocumentScope` owned by the run (once per trie, see
+`RunScopes`; later retrievals are added), and the scope is closed when the top-level run ends
+or fails. Documents of a run that never calls a lookahead model are never inserted, and are
+forgotten at its end.
 
 A model finds its run through LangChain's own callback plumbing (`run_link`): the handlers and
 parent run id of its run manager, or of the runnable config of the code calling it.
@@ -29,7 +30,8 @@ from langchain_core.documents import Document
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 
-from rag_lookahead.interface import Engine, Scope, scope_key
+from rag_lookahead.adapters import RunScopes
+from rag_lookahead.interface import Engine, Scope
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]
 
@@ -38,17 +40,10 @@ Output = TypeVar("Output")
 
 
 @dataclass
-class _EngineScope:
-    engine: Engine
-    scope: Scope
-    added: int = 0  # how many of the run's documents are already in the scope
-
-
-@dataclass
 class _TopRun:
     members: list[UUID] = field(default_factory=list)
     documents: list[str] = field(default_factory=list)
-    scopes: dict[int, _EngineScope] = field(default_factory=dict)  # by id(scope_key(engine))
+    scopes: RunScopes = field(default_factory=RunScopes)
 
 
 class LookaheadCallbackHandler(BaseCallbackHandler):
@@ -73,14 +68,7 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
             run = self._runs.get(top) if top is not None else None
             if run is None or not run.documents:
                 return None
-            key = id(scope_key(engine))  # alive while the entry holds the engine
-            entry = run.scopes.get(key)
-            if entry is None:
-                entry = run.scopes[key] = _EngineScope(engine, engine.scope())
-            # Under the lock so two calls of one run never insert the same documents twice.
-            entry.scope.add(run.documents[entry.added :])
-            entry.added = len(run.documents)
-            return entry.scope
+            return run.scopes.scope(engine, run.documents)
 
     @property
     def active_runs(self) -> int:
@@ -106,8 +94,7 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
             run = self._runs.pop(run_id)
             for member in run.members:
                 self._top.pop(member, None)
-        for entry in run.scopes.values():  # outside the lock: closing waits for the engine
-            entry.scope.close()
+        run.scopes.close()  # outside the lock: closing waits for the engine
 
     def _retrieved(self, run_id: UUID, documents: Sequence[Document]) -> None:
         with self._lock:
@@ -123,66 +110,21 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
 
     # ------------------------------------------------------------------ callbacks
 
-    def on_chain_start(
-        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
+    # Every run this handler sees starts and ends the same way, whatever its kind; the
+    # arguments besides the run ids (inputs, prompts, documents...) do not matter here.
+
+    def _on_start(self, *args: Any, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._start(run_id, parent_run_id)
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def _on_end(self, *args: Any, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id)
 
-    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_retriever_start(
-        self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._start(run_id, parent_run_id)
+    on_chain_start = on_retriever_start = on_llm_start = on_chat_model_start = on_tool_start = _on_start
+    on_chain_end = on_chain_error = on_retriever_error = _on_end
+    on_llm_end = on_llm_error = on_tool_end = on_tool_error = _on_end
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any) -> None:
         self._retrieved(run_id, documents)
-        self._end(run_id)
-
-    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_llm_start(
-        self, serialized: Any, prompts: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._start(run_id, parent_run_id)
-
-    def on_chat_model_start(
-        self,
-        serialized: Any,
-        messages: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id)
-
-    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_tool_start(
-        self,
-        serialized: Any,
-        input_str: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id)
-
-    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._end(run_id)
-
-    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id)
 
 

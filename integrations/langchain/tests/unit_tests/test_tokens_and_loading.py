@@ -65,6 +65,11 @@ def test_loading_options_reach_the_engine(model_dir) -> None:
     assert llm.invoke(messages).usage_metadata["input_tokens"] == len(prompt)
 
 
+def test_progress_is_shown_while_loading_unless_told_not_to(model_dir) -> None:
+    assert ChatLookahead(model=model_dir).get_engine()._progress is True  # on a terminal only
+    assert LookaheadLLM(model=model_dir, progress=False).get_engine()._progress is False
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -151,6 +151,12 @@ def test_loading_options_reach_the_engine(tmp_path) -> None:
     assert response.raw["usage"]["prompt_tokens"] == len(prompt)
 
 
+def test_progress_is_shown_while_loading_unless_told_not_to(tmp_path) -> None:
+    model = str(save_tiny_model(tmp_path))
+    assert LookaheadLLM(model_name=model).engine._progress is True  # on a terminal only
+    assert LookaheadLLM(model_name=model, progress=False).engine._progress is False
+
+
 @pytest.mark.parametrize(
     "option",
     [

@@ -31,12 +31,10 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
-from llama_index.core.llms.function_calling import FunctionCallingLLM
-from llama_index.core.llms.llm import ToolSelection
-from llama_index.core.tools.types import BaseTool
 
 from llama_index.llms.rag_lookahead import calls
 from llama_index.llms.rag_lookahead.calls import Call, Settings
+from llama_index.llms.rag_lookahead.function_calling import ToolCallingLLM
 from llama_index.llms.rag_lookahead.responses import (
     R,
     Shape,
@@ -50,13 +48,9 @@ from llama_index.llms.rag_lookahead.responses import (
 from llama_index.llms.rag_lookahead.retrievals import RetrievalScopes
 from llama_index.llms.rag_lookahead.scoping import open_stream
 from llama_index.llms.rag_lookahead.structured import StructuredOutputLLM
-from llama_index.llms.rag_lookahead.tools import (
-    last_tool_response,
-    message_dict,
-    tool_selections,
-)
+from llama_index.llms.rag_lookahead.tools import last_tool_response, message_dict
 from rag_lookahead import DEFAULT_MODEL, LookaheadConfig, TextStream
-from rag_lookahead.adapters import EngineSource, RequestError, display_name, plain_engine, plan_call
+from rag_lookahead.adapters import EngineSource, display_name, plain_engine
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.server import ServerKind
@@ -69,15 +63,10 @@ _ROLE_ALIASES = {
     MessageRole.MODEL: "assistant",
     MessageRole.DEVELOPER: "system",
 }
-# A tool to ask the chat template whether it takes tools at all.
-_PROBE_TOOL = {
-    "type": "function",
-    "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}},
-}
 _COMPLETION: Shape[CompletionResponse] = Shape(completion_response)
 
 
-class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
+class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
     """A local Hugging Face model decoded with rag-lookahead: the text of plain greedy decoding,
     sooner, drafting from the documents of the query being answered.
 
@@ -155,7 +144,6 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
 
     _engine: Engine = PrivateAttr()
     _retrievals: RetrievalScopes | None = PrivateAttr(default=None)
-    _tools_supported: bool | None = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -175,7 +163,9 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         `rag_lookahead.LoadOptions` given by name: ``device``, ``dtype``,
         ``trust_remote_code``, ``model_kwargs`` (device_map, quantization_config,
         attn_implementation, revision...), ``tokenizer_kwargs``, ``chat_template_kwargs``
-        (e.g. ``{"enable_thinking": False}`` for Qwen3) and ``progress``.
+        (e.g. ``{"enable_thinking": False}`` for Qwen3) and ``progress`` (default ``True``:
+        progress bars on standard error, when it is a terminal, while the model is converted
+        and its costs measured; see `EngineSource`).
         ``lookahead_config`` is the drafting settings (`LookaheadConfig`): the loaded
         model's, or those of a variant of the given `LookaheadEngine`; ``config`` is its old
         name (deprecated), a loading option refused beside an engine.
@@ -193,6 +183,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         """
         if model is not None and kwargs.setdefault("model_name", model) != model:
             raise ValueError("pass either `model` or `model_name`, not both")
+        progress = kwargs.pop("progress", True)
         loading = {name: kwargs.pop(name) for name in LoadKeywords.__annotations__ if name in kwargs}
         source = EngineSource(
             engine=engine,
@@ -206,6 +197,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
             },
             timeout=timeout,
             lookahead_config=_renamed_config(config, lookahead_config, engine),
+            progress=progress,
         )
         engine = source.resolve()
         kwargs.setdefault("model_name", display_name(engine))
@@ -303,54 +295,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, FunctionCallingLLM):
         stream, call = self._open(self._chat_prompt(messages), kwargs, chat=True)
         return stream, _chat_shape(call)
 
-    # ------------------------------------------------------------------ tools (FunctionCallingLLM)
-
-    def _prepare_chat_with_tools(
-        self,
-        tools: Sequence[BaseTool],
-        user_msg: str | ChatMessage | None = None,
-        chat_history: list[ChatMessage] | None = None,
-        verbose: bool = False,
-        allow_parallel_tool_calls: bool = False,
-        tool_required: bool = False,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        """The arguments of the `chat` call `chat_with_tools` makes: the messages, and the
-        tools with ``tool_choice`` (a ``tool_choice=`` keyword: ``"auto"``, ``"required"``,
-        ``"none"`` or a tool's name), ``tool_required`` and ``allow_parallel_tool_calls``,
-        which `chat` turns into the chat template's tools and, for a forced call, a grammar."""
-        messages = list(chat_history or [])
-        if user_msg is not None:
-            messages.append(
-                ChatMessage(role=MessageRole.USER, content=user_msg)
-                if isinstance(user_msg, str)
-                else user_msg
-            )
-        return {
-            "messages": messages,
-            "tools": list(tools),
-            "tool_choice": kwargs.pop("tool_choice", None),
-            "tool_required": tool_required,
-            "allow_parallel_tool_calls": allow_parallel_tool_calls,
-            **kwargs,
-        }
-
-    def get_tool_calls_from_response(
-        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
-    ) -> list[ToolSelection]:
-        """The tool calls of a `chat_with_tools` response (see `tool_selections`)."""
-        return tool_selections(response, error_on_no_tool_call)
-
-    def _supports_tools(self) -> bool:
-        """Whether the model's chat template takes tools in a format this package reads."""
-        if self._tools_supported is None:
-            probe = [{"role": "user", "content": "probe"}]
-            try:
-                plan_call("chat", probe, {"tools": [_PROBE_TOOL]}, self._engine)
-                self._tools_supported = True
-            except RequestError:
-                self._tools_supported = False
-        return self._tools_supported
+    # ------------------------------------------------------------------ structured output
 
     def _open_structured(
         self, messages: list[ChatMessage], kwargs: dict[str, Any], schema: Any

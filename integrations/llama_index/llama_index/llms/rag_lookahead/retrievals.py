@@ -40,7 +40,8 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import MetadataMode, NodeWithScore
 
 from llama_index.llms.rag_lookahead.generators import aadvanced_in, advanced_in
-from rag_lookahead.interface import Engine, Scope, scope_key
+from rag_lookahead.adapters import RunScopes
+from rag_lookahead.interface import Engine, Scope
 
 __all__ = ["Claim", "RetrievalScopes"]
 
@@ -57,9 +58,8 @@ class _Run:
 
     texts: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
-    scopes: dict[int, tuple[Any, Scope, int]] = field(default_factory=dict)  # key -> (key, scope, added)
+    scopes: RunScopes = field(default_factory=RunScopes)
     holds: int = 0  # LLM calls of the run still open
-    lock: threading.Lock = field(default_factory=threading.Lock)
     ended: bool = False  # the run's span has exited (or was dropped)
 
 
@@ -138,8 +138,8 @@ class RetrievalScopes:
             run.holds += 1  # from here on the run's scopes stay open
             texts = list(run.texts)
         release = _Once(lambda: self._release(root))
-        try:
-            return Claim(_insert(run, engine, texts), release)
+        try:  # outside the tracker's lock: tokenizing would stall every span of the process
+            return Claim(run.scopes.scope(engine, texts), release)
         except BaseException:
             release()
             raise
@@ -215,18 +215,6 @@ class RetrievalScopes:
                     run.texts.append(text)
 
 
-def _insert(run: _Run, engine: Engine, texts: list[str]) -> Scope:
-    """``engine``'s scope of ``run``, holding ``texts`` (the tracker's lock is not held: the
-    tokenizing and the trie's lock would stall every span of the process)."""
-    key = scope_key(engine)
-    with run.lock:  # one insertion per run at a time: no node is inserted twice
-        _, scope, added = run.scopes.get(id(key)) or (key, engine.scope(), 0)
-        run.scopes[id(key)] = (key, scope, added)
-        scope.add(texts[added:])
-        run.scopes[id(key)] = (key, scope, max(added, len(texts)))
-    return scope
-
-
 @contextmanager
 def _deferred(root: str) -> Iterator[None]:
     """Publish ``root`` as the run of what happens inside."""
@@ -250,8 +238,7 @@ def _defers_generation(result: Any) -> bool:
 
 def _close(run: _Run | None) -> None:
     if run is not None:
-        for _, scope, _ in run.scopes.values():
-            scope.close()
+        run.scopes.close()
 
 
 class _Once:
