@@ -23,37 +23,13 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted, with_room
-from rag_lookahead.decoding.tree import StepDraft, TreeInputs
+from rag_lookahead.decoding.tree import step_inputs
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
 
 
-def batch_inputs(
-    drafts: Sequence[StepDraft], lengths: Sequence[int], device: torch.device, dtype: torch.dtype
-) -> TreeInputs:
-    """Inputs ``[B, T]`` and mask ``[B, 1, T, max(lengths) + T]`` for one draft per row.
-
-    Row ``i``'s draft sits at columns ``lengths[i]`` to ``lengths[i] + T``; it sees its own
-    first ``lengths[i]`` columns and, within the draft, what its layout allows. A padded slot
-    sees only itself, so that every query has a finite softmax (its output is never used).
-    """
-    rows, width = len(drafts), max(len(d) for d in drafts)
-    columns = max(lengths) + width
-    mask = torch.full((rows, 1, width, columns), torch.finfo(dtype).min, dtype=dtype)
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    positions = torch.zeros(rows, width, dtype=torch.long)
-    for i, (draft, length) in enumerate(zip(drafts, lengths, strict=True)):
-        tokens, offsets, allowed = draft.layout()
-        n = len(tokens)
-        seen = torch.eye(width, dtype=torch.bool)
-        seen[:n, :n] = allowed
-        mask[i, 0, :, length : length + width].masked_fill_(seen, 0.0)
-        mask[i, 0, :n, :length] = 0.0
-        ids[i, :n] = torch.tensor(tokens)
-        ids[i, n:] = tokens[0]
-        positions[i, :n] = torch.tensor(offsets) + length
-        positions[i, n:] = length
-    return TreeInputs(ids.to(device), positions.to(device), mask.to(device))
+# A batch's step inputs: one draft per row, each after its own cache length.
+batch_inputs = step_inputs
 
 
 class _Rows:
