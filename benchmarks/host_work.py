@@ -4,8 +4,9 @@ Runs ``--clients`` concurrent calls (one question each, all sent at once) on the
 and, for every loop iteration in which the batch held exactly ``--clients`` rows and nobody
 was joining, splits its time into the model's forward and the rest (drafting, planning, the
 inputs and mask, choosing and accepting tokens, the cache's bookkeeping, stop strings and the
-text): the host work. Both come from the same run, so their ratio holds under load; the
-absolute milliseconds do not. ``--profile`` adds the host functions that cost most (the
+text): the host work, in wall time and in the driving thread's CPU time (which waiting for
+the CPU or for the GIL leaves out). Both come from the same run, so their ratio holds under
+load better than the absolute milliseconds do. ``--profile`` adds the host functions that cost most (the
 forward's own calls left out).
 
     python benchmarks/host_work.py --data dolly_context_qa.jsonl              # SmolLM2
@@ -37,7 +38,9 @@ class StepClock:
     def __init__(self, engine: LookaheadEngine, rows: int, profile: bool) -> None:
         self.rows = rows
         self.forward = 0.0  # seconds of forwards in the iteration under way
-        self.steps: list[tuple[float, float]] = []  # (iteration, forward) seconds at full batch
+        self.forward_cpu = 0.0  # the driving thread's CPU seconds in them
+        # (iteration, forward, driving thread's CPU outside the forward) seconds at full batch
+        self.steps: list[tuple[float, float, float]] = []
         self.profile = cProfile.Profile() if profile else None
         self.profiling = False  # within an iteration at full batch, outside its forward
         scheduler, runner = engine.scheduler, engine.runner
@@ -46,29 +49,30 @@ class StepClock:
         def timed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
             if self.profiling:
                 self.profile.disable()  # type: ignore[union-attr]
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             logits = forward_batch(*args, **kwargs)
             if logits.device.type == "cuda":
                 torch.cuda.synchronize(logits.device)
             self.forward += time.perf_counter() - start
+            self.forward_cpu += time.thread_time() - cpu
             if self.profiling:
                 self.profile.enable()  # type: ignore[union-attr]
             return logits
 
         def timed_iterate() -> None:
             full = len(scheduler._rows) == self.rows and not scheduler._joining and not scheduler._waiting
-            self.forward = 0.0
+            self.forward = self.forward_cpu = 0.0
             self.profiling = full and self.profile is not None
             if self.profiling:
                 self.profile.enable()  # type: ignore[union-attr]
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             iterate()
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
             if self.profiling:
                 self.profile.disable()  # type: ignore[union-attr]
                 self.profiling = False
             if full and self.forward > 0:
-                self.steps.append((elapsed, self.forward))
+                self.steps.append((elapsed, self.forward, cpu - self.forward_cpu))
 
         runner.forward_batch = timed_forward  # type: ignore[method-assign]
         scheduler._iterate = timed_iterate  # type: ignore[method-assign]
@@ -76,13 +80,16 @@ class StepClock:
     def summary(self) -> dict[str, Any]:
         if not self.steps:
             raise SystemExit(f"no step ran with {self.rows} rows: raise --max-new-tokens")
-        host = [total - forward for total, forward in self.steps]
-        forwards = [forward for _, forward in self.steps]
+        host = [total - forward for total, forward, _ in self.steps]
+        forwards = [forward for _, forward, _ in self.steps]
+        host_cpu = [cpu for _, _, cpu in self.steps]
         return {
             "steps_at_full_batch": len(self.steps),
             "host_ms_median": round(1000 * statistics.median(host), 3),
+            "host_cpu_ms_median": round(1000 * statistics.median(host_cpu), 3),
             "forward_ms_median": round(1000 * statistics.median(forwards), 3),
             "host_over_forward": round(sum(host) / sum(forwards), 4),
+            "host_cpu_over_forward": round(sum(host_cpu) / sum(forwards), 4),
         }
 
 

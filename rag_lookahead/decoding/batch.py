@@ -147,15 +147,17 @@ class BatchCache:
         return count - 1
 
     @torch.inference_mode()
-    def keep_rows(self, keep: Sequence[int]) -> None:
-        """Keep only the rows ``keep`` (ascending): the others' calls have left."""
-        assert list(keep) == sorted(set(keep)), "rows are kept in order"
-        lengths = [self.lengths[i] for i in keep]
+    def keep_rows(self, keep: Sequence[int]) -> list[int]:
+        """Keep only the rows ``keep`` (ascending): the others' calls have left. Returns the
+        kept rows in their new order: a row past the kept count moves into a hole left before
+        it, and the others stay where they are, so that each row is copied at most once."""
+        assert list(keep) == sorted(set(keep)), "rows are listed in order"
         if not isinstance(self.cache, RowCache):  # a call alone, leaving
-            self.cache, self.lengths[:] = GrowingCache(), lengths
-            return
+            self.cache, self.lengths[:] = GrowingCache(), [self.lengths[i] for i in keep]
+            return list(keep)
         layers = self.cache.row_layers()
         if len(keep) <= 1:  # back to a call alone, in a cache of its own
+            lengths = [self.lengths[i] for i in keep]
             self._spare = [(layer.key_buffer, layer.value_buffer) for layer in layers]  # type: ignore[misc]
             single = GrowingCache()
             for index, layer in enumerate(layers):
@@ -164,14 +166,17 @@ class BatchCache:
                     row = slice(keep[0], keep[0] + 1)
                     single.update(keys[row, :, : lengths[0]], values[row, :, : lengths[0]], index)
             self.cache, self.lengths[:] = single, lengths
-            return
-        for target, source in enumerate(keep):  # close up in place: a row only moves up
-            if source != target:
+            return list(keep)
+        order = _filled_holes(keep)
+        for target, source in enumerate(order):
+            if source != target:  # a row from past the kept count: no other row is read there
+                used = self.lengths[source]
                 for layer in layers:
                     keys, values = layer.rows()
-                    keys[target, :, : lengths[target]] = keys[source, :, : lengths[target]]
-                    values[target, :, : lengths[target]] = values[source, :, : lengths[target]]
-        self.lengths[:] = lengths
+                    keys[target, :, :used] = keys[source, :, :used]
+                    values[target, :, :used] = values[source, :, :used]
+        self.lengths[:] = [self.lengths[i] for i in order]
+        return order
 
     def prepare(self) -> None:
         """Before a batched forward: where each row's new columns go."""
@@ -216,6 +221,14 @@ class BatchCache:
         extra, room = _doubled(capacity) - 1, with_room(columns)
         buffers = [(_enlarged(keys, extra, room), _enlarged(values, extra, room)) for keys, values in rows]
         return RowCache(_Rows(self.lengths), buffers)
+
+
+def _filled_holes(keep: Sequence[int]) -> list[int]:
+    """The new order of the rows ``keep``: those within the first ``len(keep)`` stay, and
+    each one beyond fills a hole there, in order."""
+    count, kept = len(keep), set(keep)
+    movers = iter(row for row in keep if row >= count)
+    return [row if row in kept else next(movers) for row in range(count)]
 
 
 def _doubled(rows: int) -> int:
