@@ -99,7 +99,9 @@ def run_clients(
     """Every prompt streamed by its own thread, all started together."""
 
     def answer(prompt: list[int]) -> None:
-        with engine.stream(prompt, max_new_tokens=max_new_tokens, stop_strings=tuple(stop)) as stream:
+        # No end-of-sequence token: every answer runs its whole budget, so the batch stays full.
+        params = {"max_new_tokens": max_new_tokens, "stop_strings": tuple(stop), "eos_token_id": ()}
+        with engine.stream(prompt, **params) as stream:
             for _ in stream.chunks():
                 pass
 

@@ -319,6 +319,10 @@ def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> 
         expected = prefilled(runner, prompts[source])
         length = len(prompts[source])
         for layer, alone in zip(batch.cache.layers, expected.layers, strict=True):
-            torch.testing.assert_close(layer.key_buffer[target, :, :length], alone.keys[0], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(layer.value_buffer[target, :, :length], alone.values[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                layer.key_buffer[target, :, :length], alone.keys[0], rtol=1e-4, atol=1e-4
+            )
+            torch.testing.assert_close(
+                layer.value_buffer[target, :, :length], alone.values[0], rtol=1e-4, atol=1e-4
+            )
     assert batch.keep_rows([0, 1, 2]) == [0, 1, 2]  # nobody left: nothing moves

@@ -2,10 +2,11 @@
 
 Each row of a step is a draft (a tree, possibly with side rows) after its own cache. Its slots
 are described by a parent array (``-1``: no parent), whether each slot sees itself, and a few
-extra (row, slot, seen slot) triples for patterns that are not trees; the ancestor relation is
-then closed by pointer doubling (``log2(depth)`` gathers, as SGLang's tree masks are built from
-its parent arrays), so that no Python loop runs per node. Slots past a row's draft are padding:
-they see only themselves, so that every query has a finite softmax.
+extra (row, slot, seen slot) triples for patterns that are not trees (the flat ids and parent
+array per row that SGLang's lookahead drafter hands over too); the ancestor relation is then
+closed by pointer doubling (``log2(depth)`` gathers), so that no Python loop runs per node or
+per row. Slots past a row's draft are padding: they see only themselves, so that every query
+has a finite softmax.
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ class PrefixCache:
             child = node.children.get(tokens[matched])
             if child is None:
                 break
-            shared = _common_length(child.tokens, tokens[matched : matched + len(child.tokens)])
+            segment = tuple(tokens[matched : matched + len(child.tokens)])
+            shared = len(segment) if segment == child.tokens else _common_length(child.tokens, segment)
             path.append(child)
             matched += shared
             if shared < len(child.tokens):

@@ -396,8 +396,11 @@ class _Deadline:
 
 
 def usage(stats: DecodeStats) -> dict[str, Any]:
-    """Token counts in LangChain's `UsageMetadata` shape; ``cache_read``: the prompt's leading
-    tokens whose KV entries were reused from an earlier prompt rather than prefilled."""
+    """Token counts in LangChain's `UsageMetadata` shape.
+
+    ``input_token_details["cache_read"]``: the prompt's leading tokens whose KV entries were
+    reused from an earlier prompt rather than prefilled.
+    """
     return {
         "input_tokens": stats.prompt_tokens,
         "output_tokens": stats.new_tokens,
