@@ -19,7 +19,7 @@ from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
-from rag_lookahead.decoding.verify import TokenChooser, accept, first_argmax
+from rag_lookahead.decoding.verify import TokenChooser, accept
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.streaming.stats import FinishReason, StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
@@ -70,7 +70,7 @@ def verify(call: Call, draft: StepDraft, logits: torch.Tensor) -> tuple[list[int
     """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
     tree = draft.tree
     accepted = accept(tree, choose(call, logits[: len(tree)], tree))
-    call.side_predictions = first_argmax(logits[len(tree) : len(draft)]).tolist() if draft.side else []
+    call.side_predictions = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
     call.planner.learn(tree, accepted.nodes)
     call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
     return accepted.tokens, accepted.nodes

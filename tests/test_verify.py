@@ -4,11 +4,11 @@ from hypothesis import strategies as st
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from rag_lookahead.config import GenerationParams
+from rag_lookahead.decoding.argmax import first_argmax
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.decoding.verify import (
     TokenChooser,
     accept,
-    first_argmax,
     node_prefixes,
     position_uniform,
     sample_inverse_cdf,
