@@ -50,13 +50,20 @@ def step_mask(
     rows, width, _ = seen.shape
     device, hidden = seen.device, torch.finfo(dtype).min
     starts = torch.tensor(lengths, device=device)  # [B]
-    # A real slot sees the columns before its row's start: its cache.
-    cached = torch.where(torch.arange(width, device=device) < sizes[:, None], starts[:, None], 0)  # [B, W]
     columns = torch.arange(max(lengths) + width, device=device)  # [C]
-    mask = torch.full((rows, width, columns.numel()), hidden, dtype=dtype, device=device)
-    mask.masked_fill_(columns < cached[:, :, None], 0.0)  # [B, W, C]
+    shown, hidden_value = (
+        torch.zeros((), dtype=dtype, device=device),
+        torch.tensor(hidden, dtype=dtype, device=device),
+    )
+    # Each row's cache as one line of columns, and a line hiding everything for padding slots:
+    # the mask's rows are copies of these lines (one large copy, not one fill per row or slot).
+    lines = torch.where(columns < starts[:, None], shown, hidden_value)  # [B, C]
+    lines = torch.cat([lines, hidden_value.expand(1, columns.numel())])  # [B + 1, C]
+    slots = torch.arange(width, device=device)
+    line = torch.where(slots < sizes[:, None], torch.arange(rows, device=device)[:, None], rows)  # [B, W]
+    mask = lines.index_select(0, line.view(-1)).view(rows, width, -1)  # [B, W, C]
     # Then its own row's slots, from the start on: W columns per row, written at once.
-    where = (starts[:, None] + torch.arange(width, device=device))[:, None, :].expand(rows, width, width)
+    where = (starts[:, None] + slots)[:, None, :].expand(rows, width, width)  # [B, W, W]
     block = torch.zeros(rows, width, width, dtype=dtype, device=device).masked_fill_(~seen, hidden)
     mask.scatter_(2, where, block)
     return mask[:, None]
