@@ -156,3 +156,14 @@ def _shared(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def test_a_prompt_that_cannot_fit_evicts_nothing() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    per_token = sum(2 * layer.keys.nbytes for layer in prefilled(runner, [1]).layers)
+    prefixes = PrefixCache(6 * per_token)
+    prefixes.store([1, 2, 3, 4], prefilled(runner, [1, 2, 3, 4]))
+    prefixes.store([5, 6], prefilled(runner, [5, 6]))
+    # Its branch below 1 2 3 4 needs 3 more tokens: even with 5 6 gone, 4 + 3 > 6.
+    prefixes.store([1, 2, 3, 4, 7, 7, 7], prefilled(runner, [1, 2, 3, 4, 7, 7, 7]))
+    assert prefixes.bytes == 6 * per_token and prefixes.lookup([5, 6, 0])[1] == 2

@@ -142,13 +142,14 @@ class PrefixCache:
     def _make_room(self, size: int, keep: _Node) -> bool:
         """Drop least recently used leaves (never ``keep`` or its ancestors) until ``size``
         more bytes fit; whether they do."""
-        if size > self.max_bytes:
-            return False
-        kept = set()
+        kept, pinned = set(), 0
         node: _Node | None = keep
         while node is not None:
             kept.add(id(node))
+            pinned += node.bytes
             node = node.parent
+        if pinned + size > self.max_bytes:  # no eviction could make room: evict nothing
+            return False
         order = itertools.count()  # breaks ties between equally recent leaves
         leaves = [
             (n.last_used, next(order), n) for n in self._nodes() if not n.children and id(n) not in kept
