@@ -376,8 +376,7 @@ class Scheduler:
     def _drop_rows(self, gone: list[int]) -> None:
         left = set(gone)
         keep = [i for i in range(len(self._rows)) if i not in left]
-        self._rows = [self._rows[i] for i in keep]
-        self._batch.keep_rows(keep)
+        self._rows = [self._rows[i] for i in self._batch.keep_rows(keep)]
 
 
 def _prefilling(call: Call) -> bool:

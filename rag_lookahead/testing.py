@@ -6,6 +6,7 @@ need: the same tokens with lookahead on and off. Nothing here downloads anything
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from transformers import (
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig, Mode
 from rag_lookahead.decoding.constraint import to_lark
+from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.streaming.stream import Completion, TextStream
 from rag_lookahead.structured.grammar import Grammar
@@ -46,7 +48,10 @@ __all__ = [
     "greedy_reference",
     "nested_person",
     "packaged_template",
+    "random_tree",
     "read_past_deadline",
+    "row_by_row_ancestors",
+    "row_by_row_inputs",
     "run_together",
     "save_tiny_model",
     "sliding_config",
@@ -364,3 +369,59 @@ def read_past_deadline(items: Iterator[Any], seconds: float) -> list[Any]:
     next(items)
     time.sleep(seconds + 0.5)
     return list(items)
+
+
+# The step inputs as they were built before `rag_lookahead.decoding.masks`, row by row and node
+# by node: the reference the vectorised build is tested (and timed) against.
+
+
+def row_by_row_ancestors(tree: DraftTree) -> torch.Tensor:
+    """The ancestor mask as it was built: each node's path walked in Python."""
+    mask = torch.zeros(len(tree), len(tree), dtype=torch.bool)
+    for i in range(len(tree)):
+        mask[i, tree.path(i)] = True
+    return mask
+
+
+def _row_by_row_layout(draft: StepDraft) -> tuple[list[int], list[int], torch.Tensor]:
+    tree, side = draft.tree, draft.side
+    n = len(tree)
+    allowed = torch.zeros(len(draft), len(draft), dtype=torch.bool)
+    allowed[:n, :n] = row_by_row_ancestors(tree)
+    offsets, tokens = list(tree.depths), list(tree.tokens)
+    if side is not None:
+        allowed[n:, 0] = True
+        for row, seen in enumerate(side.visible):
+            allowed[n + row, [n + k for k in seen]] = True
+        offsets += side.offsets
+        tokens += side.tokens
+    return tokens, offsets, allowed
+
+
+def row_by_row_inputs(drafts: Sequence[StepDraft], lengths: Sequence[int], dtype: torch.dtype) -> TreeInputs:
+    """The batch's inputs as they were built before: one row at a time."""
+    rows, width = len(drafts), max(len(d) for d in drafts)
+    mask = torch.full((rows, 1, width, max(lengths) + width), torch.finfo(dtype).min, dtype=dtype)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    positions = torch.zeros(rows, width, dtype=torch.long)
+    for i, (draft, length) in enumerate(zip(drafts, lengths, strict=True)):
+        tokens, offsets, allowed = _row_by_row_layout(draft)
+        n = len(tokens)
+        seen = torch.eye(width, dtype=torch.bool)
+        seen[:n, :n] = allowed
+        mask[i, 0, :, length : length + width].masked_fill_(seen, 0.0)
+        mask[i, 0, :n, :length] = 0.0
+        ids[i, :n] = torch.tensor(tokens)
+        ids[i, n:] = tokens[0]
+        positions[i, :n] = torch.tensor(offsets) + length
+        positions[i, n:] = length
+    return TreeInputs(ids, positions, mask)
+
+
+def random_tree(rng: random.Random, size: int) -> DraftTree:
+    """A tree of ``size`` nodes with distinct tokens below 1,000: chains and bushes alike (a
+    parent drawn near the node or anywhere before it)."""
+    parents = [-1] + [
+        max(0, i - 1 - rng.randrange(3)) if rng.random() < 0.6 else rng.randrange(i) for i in range(1, size)
+    ]
+    return DraftTree(tuple(rng.sample(range(1000), size)), tuple(parents))

@@ -482,3 +482,24 @@ def test_a_batched_forward_keeps_the_logits_asked_for_only(projects: bool) -> No
     batch.prepare()
     kept = runner.forward_batch(inputs, batch.cache, batch.lengths, keep=[0, 2])
     torch.testing.assert_close(kept, every[:, [0, 2]], rtol=1e-4, atol=1e-4)
+
+
+def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    prompts = [[3, 14, 15, 9], [2, 7, 1], [5, 5, 6], [8, 1, 8, 1, 2], [9, 9]]
+    batch = BatchCache()
+    for prompt in prompts:
+        batch.add_row(prefilled(runner, prompt))
+    order = batch.keep_rows([1, 3, 4])  # rows 0 and 2 left: 3 and 4 move into their places
+    assert order == [3, 1, 4] and batch.lengths == [5, 3, 2]
+    for target, source in enumerate(order):
+        expected = prefilled(runner, prompts[source])
+        length = len(prompts[source])
+        for layer, alone in zip(batch.cache.layers, expected.layers, strict=True):
+            torch.testing.assert_close(
+                layer.key_buffer[target, :, :length], alone.keys[0], rtol=1e-4, atol=1e-4
+            )
+            torch.testing.assert_close(
+                layer.value_buffer[target, :, :length], alone.values[0], rtol=1e-4, atol=1e-4
+            )
+    assert batch.keep_rows([0, 1, 2]) == [0, 1, 2]  # nobody left: nothing moves

@@ -1,7 +1,10 @@
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from rag_lookahead.config import GenerationParams
+from rag_lookahead.decoding.argmax import first_argmax
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.decoding.verify import (
     TokenChooser,
@@ -86,3 +89,24 @@ def test_inverse_cdf_never_picks_a_zero_probability_token() -> None:
             assert probs[row, token] > 0
     assert sample_inverse_cdf(probs, [0.49, 0.99]) == [1, 2]
     assert sample_inverse_cdf(probs, [0.51, 0.0]) == [3, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 1 << 30),
+    vocab=st.sampled_from([5, 2047, 2048, 2049, 5000, 49152, 50257]),
+    rows=st.integers(1, 6),
+    spread=st.sampled_from([2, 5, 1000]),
+)
+def test_first_argmax_is_torchs_argmax(seed: int, vocab: int, rows: int, spread: int) -> None:
+    """Ties (few distinct values), NaN, -inf rows and a maximum in a short last block."""
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randint(-spread, spread, (rows, vocab), generator=generator).float()
+    if seed % 3 == 0:
+        scores[0, torch.randint(0, vocab, (2,), generator=generator)] = float("nan")
+    if seed % 4 == 0:
+        scores[-1] = float("-inf")
+    if seed % 5 == 0:
+        scores[rows // 2, -1] = float(spread)
+    assert torch.equal(first_argmax(scores), scores.argmax(-1))
+    assert torch.equal(first_argmax(scores[None]), scores[None].argmax(-1))  # leading dims kept

@@ -23,37 +23,13 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted, with_room
-from rag_lookahead.decoding.tree import StepDraft, TreeInputs
+from rag_lookahead.decoding.tree import step_inputs
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
 
 
-def batch_inputs(
-    drafts: Sequence[StepDraft], lengths: Sequence[int], device: torch.device, dtype: torch.dtype
-) -> TreeInputs:
-    """Inputs ``[B, T]`` and mask ``[B, 1, T, max(lengths) + T]`` for one draft per row.
-
-    Row ``i``'s draft sits at columns ``lengths[i]`` to ``lengths[i] + T``; it sees its own
-    first ``lengths[i]`` columns and, within the draft, what its layout allows. A padded slot
-    sees only itself, so that every query has a finite softmax (its output is never used).
-    """
-    rows, width = len(drafts), max(len(d) for d in drafts)
-    columns = max(lengths) + width
-    mask = torch.full((rows, 1, width, columns), torch.finfo(dtype).min, dtype=dtype)
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    positions = torch.zeros(rows, width, dtype=torch.long)
-    for i, (draft, length) in enumerate(zip(drafts, lengths, strict=True)):
-        tokens, offsets, allowed = draft.layout()
-        n = len(tokens)
-        seen = torch.eye(width, dtype=torch.bool)
-        seen[:n, :n] = allowed
-        mask[i, 0, :, length : length + width].masked_fill_(seen, 0.0)
-        mask[i, 0, :n, :length] = 0.0
-        ids[i, :n] = torch.tensor(tokens)
-        ids[i, n:] = tokens[0]
-        positions[i, :n] = torch.tensor(offsets) + length
-        positions[i, n:] = length
-    return TreeInputs(ids.to(device), positions.to(device), mask.to(device))
+# A batch's step inputs: one draft per row, each after its own cache length.
+batch_inputs = step_inputs
 
 
 class _Rows:
@@ -187,15 +163,17 @@ class BatchCache:
         return view
 
     @torch.inference_mode()
-    def keep_rows(self, keep: Sequence[int]) -> None:
-        """Keep only the rows ``keep`` (ascending): the others' calls have left."""
-        assert list(keep) == sorted(set(keep)), "rows are kept in order"
-        lengths = [self.lengths[i] for i in keep]
+    def keep_rows(self, keep: Sequence[int]) -> list[int]:
+        """Keep only the rows ``keep`` (ascending): the others' calls have left. Returns the
+        kept rows in their new order: a row past the kept count moves into a hole left before
+        it, and the others stay where they are, so that each row is copied at most once."""
+        assert list(keep) == sorted(set(keep)), "rows are listed in order"
         if not isinstance(self.cache, RowCache):  # a call alone, leaving
-            self.cache, self.lengths[:] = GrowingCache(), lengths
-            return
+            self.cache, self.lengths[:] = GrowingCache(), [self.lengths[i] for i in keep]
+            return list(keep)
         layers = self.cache.row_layers()
         if len(keep) <= 1:  # back to a call alone, in a cache of its own
+            lengths = [self.lengths[i] for i in keep]
             self._spare = [(layer.key_buffer, layer.value_buffer) for layer in layers]  # type: ignore[misc]
             single = GrowingCache()
             for index, layer in enumerate(layers):
@@ -204,14 +182,17 @@ class BatchCache:
                     row = slice(keep[0], keep[0] + 1)
                     single.update(keys[row, :, : lengths[0]], values[row, :, : lengths[0]], index)
             self.cache, self.lengths[:] = single, lengths
-            return
-        for target, source in enumerate(keep):  # close up in place: a row only moves up
-            if source != target:
+            return list(keep)
+        order = _filled_holes(keep)
+        for target, source in enumerate(order):
+            if source != target:  # a row from past the kept count: no other row is read there
+                used = self.lengths[source]
                 for layer in layers:
                     keys, values = layer.rows()
-                    keys[target, :, : lengths[target]] = keys[source, :, : lengths[target]]
-                    values[target, :, : lengths[target]] = values[source, :, : lengths[target]]
-        self.lengths[:] = lengths
+                    keys[target, :, :used] = keys[source, :, :used]
+                    values[target, :, :used] = values[source, :, :used]
+        self.lengths[:] = [self.lengths[i] for i in order]
+        return order
 
     def prepare(self) -> None:
         """Before a batched forward: where each row's new columns go."""
@@ -256,6 +237,14 @@ class BatchCache:
         extra, room = _doubled(capacity) - 1, with_room(columns)
         buffers = [(_enlarged(keys, extra, room), _enlarged(values, extra, room)) for keys, values in rows]
         return RowCache(_Rows(self.lengths), buffers)
+
+
+def _filled_holes(keep: Sequence[int]) -> list[int]:
+    """The new order of the rows ``keep``: those within the first ``len(keep)`` stay, and
+    each one beyond fills a hole there, in order."""
+    count, kept = len(keep), set(keep)
+    movers = iter(row for row in keep if row >= count)
+    return [row if row in kept else next(movers) for row in range(count)]
 
 
 def _doubled(rows: int) -> int:

@@ -65,10 +65,10 @@ def cut_window(
     """``mask`` ``[B, 1, T, C]`` with every key at ``window`` or more positions before its query
     hidden. Row ``i``'s first ``lengths[i]`` columns hold positions ``0..lengths[i]-1`` (the
     cache) and the next ``T`` its queries' own positions (``positions`` ``[B, T]``)."""
-    rows, width = positions.shape
-    columns = mask.shape[-1]
-    keys = torch.arange(columns, device=positions.device).expand(rows, columns).clone()  # [B, C]
-    for i, length in enumerate(lengths):
-        keys[i, length : length + width] = positions[i]
+    width = positions.shape[1]
+    columns = torch.arange(mask.shape[-1], device=positions.device)  # [C]
+    slot = columns - torch.tensor(lengths, device=positions.device)[:, None]  # [B, C]
+    in_step = (slot >= 0) & (slot < width)
+    keys = torch.where(in_step, positions.gather(1, slot.clamp(0, width - 1)), columns)  # [B, C]
     far = positions[:, :, None] - keys[:, None, :] >= window  # [B, T, C]
     return mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DraftTree", "SideRows", "StepDraft", "TreeInputs"]
+from rag_lookahead.decoding.masks import ancestors, step_mask
+
+__all__ = ["DraftTree", "SideRows", "StepDraft", "TreeInputs", "step_inputs"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,11 @@ class SideRows:
 
 @dataclass(frozen=True)
 class TreeInputs:
-    """Model inputs for one tree forward over a cache of ``past_length`` tokens."""
+    """Model inputs for one step's forward: a draft per row, each over its own cache."""
 
-    input_ids: torch.Tensor  # [1, n]
-    position_ids: torch.Tensor  # [1, n]
-    attention_mask: torch.Tensor  # [1, 1, n, past_length + n], 0 = visible, dtype min = hidden
+    input_ids: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, 1, T, max(lengths) + T], 0 = visible, dtype min = hidden
 
 
 @dataclass(frozen=True)
@@ -172,18 +174,7 @@ class DraftTree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """``[n, n]`` bool: ``mask[i, j]`` iff node j is node i or one of its ancestors."""
-        n = len(self)
-        if self.parents == tuple(range(-1, n - 1)):  # a chain (a prompt's chunk): causal
-            return torch.ones(n, n, dtype=torch.bool).tril()
-        rows: list[int] = []
-        cols: list[int] = []
-        for i in range(n):
-            path = self.path(i)
-            rows += [i] * len(path)
-            cols += path
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        mask[rows, cols] = True
-        return mask
+        return ancestors(torch.tensor([self.parents]), max(self.depths))[0]
 
     def inputs(
         self,
@@ -211,31 +202,73 @@ class StepDraft:
         """Rows in the forward: the tree's nodes, then the side rows."""
         return len(self.tree) + (len(self.side) if self.side is not None else 0)
 
-    def layout(self) -> tuple[list[int], list[int], torch.Tensor]:
-        """Token ids, position offsets after the root's, and ``[n, n]`` bool: which of this
-        draft's rows each row sees (its ancestors and itself; side rows their own pattern)."""
-        tree, side = self.tree, self.side
-        n = len(tree)
-        allowed = torch.zeros(len(self), len(self), dtype=torch.bool)
-        allowed[:n, :n] = tree.ancestor_mask()
-        offsets, tokens = list(tree.depths), list(tree.tokens)
-        if side is not None:
-            allowed[n:, 0] = True  # the root
-            for row, seen in enumerate(side.visible):
-                allowed[n + row, [n + k for k in seen]] = True
-            offsets += side.offsets
-            tokens += side.tokens
-        return tokens, offsets, allowed
-
     def inputs(self, past_length: int, device: torch.device, dtype: torch.dtype) -> TreeInputs:
         """The model inputs of this forward over a ``past_length`` cache, all of it visible."""
-        tokens, offsets, allowed = self.layout()
-        width = len(tokens)
-        mask = torch.zeros(1, 1, width, past_length + width, dtype=dtype)
-        mask[0, 0, :, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = torch.tensor([offsets], dtype=torch.long) + past_length
-        return TreeInputs(
-            input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
-            position_ids=positions.to(device),
-            attention_mask=mask.to(device),
-        )
+        return step_inputs([self], [past_length], device, dtype)
+
+
+def step_inputs(
+    drafts: Sequence[StepDraft], lengths: Sequence[int], device: torch.device, dtype: torch.dtype
+) -> TreeInputs:
+    """Inputs ``[B, T]`` and mask ``[B, 1, T, max(lengths) + T]`` for one draft per row.
+
+    Row ``i``'s draft sits at columns ``lengths[i]`` to ``lengths[i] + T``; it sees its own
+    first ``lengths[i]`` columns and, within the draft, its ancestors and itself (side rows:
+    the root and their own pattern). A padded slot sees only itself, so that every query has a
+    finite softmax (its output is never used). The drafts are flattened into parent arrays in
+    one pass and the mask is built for all rows at once (`rag_lookahead.decoding.masks`).
+    """
+    rows, width = len(drafts), max(len(d) for d in drafts)
+    flat = _FlatDrafts(width)
+    for draft in drafts:
+        flat.add(draft)
+    depth = max(max(d.tree.depths) for d in drafts)
+    selfless = None
+    if flat.selfless:
+        selfless = torch.zeros(rows * width, dtype=torch.bool, device=device)
+        selfless[flat.selfless] = True
+        selfless = selfless.view(rows, width)
+    parents = torch.tensor(flat.parents, device=device).view(rows, width)
+    seen = ancestors(parents, depth, selfless)  # [B, T, T]
+    if flat.extra:
+        seen[tuple(torch.tensor(flat.extra, device=device).T)] = True
+    sizes = torch.tensor([len(d) for d in drafts], device=device)
+    positions = torch.tensor(flat.offsets, device=device).view(rows, width)
+    positions += torch.tensor(lengths, device=device)[:, None]
+    return TreeInputs(
+        input_ids=torch.tensor(flat.ids, device=device).view(rows, width),
+        position_ids=positions,
+        attention_mask=step_mask(seen, sizes, lengths, dtype),
+    )
+
+
+class _FlatDrafts:
+    """Drafts flattened into lists of ``width`` slots per row, padded after each draft."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.ids: list[int] = []
+        self.parents: list[int] = []  # -1: none (a root, a side row, a padded slot)
+        self.offsets: list[int] = []  # positions after the root's
+        self.selfless: list[int] = []  # flat slots that see only what they list (side rows)
+        self.extra: list[tuple[int, int, int]] = []  # (row, slot, seen slot) besides ancestors
+        self.rows = 0
+
+    def add(self, draft: StepDraft) -> None:
+        tree, side = draft.tree, draft.side
+        self.ids += tree.tokens
+        self.parents += tree.parents
+        self.offsets += tree.depths
+        if side is not None:
+            row, n = self.rows, len(tree)
+            self.ids += side.tokens
+            self.parents += [-1] * len(side)
+            self.offsets += side.offsets
+            self.selfless += range(row * self.width + n, row * self.width + n + len(side))
+            for k, visible in enumerate(side.visible):  # the root, and what each lists
+                self.extra += [(row, n + k, 0), *((row, n + k, n + j) for j in visible)]
+        pad = self.width - len(draft)
+        self.ids += [tree.tokens[0]] * pad
+        self.parents += [-1] * pad
+        self.offsets += [0] * pad
+        self.rows += 1

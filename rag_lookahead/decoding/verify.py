@@ -23,6 +23,7 @@ from transformers.generation.logits_process import (
 )
 
 from rag_lookahead.config import GenerationParams
+from rag_lookahead.decoding.argmax import first_argmax
 from rag_lookahead.decoding.tree import DraftTree
 
 __all__ = [
@@ -121,7 +122,7 @@ class TokenChooser:
                 prefixes = torch.zeros(len(tree), 1, dtype=torch.long)
             scores = self.processors(prefixes.to(scores.device), scores)  # type: ignore[arg-type]
         if not self.do_sample:
-            return scores.argmax(dim=-1).tolist()
+            return first_argmax(scores).tolist()
         first = len(context)  # the root's next token sits at this position
         uniforms = [position_uniform(self.key, first + depth) for depth in tree.depths]
         return sample_inverse_cdf(torch.softmax(scores, dim=-1), uniforms)

@@ -79,8 +79,7 @@ class Stopping:
     def _stop_token(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` to keep: up to the one that completes the first stop string."""
         for n in range(1, len(tokens)):
-            prefix = self.assembler.preview(tokens[:n])
-            if any(s in prefix for s in self.stop_strings):
+            if self._find_stop(self.assembler.preview(tokens[:n])) is not None:
                 return n
         return len(tokens)
 

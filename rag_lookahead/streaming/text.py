@@ -29,11 +29,14 @@ class TextAssembler:
         self.emitted = 0  # characters of the decoded text already released
         backend = incremental_backend(tokenizer)
         self._decoded = None if backend is None else _DecodedSoFar(backend)
+        self._previewed: tuple[tuple[int, ...], _DecodedSoFar] | None = None  # the last preview's
 
     def preview(self, tokens: Sequence[int]) -> str:
         """The whole text if ``tokens`` were appended (nothing is changed)."""
         if self._decoded is not None:
-            return self._decoded.extended(tokens).text()
+            extended = self._decoded.extended(tokens)
+            self._previewed = (tuple(tokens), extended)  # a commit of the same tokens reuses it
+            return extended.text()
         return str(self.tokenizer.decode(self.token_ids + list(tokens), skip_special_tokens=True))
 
     def complete_end(self, text: str) -> int:
@@ -47,7 +50,11 @@ class TextAssembler:
         """Append ``tokens`` (whose whole text is ``text``); release it up to ``end``."""
         self.token_ids += list(tokens)
         if self._decoded is not None:
-            self._decoded = self._decoded.extended(tokens)
+            previewed, self._previewed = self._previewed, None
+            if previewed is not None and previewed[0] == tuple(tokens):
+                self._decoded = previewed[1]
+            else:
+                self._decoded = self._decoded.extended(tokens)
         chunk = text[self.emitted : end] if end > self.emitted else ""
         self.emitted = max(self.emitted, end)
         return chunk

@@ -313,12 +313,17 @@ class LookaheadSettings(BaseModel):
         }
 
 
-def usage(stats: DecodeStats) -> dict[str, int]:
-    """Token counts in LangChain's `UsageMetadata` shape."""
+def usage(stats: DecodeStats) -> dict[str, Any]:
+    """Token counts in LangChain's `UsageMetadata` shape.
+
+    ``input_token_details["cache_read"]``: the prompt's leading tokens whose KV entries were
+    reused from an earlier prompt rather than prefilled.
+    """
     return {
         "input_tokens": stats.prompt_tokens,
         "output_tokens": stats.new_tokens,
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
+        "input_token_details": {"cache_read": stats.cached_prompt_tokens},
     }
 
 

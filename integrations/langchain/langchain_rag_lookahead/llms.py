@@ -169,8 +169,9 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
     def _result(self, generations: list[list[Generation]]) -> LLMResult:
         totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         for (generation,) in generations:
-            for key, value in (generation.generation_info or {}).get("usage_metadata", {}).items():
-                totals[key] += value
+            counts = (generation.generation_info or {}).get("usage_metadata", {})
+            for key in totals:
+                totals[key] += counts.get(key, 0)
         return LLMResult(
             generations=generations, llm_output={"model_name": self.model_name, "token_usage": totals}
         )

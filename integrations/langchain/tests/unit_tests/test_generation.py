@@ -60,7 +60,11 @@ def test_usage_and_lookahead_stats_in_the_metadata(engine) -> None:
         "input_tokens": prompt_tokens,
         "output_tokens": N,
         "total_tokens": prompt_tokens + N,
+        "input_token_details": {"cache_read": message.response_metadata["lookahead"]["cached_prompt_tokens"]},
     }
+    # Asked again, the prompt's KV entries come from the prefix cache (all but the last token's).
+    again = ChatLookahead(engine=engine, max_tokens=N).invoke(QUESTION)
+    assert again.usage_metadata["input_token_details"] == {"cache_read": prompt_tokens - 1}
     meta = message.response_metadata
     assert meta["model_name"] and meta["finish_reason"] == "length"
     stats = meta["lookahead"]

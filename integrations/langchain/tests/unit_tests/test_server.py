@@ -67,7 +67,12 @@ def test_chat_on_a_server(stub: StubServer) -> None:
     stub.reply(Answer(("The ", "answer."), stop_reason="###", usage=(12, 3)))
     message = llm.invoke([HumanMessage("Question?")], stop=["###"])
     assert isinstance(message, AIMessage) and message.content == "The answer."
-    assert message.usage_metadata == {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}
+    assert message.usage_metadata == {
+        "input_tokens": 12,
+        "output_tokens": 3,
+        "total_tokens": 15,
+        "input_token_details": {"cache_read": 0},
+    }
     assert message.response_metadata["finish_reason"] == "stop"
     assert message.response_metadata["lookahead"]["finish_reason"] == "stop_string"
     body = stub.completions()[-1].body

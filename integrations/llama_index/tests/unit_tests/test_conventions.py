@@ -98,14 +98,25 @@ def test_token_counting_handler_reads_the_exact_usage(engine, call: str) -> None
     response = CALLS[call](llm)
     usage = response.raw["usage"]
     prompt_tokens = len(engine.encode(MESSAGES))
+    cached = response.additional_kwargs["lookahead"]["cached_prompt_tokens"]
     assert usage == {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": N,
         "total_tokens": prompt_tokens + N,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
     assert response.additional_kwargs["prompt_tokens"] == prompt_tokens
     assert counter.prompt_llm_token_count == prompt_tokens
     assert counter.completion_llm_token_count == N
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(engine) -> None:
+    llm = LookaheadLLM(engine=engine, max_new_tokens=N)
+    llm.complete(QUESTION)
+    response = llm.complete(QUESTION)  # all but the last prompt token's entries are reused
+    prompt_tokens = response.additional_kwargs["prompt_tokens"]
+    assert response.additional_kwargs["prompt_tokens_details"] == {"cached_tokens": prompt_tokens - 1}
+    assert response.raw["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt_tokens - 1}
 
 
 def _first_occurring(text: str, start: int) -> str:

@@ -46,17 +46,19 @@ MakeLast = Callable[[str, str, dict[str, Any]], R]
 
 def usage(stats: DecodeStats) -> dict[str, Any]:
     """A response's ``additional_kwargs``: token counts (as LlamaIndex's token counter reads
-    them) and, under ``"lookahead"``, the `DecodeStats` fields plus tokens/s, tokens per step
-    and the acceptance rate."""
+    them), the prompt tokens whose KV entries were reused from an earlier prompt (OpenAI's
+    ``prompt_tokens_details.cached_tokens``) and, under ``"lookahead"``, the `DecodeStats`
+    fields plus tokens/s, tokens per step and the acceptance rate."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.new_tokens,
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
         "lookahead": stats.as_dict(),
     }
 
 
-_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
 
 
 def _raw(extra: dict[str, Any]) -> dict[str, Any] | None:

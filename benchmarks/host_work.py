@@ -1,0 +1,218 @@
+"""Host work per batched step against the forward's time, at a full batch.
+
+Runs ``--clients`` concurrent calls (one question each, all sent at once) on the batched engine
+and, for every loop iteration in which the batch held exactly ``--clients`` rows and nobody
+was joining, splits its time into the model's forward and the rest (drafting, planning, the
+inputs and mask, choosing and accepting tokens, the cache's bookkeeping, stop strings and the
+text): the host work, in wall time and in the driving thread's CPU time (which waiting for
+the CPU or for the GIL leaves out). Both come from the same run, so their ratio holds under
+load better than the absolute milliseconds do. ``--profile`` adds the host functions that cost most (the
+forward's own calls left out).
+
+    python benchmarks/host_work.py --data dolly_context_qa.jsonl              # SmolLM2
+    python benchmarks/host_work.py --tiny                                       # no data, tiny model
+    python benchmarks/host_work.py --parts                                      # no model
+
+``--parts`` times two pieces of a step's host work against what they replaced, alternating
+the two within one run, on the shapes of a full batch of SmolLM2 (8 rows of 700 to 1,000
+cached tokens, 17-node trees, a 49,152-token vocabulary): the inputs and mask built row by row
+(`rag_lookahead.testing.row_by_row_inputs`) against the batch's tensor build, and torch's
+argmax over each row's logits against `first_argmax`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.bench.run import gold_inputs, load_records
+from rag_lookahead.decoding.argmax import first_argmax
+from rag_lookahead.decoding.batch import batch_inputs
+from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.testing import random_tree, row_by_row_inputs
+
+
+class StepClock:
+    """Times the scheduler's iterations and the batched forwards inside them."""
+
+    def __init__(self, engine: LookaheadEngine, rows: int, profile: bool) -> None:
+        self.rows = rows
+        self.forward = 0.0  # seconds of forwards in the iteration under way
+        self.forward_cpu = 0.0  # the driving thread's CPU seconds in them
+        # (iteration, forward, driving thread's CPU outside the forward) seconds at full batch
+        self.steps: list[tuple[float, float, float]] = []
+        self.profile = cProfile.Profile() if profile else None
+        self.profiling = False  # within an iteration at full batch, outside its forward
+        scheduler, runner = engine.scheduler, engine.runner
+        iterate, forward_batch = scheduler._iterate, runner.forward_batch
+
+        def timed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if self.profiling:
+                self.profile.disable()  # type: ignore[union-attr]
+            start, cpu = time.perf_counter(), time.thread_time()
+            logits = forward_batch(*args, **kwargs)
+            if logits.device.type == "cuda":
+                torch.cuda.synchronize(logits.device)
+            self.forward += time.perf_counter() - start
+            self.forward_cpu += time.thread_time() - cpu
+            if self.profiling:
+                self.profile.enable()  # type: ignore[union-attr]
+            return logits
+
+        def timed_iterate() -> None:
+            full = len(scheduler._rows) == self.rows and not scheduler._joining and not scheduler._waiting
+            self.forward = self.forward_cpu = 0.0
+            self.profiling = full and self.profile is not None
+            if self.profiling:
+                self.profile.enable()  # type: ignore[union-attr]
+            start, cpu = time.perf_counter(), time.thread_time()
+            iterate()
+            elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            if self.profiling:
+                self.profile.disable()  # type: ignore[union-attr]
+                self.profiling = False
+            if full and self.forward > 0:
+                self.steps.append((elapsed, self.forward, cpu - self.forward_cpu))
+
+        runner.forward_batch = timed_forward  # type: ignore[method-assign]
+        scheduler._iterate = timed_iterate  # type: ignore[method-assign]
+
+    def summary(self) -> dict[str, Any]:
+        if not self.steps:
+            raise SystemExit(f"no step ran with {self.rows} rows: raise --max-new-tokens")
+        host = [total - forward for total, forward, _ in self.steps]
+        forwards = [forward for _, forward, _ in self.steps]
+        host_cpu = [cpu for _, _, cpu in self.steps]
+        return {
+            "steps_at_full_batch": len(self.steps),
+            "host_ms_median": round(1000 * statistics.median(host), 3),
+            "host_cpu_ms_median": round(1000 * statistics.median(host_cpu), 3),
+            "forward_ms_median": round(1000 * statistics.median(forwards), 3),
+            "host_over_forward": round(sum(host) / sum(forwards), 4),
+            "host_cpu_over_forward": round(sum(host_cpu) / sum(forwards), 4),
+        }
+
+
+def run_clients(
+    engine: LookaheadEngine, prompts: Sequence[list[int]], max_new_tokens: int, stop: Sequence[str]
+) -> None:
+    """Every prompt streamed by its own thread, all started together."""
+
+    def answer(prompt: list[int]) -> None:
+        # No end-of-sequence token: every answer runs its whole budget, so the batch stays full.
+        params = {"max_new_tokens": max_new_tokens, "stop_strings": tuple(stop), "eos_token_id": ()}
+        with engine.stream(prompt, **params) as stream:
+            for _ in stream.chunks():
+                pass
+
+    threads = [threading.Thread(target=answer, args=(prompt,)) for prompt in prompts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def tiny_setup(clients: int) -> tuple[LookaheadEngine, list[list[int]]]:
+    """The tests' tiny random model and prompts that repeat themselves (so drafts are long)."""
+    from rag_lookahead.testing import CharTokenizer, tiny_model
+
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=clients)
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), config)
+    prompts = [[(7 * j + 3 * row) % 50 + 3 for j in range(40)] * 6 for row in range(clients)]
+    return engine, prompts
+
+
+def real_setup(data: Path, clients: int, model: str | None) -> tuple[LookaheadEngine, list[list[int]]]:
+    config = LookaheadConfig(mode="trie", max_batch_size=clients)
+    engine = LookaheadEngine.from_pretrained(model, config=config)
+    return engine, [item.prompt_ids for item in gold_inputs(engine, load_records(data, clients))]
+
+
+def parts(rows: int, repeats: int) -> dict[str, Any]:
+    """Median milliseconds of the old and new build of a step's inputs and greedy tokens, the two
+    timed in turn on the same inputs."""
+    rng = random.Random(0)
+    drafts = [StepDraft(random_tree(rng, 17)) for _ in range(rows)]
+    lengths = [rng.randint(700, 1000) for _ in drafts]
+    logits = torch.randn(rows, 17, 49152)  # [B, T, V]
+    pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        "inputs_and_mask": (
+            lambda: row_by_row_inputs(drafts, lengths, torch.float32),
+            lambda: batch_inputs(drafts, lengths, torch.device("cpu"), torch.float32),
+        ),
+        "greedy_tokens": (
+            lambda: [logits[i].argmax(-1).tolist() for i in range(rows)],
+            lambda: [first_argmax(logits[i]).tolist() for i in range(rows)],
+        ),
+    }
+    out: dict[str, Any] = {}
+    for name, (old, new) in pairs.items():
+        times: tuple[list[float], list[float]] = ([], [])
+        for _ in range(repeats):
+            for run, kept in ((old, times[0]), (new, times[1])):
+                start = time.perf_counter()
+                run()
+                kept.append(time.perf_counter() - start)
+        before, after = (statistics.median(t) for t in times)
+        out[name] = {"before_ms": round(1000 * before, 3), "after_ms": round(1000 * after, 3)}
+        out[name]["speedup"] = round(before / after, 2)
+    return out
+
+
+def top_host_functions(profile: cProfile.Profile, count: int) -> None:
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(count)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, help="JSONL questions with their contexts (the real model)")
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny random model instead")
+    parser.add_argument("--model", default=None, help="a built-in model's name or a local directory")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--profile", type=int, default=0, help="print this many costliest host functions")
+    parser.add_argument("--parts", action="store_true", help="time the replaced pieces only (no model)")
+    parser.add_argument("--repeats", type=int, default=50, help="with --parts: timings of each")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.parts:
+        print(json.dumps({"rows": args.clients, **parts(args.clients, args.repeats)}, indent=2))
+        return
+    if not args.tiny and args.data is None:
+        parser.error("give --data (the real model), --tiny or --parts")
+    engine, prompts = (
+        tiny_setup(args.clients) if args.tiny else real_setup(args.data, args.clients, args.model)
+    )
+    # Warm-up: the first forwards and the tree probe, and every prompt into the prefix cache,
+    # so that the calls below join at once (a prompt's prefill is no step of the batch).
+    for prompt in prompts:
+        run_clients(engine, [prompt], 1, args.stop)
+    clock = StepClock(engine, args.clients, bool(args.profile))
+    run_clients(engine, prompts, args.max_new_tokens, args.stop)
+    summary = {
+        "model": "tiny" if args.tiny else engine.model.name_or_path,
+        "rows": args.clients,
+        **clock.summary(),
+    }
+    print(json.dumps(summary, indent=2))
+    if clock.profile is not None:
+        top_host_functions(clock.profile, args.profile)
+
+
+if __name__ == "__main__":
+    main()
