@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any, Literal
 from unittest import mock
 
-__all__ = ["KINDS", "Block", "python_blocks", "readme_folder", "run_block", "undefined_names"]
+__all__ = [
+    "KINDS",
+    "Block",
+    "integration_blocks",
+    "python_blocks",
+    "readme_folder",
+    "run_block",
+    "undefined_names",
+]
 
 Kind = Literal["run", "skip", "fragment", "langchain", "llama_index"]
 KINDS: tuple[Kind, ...] = ("run", "skip", "fragment", "langchain", "llama_index")
@@ -93,6 +101,14 @@ def _closing_fence(lines: list[str], start: int, indent: str, markdown: Path) ->
         if lines[j].rstrip() == f"{indent}```":
             return j
     raise ValueError(f"{markdown.name}:{start + 1}: a code block that never closes")
+
+
+def integration_blocks(root: Path, package: Kind) -> tuple[list[Block], list[Block]]:
+    """An integration's README blocks (``integrations/<package>/README.md``), and those its
+    suite runs: its own runnable ones and the root README's marked ``package``."""
+    own = python_blocks(root / "integrations" / package / "README.md")
+    runs = [b for b in own if b.kind == "run"]
+    return own, runs + [b for b in python_blocks(root / "README.md") if b.kind == package]
 
 
 def run_block(block: Block) -> dict[str, Any]:

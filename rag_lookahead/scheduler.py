@@ -17,23 +17,17 @@ Every row is computed as if it were alone (its own positions, its own columns of
 so batching changes no output; only the rounding of batched kernels differs.
 
 No thread of its own runs the loop: a reader waiting for its call's next chunk runs one
-iteration for everybody, unless another reader already is (then it waits for its chunk). A
-lone caller thus decodes in its own thread, as a plain `generate` call would, beside whatever
-other torch work that thread does (embedding the question). The loop also stays with the
-thread that last ran it while that thread keeps reading, since every thread that runs torch
-work on a CPU slows all of them down (`rag_lookahead.decoding.threads`); another reader takes
-it over when that thread has stopped reading for a moment or has ended. A call
-nobody reads advances while others are read, and is ended when its stream is closed or dropped.
+iteration for everybody (`LoopDriver`), so a lone caller decodes in its own thread, as a plain
+`generate` call would. A call nobody reads advances while others are read, and is ended when
+its stream is closed or dropped.
 """
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -46,17 +40,12 @@ from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.driving import LoopDriver
 from rag_lookahead.streaming.stream import StreamChunk
 
 __all__ = ["Scheduler"]
 
 T = TypeVar("T")
-
-# How long a reader waits for its chunk before it checks whether it should drive the loop.
-_POLL_SECONDS = 0.02
-# How long the thread that last drove the loop may be away (between two chunks, or between
-# one call and its next) before another reader takes the loop over.
-_HANDOVER_SECONDS = 0.05
 
 
 class Scheduler:
@@ -74,12 +63,8 @@ class Scheduler:
         self.max_tokens_per_forward = max_tokens_per_forward
         self._lock = threading.Lock()  # guards the waiting queue
         self._waiting: deque[Call] = deque()
-        self._driving = threading.Lock()  # held by the thread running an iteration
-        self._driver: threading.Thread | None = None
-        self._owner: threading.Thread | None = None  # the thread that last drove
-        self._reading: dict[threading.Thread, int] = {}  # readers now waiting, by thread
-        self._owner_left = 0.0  # when the owner last stopped reading
-        # Only the thread holding `_driving` touches these.
+        self.driver = LoopDriver(self._iterate)
+        # Only the thread running an iteration touches these.
         self._joining: list[Call] = []
         self._rows: list[Call] = []  # the batch, in row order
         self._alone: list[Call] = []
@@ -97,7 +82,7 @@ class Scheduler:
         waits); closing this generator (or an error in the reader's loop) cancels the call."""
         try:
             while True:
-                item = self._next_item(call)
+                item = self.driver.next_item(call.outbox)
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
@@ -116,68 +101,10 @@ class Scheduler:
                 call.recorder.finish("abandoned")
                 call.outbox.put(_END)
                 call.ended.set()
-        if not wait or threading.current_thread() is self._driver:
-            return  # (a finaliser inside an iteration: the next one retires it)
-        with self._reader():
-            while not call.ended.is_set():
-                if not self._drive():
-                    call.ended.wait(_POLL_SECONDS)
+        if wait and not self.driver.in_iteration():  # (a finaliser inside one: the next retires it)
+            self.driver.wait(call.ended)
 
     # ------------------------------------------------------------------ the loop
-
-    def _next_item(self, call: Call) -> StreamChunk | BaseException | None:
-        try:
-            return call.outbox.get_nowait()
-        except queue.Empty:
-            pass
-        with self._reader():
-            while True:
-                if not self._drive():  # another reader drives: wait for this call's chunk
-                    try:
-                        return call.outbox.get(timeout=_POLL_SECONDS)
-                    except queue.Empty:
-                        continue
-                try:
-                    return call.outbox.get_nowait()
-                except queue.Empty:
-                    pass
-
-    @contextlib.contextmanager
-    def _reader(self) -> Iterator[None]:
-        """Mark the current thread as waiting for a chunk while the block runs."""
-        me = threading.current_thread()
-        with self._lock:
-            self._reading[me] = self._reading.get(me, 0) + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._reading[me] -= 1
-                if not self._reading[me]:
-                    del self._reading[me]
-                    if me is self._owner:
-                        self._owner_left = time.monotonic()
-
-    def _drive(self) -> bool:
-        """Run one iteration of the loop unless another thread is, or the loop stays with its
-        owner; whether this one did."""
-        if not self._may_drive() or not self._driving.acquire(blocking=False):
-            return False
-        self._driver = self._owner = threading.current_thread()
-        try:
-            self._iterate()
-        finally:
-            self._driver = None
-            self._driving.release()
-        return True
-
-    def _may_drive(self) -> bool:
-        me, owner = threading.current_thread(), self._owner
-        if owner is None or owner is me or not owner.is_alive():
-            return True
-        with self._lock:
-            away = owner not in self._reading and time.monotonic() - self._owner_left > _HANDOVER_SECONDS
-        return away
 
     def _iterate(self) -> None:
         with self._lock:
@@ -317,14 +244,26 @@ class Scheduler:
         nodes = [[0] if isinstance(v, Exception) else v[1] for v in verdicts]
         self._batch.keep_accepted(max(len(d) for d in drafts), nodes)
         outcomes = [
-            v
-            if isinstance(v, Exception)
-            else _attempt(self._release, call, v[0])
-            if row is not None
-            else _attempt(self._prefilled, i, call, len(v[0]), logits[i])
-            for i, (call, v, row) in enumerate(zip(calls, verdicts, rows, strict=True))
+            self._outcome(i, call, verdict, row is None, logits[i])
+            for i, (call, verdict, row) in enumerate(zip(calls, verdicts, rows, strict=True))
         ]
         self._end_rows(calls, outcomes, [i for i, ended in enumerate(outcomes) if ended is not False])
+
+    def _outcome(
+        self,
+        row: int,
+        call: Call,
+        verdict: tuple[list[int], list[int]] | Exception,
+        prompt: bool,
+        logits: torch.Tensor,
+    ) -> bool | Exception:
+        """What row ``row``'s step came to: its error, or whether its call has ended (its
+        accepted tokens released, or, for a ``prompt``'s chunk, that chunk counted)."""
+        if isinstance(verdict, Exception):
+            return verdict
+        if prompt:
+            return _attempt(self._prefilled, row, call, len(verdict[0]), logits)
+        return _attempt(self._release, call, verdict[0])
 
     def _prefilled(self, row: int, call: Call, tokens: int, logits: torch.Tensor) -> bool:
         """Row ``row`` prefilled ``tokens`` more of ``call``'s prompt; once all of it, the call

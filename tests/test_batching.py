@@ -100,6 +100,27 @@ def test_each_row_keeps_only_its_accepted_path() -> None:
     torch.testing.assert_close(batch.cache.layers[0].keys[0], rows[1].layers[0].keys[0], rtol=1e-4, atol=1e-4)
 
 
+def random_jobs(rng: random.Random, calls: int, shortest: int) -> list[tuple[list[int], GenerationParams]]:
+    """Prompts of repeated tokens, half of them starting like an earlier one (so that its prefix
+    is reused), with random budgets."""
+    jobs: list[tuple[list[int], GenerationParams]] = []
+    for _ in range(calls):
+        base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
+        prompt = (base * rng.randint(2, 12))[: rng.randint(shortest, 40)]
+        if jobs and rng.random() < 0.5:
+            earlier = rng.choice(jobs)[0]
+            prompt = earlier[: rng.randint(1, len(earlier))] + prompt[: rng.randint(0, 8)]
+        jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
+    return jobs
+
+
+def assert_each_greedy(model, engine: LookaheadEngine, jobs, stagger) -> None:
+    """Run ``jobs`` together: each output is its prompt's greedy one, and no branch is left."""
+    for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
+        assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
 @settings(max_examples=12, deadline=None)
 @given(
     family=st.sampled_from(FAMILIES),
@@ -118,17 +139,7 @@ def test_concurrent_calls_give_each_its_own_greedy_output(family, mode, seed, ca
         from rag_lookahead.decoding.costs import CostCurve
 
         engine.planner.cost_curve = CostCurve((1, 4, 32), (1.0, 1.2, 2.0))
-    jobs: list[tuple[list[int], GenerationParams]] = []
-    for _ in range(calls):
-        base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
-        prompt = (base * rng.randint(2, 12))[: rng.randint(3, 40)]
-        if jobs and rng.random() < 0.5:  # starts like an earlier prompt: its prefix is reused
-            earlier = rng.choice(jobs)[0]
-            prompt = earlier[: rng.randint(1, len(earlier))] + prompt[: rng.randint(0, 8)]
-        jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
-    for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
-        assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
-    assert engine.trie.owners() <= {OUTPUT_OWNER}
+    assert_each_greedy(model, engine, random_jobs(rng, calls, shortest=3), stagger)
 
 
 def test_stop_strings_and_cancellations_do_not_disturb_the_other_rows() -> None:
@@ -267,23 +278,23 @@ def test_a_batch_is_planned_with_a_rows_curve_when_batch_costs_were_not_measured
 def test_the_loop_stays_with_the_thread_that_drove_it_while_that_thread_reads() -> None:
     """Every thread that runs torch work on a CPU slows all of them down: a second reader
     leaves the loop to its owner while the owner reads, and takes over once it has gone."""
-    scheduler = tiny_engine().scheduler
+    driver = tiny_engine().scheduler.driver
     reading, leave = threading.Event(), threading.Event()
 
     def owner() -> None:
-        assert scheduler._drive()  # an idle iteration: it now owns the loop
-        with scheduler._reader():
+        assert driver.drive()  # an idle iteration: it now owns the loop
+        with driver.reading():
             reading.set()
             leave.wait()
 
     thread = threading.Thread(target=owner)
     thread.start()
     reading.wait()
-    assert not scheduler._drive()  # the owner is reading
+    assert not driver.drive()  # the owner is reading
     leave.set()
     thread.join()
-    assert scheduler._drive()  # the owner has ended
-    assert scheduler._owner is threading.current_thread()
+    assert driver.drive()  # the owner has ended
+    assert driver.owner is threading.current_thread()
 
 
 def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one() -> None:
@@ -417,17 +428,7 @@ def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
     config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=4, max_tokens_per_forward=budget)
     engine = LookaheadEngine(model, CharTokenizer(), config)
     engine.planner.cost_curve = CostCurve.flat()
-    jobs: list[tuple[list[int], GenerationParams]] = []
-    for _ in range(calls):
-        base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
-        prompt = (base * rng.randint(2, 12))[: rng.randint(1, 40)]
-        if jobs and rng.random() < 0.5:  # starts like an earlier prompt: its prefix is reused
-            earlier = rng.choice(jobs)[0]
-            prompt = earlier[: rng.randint(1, len(earlier))] + prompt[: rng.randint(0, 8)]
-        jobs.append((prompt, GenerationParams(max_new_tokens=rng.randint(1, 24))))
-    for (prompt, params), completion in zip(jobs, run_together(engine, jobs, stagger), strict=True):
-        assert completion.token_ids == greedy_reference(model, prompt, params.max_new_tokens)
-    assert engine.trie.owners() <= {OUTPUT_OWNER}
+    assert_each_greedy(model, engine, random_jobs(rng, calls, shortest=1), stagger)
 
 
 def test_a_prompt_prefilled_in_the_steps_is_kept_for_the_next_prompt_like_it() -> None:

@@ -9,30 +9,19 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.testing import read_past_deadline, save_tiny_model, tiny_engine
+from rag_lookahead.testing import read_past_deadline, save_tiny_model
 
 N = 24
 QUESTION = "Where is the lighthouse?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
 
 
-@pytest.fixture
-def engine() -> LookaheadEngine:
-    return tiny_engine()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def greedy(engine: LookaheadEngine) -> str:

@@ -4,33 +4,20 @@ of `LogProb` per token (its position's most likely tokens), cumulative like its 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
-import torch
 from llama_index.core.base.llms.types import LogProb
 from llama_index.core.llms import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.testing import tiny_engine
 
 N = 12
 QUESTION = "Where is the lighthouse?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
 
 
-@pytest.fixture
-def engine() -> LookaheadEngine:
-    return tiny_engine()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def expected(engine: LookaheadEngine, top: int) -> list[list[tuple[str, float]]]:

@@ -5,12 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from rag_lookahead.readme_blocks import Block, python_blocks, readme_folder, run_block, undefined_names
+from rag_lookahead.readme_blocks import Block, integration_blocks, readme_folder, run_block, undefined_names
 
 ROOT = Path(__file__).resolve().parents[4]
-OWN = python_blocks(ROOT / "integrations" / "llama_index" / "README.md")
-RUN = [b for b in OWN if b.kind == "run"]
-RUN += [b for b in python_blocks(ROOT / "README.md") if b.kind == "llama_index"]  # the root README's
+OWN, RUN = integration_blocks(ROOT, "llama_index")
 
 
 @pytest.fixture(scope="module")
