@@ -110,6 +110,13 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         help=f"deepest draft branch (default: {defaults.branch_length})",
     )
     look.add_argument(
+        "--draft-policy",
+        default=defaults.draft_policy,
+        choices=["suffix", "trie"],
+        help="suffix: the call's own text first, branches as deep as their match is long, then the "
+        f"trie's; trie: the trie's branches only (default: {defaults.draft_policy})",
+    )
+    look.add_argument(
         "--remeasure",
         action="store_true",
         help="time the forward costs that --mode auto plans with again, replacing the cached ones "

@@ -28,6 +28,7 @@ def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:
         mode="off" if getattr(args, "no_lookahead", False) else args.mode,
         decoding_length=args.decoding_length,
         branch_length=args.branch_length,
+        draft_policy=args.draft_policy,
     )
 
 
