@@ -56,7 +56,7 @@ class StepClock:
         self.profile = cProfile.Profile() if profile else None
         self.profiling = False  # within an iteration at full batch, outside its forward
         scheduler, runner = engine.scheduler, engine.runner
-        iterate, forward_batch = scheduler._iterate, runner.forward_batch
+        iterate, forward_batch = scheduler.driver._iterate, runner.forward_batch
 
         def timed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
             if self.profiling:
@@ -87,7 +87,7 @@ class StepClock:
                 self.steps.append((elapsed, self.forward, cpu - self.forward_cpu))
 
         runner.forward_batch = timed_forward  # type: ignore[method-assign]
-        scheduler._iterate = timed_iterate  # type: ignore[method-assign]
+        scheduler.driver._iterate = timed_iterate
 
     def summary(self) -> dict[str, Any]:
         if not self.steps:
@@ -134,8 +134,10 @@ def tiny_setup(clients: int) -> tuple[LookaheadEngine, list[list[int]]]:
     return engine, prompts
 
 
-def real_setup(data: Path, clients: int, model: str | None) -> tuple[LookaheadEngine, list[list[int]]]:
-    config = LookaheadConfig(mode="trie", max_batch_size=clients)
+def real_setup(
+    data: Path, clients: int, model: str | None, mode: str, policy: str
+) -> tuple[LookaheadEngine, list[list[int]]]:
+    config = LookaheadConfig(mode=mode, max_batch_size=clients, draft_policy=policy)  # type: ignore[arg-type]
     engine = LookaheadEngine.from_pretrained(model, config=config)
     return engine, [item.prompt_ids for item in gold_inputs(engine, load_records(data, clients))]
 
@@ -182,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny random model instead")
     parser.add_argument("--model", default=None, help="a built-in model's name or a local directory")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--mode", default="trie", choices=("auto", "trie"), help="the engine's mode (real model)"
+    )
+    parser.add_argument("--draft-policy", default="suffix", choices=("suffix", "trie"))
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -196,7 +202,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.tiny and args.data is None:
         parser.error("give --data (the real model), --tiny or --parts")
     engine, prompts = (
-        tiny_setup(args.clients) if args.tiny else real_setup(args.data, args.clients, args.model)
+        tiny_setup(args.clients)
+        if args.tiny
+        else real_setup(args.data, args.clients, args.model, args.mode, args.draft_policy)
     )
     # Warm-up: the first forwards and the tree probe, and every prompt into the prefix cache,
     # so that the calls below join at once (a prompt's prefill is no step of the batch).

@@ -193,8 +193,13 @@ def test_calibration_follows_observed_over_predicted_per_width_class() -> None:
     assert calibration.factor(4, 1) == 1.0
     calibration.record(4, 2, predicted=1.0, observed=3.0)
     calibration.record(4, 3, predicted=1.0, observed=1.0)
-    assert calibration.factor(4, 5) == 2.0  # widths above one share a class
-    assert calibration.factor(4, 1) == 1.0 and calibration.factor(8, 2) == 1.0
+    assert calibration.factor(4, 2) == 2.0  # 2 and 3 tokens a row share a class
+    assert calibration.factor(4, 5) == 2.0  # a class not seen: the nearest seen one's
+    assert calibration.factor(8, 2) == 1.0  # nothing seen at 8 rows
+    calibration.record(4, 12, predicted=1.0, observed=4.0)
+    assert calibration.factor(4, 9) == 4.0 and calibration.factor(4, 3) == 2.0
+    assert calibration.factor(4, 1) == 2.0  # nearest: the 2-3 class
+    assert calibration.factor(4, 5) == 4.0  # equally near 2-3 and 8-15: the wider one
 
 
 def test_a_batch_plan_widens_only_while_the_rate_grows() -> None:

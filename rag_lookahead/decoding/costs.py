@@ -138,21 +138,28 @@ class CostModel:
 class Calibration:
     """How much batched forwards really cost over what `BatchCosts` says, learned step by step.
 
-    The batch costs were measured at a short context (or are missing, and a row's curve stands
-    in); real rows hold RAG prompts, and kernels take other paths once a row has more than one
-    token. The ratio observed / predicted is kept per row count and per width class (one token
-    per row, or more), smoothed, and multiplies the prediction.
+    The batch costs were measured at a short context and a few tokens per row (or are missing,
+    and a row's curve stands in); real rows hold RAG prompts, and the curve is extrapolated past
+    its widths. The ratio observed / predicted is kept per row count and per width class (1,
+    2-3, 4-7, 8-15, ... tokens per row: the error grows with the width, so one ratio for every
+    width would price wide steps too low and narrow ones too high), smoothed, and multiplies
+    the prediction. A class not seen yet takes the nearest seen one's ratio for that row count.
     """
 
     def __init__(self, weight: float = 0.2) -> None:
         self.weight = weight
-        self._ratios: dict[tuple[int, bool], float] = {}
+        self._ratios: dict[tuple[int, int], float] = {}
 
     def factor(self, rows: int, width: int) -> float:
-        return self._ratios.get((rows, width > 1), 1.0)
+        wanted = width.bit_length()
+        ratio = self._ratios.get((rows, wanted))
+        if ratio is not None:
+            return ratio
+        seen = [(abs(c - wanted), -c, r) for (n, c), r in self._ratios.items() if n == rows]
+        return min(seen)[2] if seen else 1.0  # (ties: the wider class)
 
     def record(self, rows: int, width: int, predicted: float, observed: float) -> None:
-        key, ratio = (rows, width > 1), observed / predicted
+        key, ratio = (rows, width.bit_length()), observed / predicted
         old = self._ratios.get(key)
         self._ratios[key] = ratio if old is None else old + self.weight * (ratio - old)
 
