@@ -5,6 +5,8 @@ tokens of context each) and tokens per row (1, 2, 4); the one-off tree probe; an
 build a call's drafter (its prompt into the trie) for the first dolly prompts.
 
     python benchmarks/step_costs.py --data dolly_context_qa.jsonl
+    python benchmarks/step_costs.py --data dolly_context_qa.jsonl --rows 1,8 \
+        --widths 1,2,3,4,6,8,12,16 --grid-only
 """
 
 from __future__ import annotations
@@ -53,9 +55,9 @@ def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
     return median_ms(step)
 
 
-def batch_grid(engine: LookaheadEngine) -> None:
+def batch_grid(engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tuple[int, ...]) -> None:
     rng = random.Random(0)
-    for rows in (1, 2, 4, 8):
+    for rows in row_counts:
         batch = BatchCache()
         for row in range(rows):
             length = rng.randint(700, 1000) if rows > 1 else 850
@@ -63,18 +65,23 @@ def batch_grid(engine: LookaheadEngine) -> None:
             cache = new_tree_cache()
             engine.runner.forward(prompt, cache, last_only=True)
             batch.add_row(cache)
-        cells = [step_ms(engine, batch, width) for width in (1, 2, 4)]
-        print(f"{rows} rows: 1, 2, 4 tokens per row: {cells} ms", flush=True)
+        cells = [step_ms(engine, batch, width) for width in widths]
+        print(f"{rows} rows: {', '.join(map(str, widths))} tokens per row: {cells} ms", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--widths", default="1,2,4", help="tokens per row, comma-separated")
+    parser.add_argument("--rows", default="1,2,4,8", help="rows of the batch, comma-separated")
+    parser.add_argument("--grid-only", action="store_true", help="only the rows-by-width grid")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
-    batch_grid(engine)
+    batch_grid(engine, _numbers(args.widths), _numbers(args.rows))
+    if args.grid_only:
+        return
     runner = engine.runner
     probe = median_ms(
         lambda: tree_support_problem(engine.model, runner.cache_arg, runner.layer_masks), repeats=5
@@ -86,6 +93,10 @@ def main() -> None:
     ]
     tokens = statistics.median(len(item.prompt_ids) for item in inputs)
     print(f"drafter creation: {statistics.median(drafters)} ms (median prompt {tokens} tokens)")
+
+
+def _numbers(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
 
 
 if __name__ == "__main__":
