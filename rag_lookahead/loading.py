@@ -1,6 +1,6 @@
 """How a model is loaded: `LoadOptions`, the one value every front end builds (the engine, the
 pipeline, the command line, a Ray replica, both adapters) and `LookaheadEngine.from_pretrained`
-reads.
+reads (``from_pretrained(load=options)``; this module does not know the engine).
 
 Plain values only (strings, booleans, dicts of what you pass on to transformers), so that the
 options travel as they are to another process (every Ray replica loads its own copy), and are
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import Unpack
 
-    from rag_lookahead.config import LookaheadConfig
-    from rag_lookahead.engine import LookaheadEngine
 
 __all__ = ["LoadKeywords", "LoadOptions"]
 
@@ -85,12 +83,6 @@ class LoadOptions:
     def given(self) -> list[str]:
         """The names of the options set to other than their defaults, ``model`` included."""
         return [f.name for f in fields(self) if getattr(self, f.name) != _default(f)]
-
-    def load(self, config: LookaheadConfig | None = None) -> LookaheadEngine:
-        """The model loaded offline, wrapped in a `LookaheadEngine` with drafting ``config``."""
-        from rag_lookahead.engine import LookaheadEngine
-
-        return LookaheadEngine.from_pretrained(config=config, load=self)
 
     @classmethod
     def of(

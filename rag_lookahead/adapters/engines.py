@@ -141,7 +141,8 @@ class EngineSource:
             return ServerEngine(**{f.name: getattr(server, f.name) for f in dataclasses.fields(server)})
         config = self.config
         if self.engine is None:
-            return dataclasses.replace(self.load, progress=self.load.progress or self.progress).load(config)
+            load = dataclasses.replace(self.load, progress=self.load.progress or self.progress)
+            return LookaheadEngine.from_pretrained(config=config, load=load)
         if not isinstance(self.engine, LookaheadEngine):
             return self.engine if self.lookahead else plain_engine(self.engine)
         if self.engine.config == config:

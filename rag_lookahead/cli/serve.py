@@ -93,7 +93,9 @@ def _run_local(args: argparse.Namespace) -> int:
     serve = _server()  # before a long load
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    engine = load_options(args).load(_config(args))
+    from rag_lookahead.engine import LookaheadEngine
+
+    engine = LookaheadEngine.from_pretrained(config=_config(args), load=load_options(args))
     _announce(args, settings)
     serve(engine, settings, args.host, args.port)
     return 0

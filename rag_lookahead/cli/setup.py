@@ -35,7 +35,7 @@ def make_engine(args: argparse.Namespace, measure: bool = True) -> LookaheadEngi
     reading it from the cache, unless not ``measure``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = load_options(args).load(lookahead_config(args))
+    engine = LookaheadEngine.from_pretrained(config=lookahead_config(args), load=load_options(args))
     if measure and engine.config.mode == "auto" and engine.tree_verification:
         # Measured once per model, device and dtype (then cached), so no answer pays for it.
         engine.measure_costs(remeasure=args.remeasure)

@@ -58,7 +58,9 @@ class EngineLoad(LoadOptions):
 
     def load(self, config: LookaheadConfig | None = None) -> LookaheadEngine:
         """The engine, drafting with ``config`` or else this load's own."""
-        return super().load(config or self.config)
+        from rag_lookahead.engine import LookaheadEngine  # torch loads in the replica only
+
+        return LookaheadEngine.from_pretrained(config=config or self.config, load=self)
 
 
 def replica_app(app: FastAPI, replica: str) -> FastAPI:

@@ -155,7 +155,10 @@ class RagPipeline:
         without a thinking block; ``lookahead_config`` is the engine's drafting settings.
         """
         options = LoadOptions.of(load, name_or_path, **loading)
-        return cls(options.load(lookahead_config), index, config, system_prompt=system_prompt)
+        from rag_lookahead.engine import LookaheadEngine  # torch loads with the model only
+
+        engine = LookaheadEngine.from_pretrained(config=lookahead_config, load=options)
+        return cls(engine, index, config, system_prompt=system_prompt)
 
     def retrieve(self, question: str) -> list[Hit]:
         """The relevant chunks for ``question``, best first (possibly none)."""
