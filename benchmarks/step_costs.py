@@ -6,12 +6,16 @@ build a call's drafter (its prompt into the trie) for the first dolly prompts.
 
     python benchmarks/step_costs.py --data dolly_context_qa.jsonl
     python benchmarks/step_costs.py --data dolly_context_qa.jsonl --rows 1,8 \
-        --widths 1,2,3,4,6,8,12,16 --grid-only
+        --widths 1,2,3,4,6,8,12,16 --grid-only --json grid.json
+
+``--json`` writes the grid (rows by tokens per row, milliseconds) in the form the batch replay
+reads (``python -m rag_lookahead.bench.replay batch ... --grid grid.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
@@ -55,8 +59,12 @@ def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
     return median_ms(step)
 
 
-def batch_grid(engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tuple[int, ...]) -> None:
+def batch_grid(
+    engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tuple[int, ...]
+) -> list[list[float]]:
+    """Median milliseconds of a step by rows (``row_counts``) and tokens per row (``widths``)."""
     rng = random.Random(0)
+    grid = []
     for rows in row_counts:
         batch = BatchCache()
         for row in range(rows):
@@ -67,6 +75,26 @@ def batch_grid(engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tup
             batch.add_row(cache)
         cells = [step_ms(engine, batch, width) for width in widths]
         print(f"{rows} rows: {', '.join(map(str, widths))} tokens per row: {cells} ms", flush=True)
+        grid.append(cells)
+    return grid
+
+
+def grid_json(
+    engine: LookaheadEngine, widths: tuple[int, ...], rows: tuple[int, ...], ms: list[list[float]]
+) -> dict[str, object]:
+    """The grid as `rag_lookahead.bench.batch_replay.load_grid` reads it, with its settings."""
+    return {
+        "format": "rag-lookahead-step-grid",
+        "model": str(getattr(engine.model.config, "_name_or_path", "")),
+        "device": str(engine.device),
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "context": "one row: 850 tokens; several rows: 700 to 1,000 tokens each",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": list(rows),
+        "widths": list(widths),
+        "ms": ms,
+    }
 
 
 def main() -> None:
@@ -76,10 +104,14 @@ def main() -> None:
     parser.add_argument("--widths", default="1,2,4", help="tokens per row, comma-separated")
     parser.add_argument("--rows", default="1,2,4,8", help="rows of the batch, comma-separated")
     parser.add_argument("--grid-only", action="store_true", help="only the rows-by-width grid")
+    parser.add_argument("--json", type=Path, help="also write the grid here, for the batch replay")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
-    batch_grid(engine, _numbers(args.widths), _numbers(args.rows))
+    widths, rows = _numbers(args.widths), _numbers(args.rows)
+    ms = batch_grid(engine, widths, rows)
+    if args.json is not None:
+        args.json.write_text(json.dumps(grid_json(engine, widths, rows, ms), indent=1) + "\n")
     if args.grid_only:
         return
     runner = engine.runner
@@ -88,11 +120,14 @@ def main() -> None:
     )
     print(f"tree probe: {probe} ms")
     inputs = gold_inputs(engine, load_records(args.data, 12))
-    drafters = [
-        median_ms(lambda item=item: engine._drafter(item.prompt_ids, [], None).close(), 3) for item in inputs
-    ]
+    drafters = [median_ms(_drafter_made(engine, list(item.prompt_ids)), 3) for item in inputs]
     tokens = statistics.median(len(item.prompt_ids) for item in inputs)
     print(f"drafter creation: {statistics.median(drafters)} ms (median prompt {tokens} tokens)")
+
+
+def _drafter_made(engine: LookaheadEngine, prompt: list[int]) -> Callable[[], None]:
+    """Make (and close) the drafter of a call of ``prompt``: its prompt into the trie and out."""
+    return lambda: engine._drafter([prompt], None, None, None).close()
 
 
 def _numbers(text: str) -> tuple[int, ...]:

@@ -8,6 +8,9 @@ it will be accepted: a ceiling for any planner over the same drafts.
 
     python -m rag_lookahead.bench.replay record --data llma_msmarco_rag.jsonl --limit 40 --out llma.json
     python -m rag_lookahead.bench.replay replay llma.json --curve ~/.cache/rag-lookahead/costs/costs-*.json
+    python -m rag_lookahead.bench.replay batch llma.json --grid benchmarks/step-grid-cpu-2026-12-02.json
+
+``batch`` prices many clients at once against the serialised engine (`batch_replay`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from typing import Any
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.bench.batch_replay import (
+    BATCH_POLICIES,
+    GRID_SHAPES,
+    batch_bounds,
+    load_grid,
+    matched,
+    reshaped,
+)
 from rag_lookahead.bench.run import gold_inputs, load_records
 from rag_lookahead.config import Mode
 from rag_lookahead.decoding.costs import CostCurve, CostModel
@@ -29,6 +40,8 @@ from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
+
+__all__ = ["PromptLookup", "load_curve", "matched", "record", "replay"]
 
 Plan = Callable[[DraftTree, list[int]], DraftTree]  # (proposed tree, the answer from here) -> verified tree
 
@@ -44,18 +57,6 @@ def record(data: Path, limit: int, max_new_tokens: int, out: Path) -> None:
         for item in gold_inputs(engine, load_records(data, limit))
     ]
     out.write_text(json.dumps({"max_new_tokens": max_new_tokens, "answers": answers}))
-
-
-def matched(tree: DraftTree, answer: list[int]) -> list[int]:
-    """Tree nodes accepted when the model's next tokens are ``answer`` (root first)."""
-    nodes = [0]
-    # The last known token can only be the model's own (bonus) token, never a matched draft.
-    for token in answer[:-1]:
-        child = tree.child(nodes[-1], token)
-        if child is None:
-            break
-        nodes.append(child)
-    return nodes
 
 
 class PromptLookup:
@@ -144,7 +145,19 @@ def main() -> None:
     rep.add_argument("--curve", required=True, type=Path, help="a cost-curve JSON from the cache")
     rep.add_argument("--policies", default="auto,trie,oracle")
     rep.add_argument("--draft-policy", default=LookaheadConfig.draft_policy, choices=("trie", "suffix"))
+    bat = commands.add_parser("batch", help="price many clients at once against the serialised engine")
+    bat.add_argument("recorded", nargs="+", type=Path)
+    bat.add_argument("--grid", required=True, type=Path, help="a grid from benchmarks/step_costs.py --json")
+    bat.add_argument("--clients", type=int, default=8)
+    bat.add_argument("--policies", default=",".join(BATCH_POLICIES))
+    bat.add_argument(
+        "--shape", default="measured", choices=GRID_SHAPES, help="the grid, or a shape made from it"
+    )
+    bat.add_argument("--draft-policy", default=LookaheadConfig.draft_policy, choices=("trie", "suffix"))
     args = parser.parse_args()
+    if args.command == "batch":
+        _batch(args)
+        return
     if args.command == "record":
         torch.set_num_threads(args.threads)
         record(args.data, args.limit, args.max_new_tokens, args.out)
@@ -156,6 +169,17 @@ def main() -> None:
             mode: Mode = "trie" if policy == "trie" else "auto"
             config = LookaheadConfig(mode=mode, draft_policy=args.draft_policy)
             print(path.stem, policy, replay(recorded, config, curve, policy))
+
+
+def _batch(args: argparse.Namespace) -> None:
+    grid = reshaped(load_grid(args.grid), args.shape)
+    config = LookaheadConfig(mode="auto", draft_policy=args.draft_policy)
+    for path in args.recorded:
+        bounds = batch_bounds(
+            json.loads(path.read_text()), config, grid, args.clients, args.policies.split(",")
+        )
+        for name, figures in bounds.items():
+            print(path.stem, name, figures)
 
 
 if __name__ == "__main__":
