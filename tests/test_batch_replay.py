@@ -56,6 +56,17 @@ def test_rows_drain_at_the_end() -> None:
     assert priced.tokens == 12
 
 
+def test_joins_wait_for_their_prompt_chunks() -> None:
+    # Prompts of 60 tokens in chunks of 20: the first is prefilled at once (no row decodes), the
+    # second one chunk after each of the first's steps, and decodes from the fourth step.
+    costs = grid(lambda rows, width: {1: 7.0, 2: 10.0}.get(rows, 100.0), rows=(1, 2, 8))
+    priced = price_batch(recorded([5, 5]), CONFIG, costs, "plain", 2, join_chunk=20)
+    assert (priced.steps, priced.row_steps) == (7, 8)
+    assert priced.ms == pytest.approx(6 * 7.0 + 10.0)
+    instant = price_batch(recorded([5, 5]), CONFIG, costs, "plain", 2)
+    assert (instant.steps, instant.row_steps) == (4, 8)
+
+
 def test_an_answer_done_at_its_prefill_takes_no_step() -> None:
     priced = price_batch(recorded([1, 3]), CONFIG, grid(lambda rows, width: 5.0), "plain", 2)
     assert (priced.steps, priced.row_steps) == (2, 2)
@@ -147,5 +158,7 @@ def test_bad_arguments() -> None:
         price_batch(recorded([3]), CONFIG, flat, "greedy", 2)
     with pytest.raises(ValueError, match="clients"):
         price_batch(recorded([3]), CONFIG, flat, "plain", 0)
+    with pytest.raises(ValueError, match="join_chunk"):
+        price_batch(recorded([3]), CONFIG, flat, "plain", 2, join_chunk=0)
     with pytest.raises(ValueError, match="at least one row"):
         flat(0, 1)

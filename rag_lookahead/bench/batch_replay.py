@@ -12,7 +12,9 @@ The model, kept simple on purpose:
   complete leaves after its step and the next question takes its place in the next step, with
   its first token already decided by its prefill. Prefills are not priced and stall nothing
   (the concurrency benchmark's decode rate leaves them out too); once the questions run out,
-  the batch drains and its last steps have fewer rows.
+  the batch drains and its last steps have fewer rows. Optionally (``join_chunk``) a joining
+  row first waits for its prompt's chunks, one chunk between two steps as the engine prefills
+  apart on a CPU: the steps meanwhile have fewer rows, the chunks themselves are not priced.
 - A step costs ``grid(rows, width)``: every row is padded to the widest row's tokens. The
   rows' context lengths and host work between forwards are not priced.
 - The rows' drafters share one trie and the planner's acceptance statistics, as the engine's
@@ -192,6 +194,7 @@ class _Row:
     answer: list[int]
     drafter: Drafter
     context: list[int]
+    chunks: int  # prompt chunks left to prefill before it decodes
     done: int = 1  # the first token comes from the prefill
 
 
@@ -206,9 +209,10 @@ class _Replay:
         self.trie = TokenTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
         self.planner = StepPlanner(config, CostModel(grid.one_row()))
 
-    def join(self, item: dict[str, Any]) -> _Row:
+    def join(self, item: dict[str, Any], chunk: int | None) -> _Row:
         prompt, answer = list(item["prompt"]), list(item["output"])
-        row = _Row(answer, build_drafter(self.config, self.trie, [prompt]), prompt + answer[:1])
+        chunks = -(-len(prompt) // chunk) if chunk is not None else 0
+        row = _Row(answer, build_drafter(self.config, self.trie, [prompt]), prompt + answer[:1], chunks)
         row.drafter.observe(answer[:1])
         return row
 
@@ -250,43 +254,62 @@ def _oracle(
 
 
 def price_batch(
-    recorded: dict[str, Any], config: LookaheadConfig, grid: CostGrid, policy: str, clients: int
+    recorded: dict[str, Any],
+    config: LookaheadConfig,
+    grid: CostGrid,
+    policy: str,
+    clients: int,
+    join_chunk: int | None = None,
 ) -> Priced:
     """``recorded``'s answers decoded ``clients`` at a time under ``policy``, priced on ``grid``
-    (``clients=1``: the serialised engine)."""
-    if clients < 1:
-        raise ValueError(f"clients must be at least 1, not {clients}")
+    (``clients=1``: the serialised engine). With ``join_chunk``, a joining prompt is prefilled
+    as the engine does on a CPU: in chunks of that many tokens, one chunk between two steps
+    (the first joining prompt's), all of it at once while no row decodes; unpriced either way."""
+    if clients < 1 or (join_chunk is not None and join_chunk < 1):
+        raise ValueError(f"clients and join_chunk must be at least 1, not {clients} and {join_chunk}")
     answers = recorded["answers"]
     run = _Replay(config, grid, policy, int(recorded["max_new_tokens"]))
-    waiting, rows = deque(answers), list[_Row]()
+    waiting, joining, rows = deque(answers), deque[_Row](), list[_Row]()
     steps = row_steps = 0
     ms = 0.0
-    while rows := _fill(run, rows, waiting, clients):
+    while rows := _admit(run, rows, joining, waiting, clients, join_chunk):
         trees = run.plan(rows, [run.proposal(row) for row in rows])
         ms += grid(len(rows), max(len(tree) for tree in trees))
         for row, tree in zip(rows, trees, strict=True):
             run.advance(row, tree)
         steps, row_steps = steps + 1, row_steps + len(rows)
+        if joining:
+            joining[0].chunks -= 1
     return Priced(sum(len(item["output"]) for item in answers), steps, row_steps, ms)
 
 
-def _fill(run: _Replay, rows: list[_Row], waiting: deque[dict[str, Any]], clients: int) -> list[_Row]:
-    """The rows of the next step: those still decoding, then the next questions in the free
-    places. A finished row's drafter is closed (its outputs stay in the trie); an answer done
-    at its prefill never takes a step."""
-    kept = []
-    for row in rows:
-        if row.done < len(row.answer):
-            kept.append(row)
-        else:
-            row.drafter.close()
-    while waiting and len(kept) < clients:
-        row = run.join(waiting.popleft())
-        if row.done < len(row.answer):
-            kept.append(row)
-        else:
-            row.drafter.close()
-    return kept
+def _admit(
+    run: _Replay,
+    rows: list[_Row],
+    joining: deque[_Row],
+    waiting: deque[dict[str, Any]],
+    clients: int,
+    chunk: int | None,
+) -> list[_Row]:
+    """The rows of the next step: those still decoding, then the joining ones whose prompts
+    are prefilled, the next questions taking the free places. A finished row's drafter is
+    closed (its outputs stay in the trie); an answer done at its prefill never takes a step."""
+    rows = [row for row in rows if not _ended(row)]
+    while True:
+        while waiting and len(rows) + len(joining) < clients:
+            joining.append(run.join(waiting.popleft(), chunk))
+        if not joining or (joining[0].chunks > 0 and rows):
+            return rows
+        row = joining.popleft()
+        if not _ended(row):
+            rows.append(row)
+
+
+def _ended(row: _Row) -> bool:
+    if row.done < len(row.answer):
+        return False
+    row.drafter.close()
+    return True
 
 
 def batch_bounds(
@@ -295,14 +318,15 @@ def batch_bounds(
     grid: CostGrid,
     clients: int,
     policies: Sequence[str] = BATCH_POLICIES,
+    join_chunk: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """The serialised engine (one client: ``plain``, ``auto``, ``oracle``) and ``clients`` at
     once under each of ``policies``, with each batch's decode rate over the serialised
-    engine's (``auto``, and its ``oracle``)."""
+    engine's (``auto``, and its ``oracle``); ``join_chunk`` as for `price_batch`."""
     alone = {p: price_batch(recorded, config, grid, p, 1) for p in ("plain", "auto", "oracle")}
     out = {f"serialised {p}": priced.summary() for p, priced in alone.items()}
     for policy in policies:
-        priced = price_batch(recorded, config, grid, policy, clients)
+        priced = price_batch(recorded, config, grid, policy, clients, join_chunk)
         out[f"{clients} clients {policy}"] = {
             **priced.summary(),
             "vs_serialised_auto": round(priced.tokens_per_s / alone["auto"].tokens_per_s, 3),

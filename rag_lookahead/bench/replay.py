@@ -154,6 +154,9 @@ def main() -> None:
         "--shape", default="measured", choices=GRID_SHAPES, help="the grid, or a shape made from it"
     )
     bat.add_argument("--draft-policy", default=LookaheadConfig.draft_policy, choices=("trie", "suffix"))
+    bat.add_argument(
+        "--join-chunk", type=int, help="prefill joining prompts in chunks of this many tokens between steps"
+    )
     args = parser.parse_args()
     if args.command == "batch":
         _batch(args)
@@ -175,9 +178,9 @@ def _batch(args: argparse.Namespace) -> None:
     grid = reshaped(load_grid(args.grid), args.shape)
     config = LookaheadConfig(mode="auto", draft_policy=args.draft_policy)
     for path in args.recorded:
-        bounds = batch_bounds(
-            json.loads(path.read_text()), config, grid, args.clients, args.policies.split(",")
-        )
+        recorded = json.loads(path.read_text())
+        policies = args.policies.split(",")
+        bounds = batch_bounds(recorded, config, grid, args.clients, policies, args.join_chunk)
         for name, figures in bounds.items():
             print(path.stem, name, figures)
 
