@@ -35,6 +35,7 @@ import json
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -224,12 +225,12 @@ class _Replay:
 
     def plan(self, rows: list[_Row], trees: list[DraftTree]) -> list[DraftTree]:
         """What each row verifies this step."""
+        by_width = partial(self.grid, len(rows))  # this step's cost by tokens per row
         if self.policy == "oracle":
-            return _oracle(trees, [r.answer[r.done :] for r in rows], lambda w: self.grid(len(rows), w))
+            return _oracle(trees, [r.answer[r.done :] for r in rows], by_width)
         if self.policy == "joint" and len(rows) > 1:
             ranked = [self.planner.rank(StepDraft(tree)) for tree in trees]
-            cost = lambda width: self.grid(len(rows), width)  # noqa: E731
-            return plan_batch(ranked, cost, self.config.max_tokens_per_forward)
+            return plan_batch(ranked, by_width, self.config.max_tokens_per_forward)
         return [self.planner.plan(StepDraft(tree), room=1 << 62).tree for tree in trees]
 
     def advance(self, row: _Row, tree: DraftTree) -> None:
