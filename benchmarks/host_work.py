@@ -7,7 +7,9 @@ inputs and mask, choosing and accepting tokens, the cache's bookkeeping, stop st
 text): the host work, in wall time and in the driving thread's CPU time (which waiting for
 the CPU or for the GIL leaves out). Both come from the same run, so their ratio holds under
 load better than the absolute milliseconds do. ``--profile`` adds the host functions that cost most (the
-forward's own calls left out).
+forward's own calls left out). Also reported, to hold against the batch replay's prices
+(`rag_lookahead.bench.batch_replay`): the tokens a row gained per full step, and the forward's
+median time by its width (tokens per row).
 
     python benchmarks/host_work.py --data dolly_context_qa.jsonl              # SmolLM2
     python benchmarks/host_work.py --tiny                                       # no data, tiny model
@@ -53,6 +55,8 @@ class StepClock:
         self.forward_cpu = 0.0  # the driving thread's CPU seconds in them
         # (iteration, forward, driving thread's CPU outside the forward) seconds at full batch
         self.steps: list[tuple[float, float, float]] = []
+        self.width = 0  # tokens per row of the iteration's forward
+        self.shapes: list[tuple[int, int]] = []  # (tokens per row, tokens gained by the rows) a full step
         self.profile = cProfile.Profile() if profile else None
         self.profiling = False  # within an iteration at full batch, outside its forward
         scheduler, runner = engine.scheduler, engine.runner
@@ -62,7 +66,8 @@ class StepClock:
             if self.profiling:
                 self.profile.disable()  # type: ignore[union-attr]
             start, cpu = time.perf_counter(), time.thread_time()
-            logits = forward_batch(*args, **kwargs)
+            logits = forward_batch(*args, **kwargs)  # [B, T, V]
+            self.width = logits.shape[1]
             if logits.device.type == "cuda":
                 torch.cuda.synchronize(logits.device)
             self.forward += time.perf_counter() - start
@@ -74,6 +79,8 @@ class StepClock:
         def timed_iterate() -> None:
             full = len(scheduler._rows) == self.rows and not scheduler._joining and not scheduler._waiting
             self.forward = self.forward_cpu = 0.0
+            calls = list(scheduler._rows)
+            before = sum(len(call.ids) for call in calls)
             self.profiling = full and self.profile is not None
             if self.profiling:
                 self.profile.enable()  # type: ignore[union-attr]
@@ -85,6 +92,7 @@ class StepClock:
                 self.profiling = False
             if full and self.forward > 0:
                 self.steps.append((elapsed, self.forward, cpu - self.forward_cpu))
+                self.shapes.append((self.width, sum(len(call.ids) for call in calls) - before))
 
         runner.forward_batch = timed_forward  # type: ignore[method-assign]
         scheduler.driver._iterate = timed_iterate
@@ -95,6 +103,9 @@ class StepClock:
         host = [total - forward for total, forward, _ in self.steps]
         forwards = [forward for _, forward, _ in self.steps]
         host_cpu = [cpu for _, _, cpu in self.steps]
+        by_width: dict[int, list[float]] = {}
+        for (width, _), forward in zip(self.shapes, forwards, strict=True):
+            by_width.setdefault(width, []).append(forward)
         return {
             "steps_at_full_batch": len(self.steps),
             "host_ms_median": round(1000 * statistics.median(host), 3),
@@ -102,6 +113,13 @@ class StepClock:
             "forward_ms_median": round(1000 * statistics.median(forwards), 3),
             "host_over_forward": round(sum(host) / sum(forwards), 4),
             "host_cpu_over_forward": round(sum(host_cpu) / sum(forwards), 4),
+            # What the batch replay prices: its widths, their forwards, the tokens they gained.
+            "tokens_per_row_per_step": round(
+                sum(g for _, g in self.shapes) / len(self.shapes) / self.rows, 3
+            ),
+            "forward_ms_by_width": {
+                w: [len(ms), round(1000 * statistics.median(ms), 1)] for w, ms in sorted(by_width.items())
+            },
         }
 
 
