@@ -24,10 +24,10 @@ argmax over each row's logits against `first_argmax`.
 ``suffix``: the call's own text first, then the trie in the room left; and the suffix drafter
 alone), on the first ``--records`` records of ``--data``: each prompt (chat template, the
 default model's tokenizer) is drafted from after every token of the record's reference answer
-(its first ``--max-new-tokens``), the policies timed in turn at every step (each the fastest of
-three runs of the same draft), each with its own
-trie that keeps the answers given so far, as the engine's does. Their ratio is what holds under
-load; run it on an older checkout (``PYTHONPATH``) to compare code.
+(its first ``--max-new-tokens``), the policies timed in turn at every step (each the fastest
+of three runs of the same draft), each policy with its own trie that keeps the answers given
+so far, as the engine's does. Their ratio is what holds under load; run it with an older
+checkout on ``PYTHONPATH`` to compare code.
 """
 
 from __future__ import annotations
