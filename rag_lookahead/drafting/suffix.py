@@ -104,14 +104,23 @@ class SuffixDrafter:
             self._append(as_tokens(seq))
             self._text.append(_SEPARATOR)
 
-    def _append(self, tokens: Sequence[int]) -> None:
-        text, where, pairs = self._text, self._where, self._pairs
-        for token in tokens:
-            pos = len(text)
-            where.setdefault(token, []).append(pos)
-            if pos:
-                pairs.setdefault((text[-1], token), []).append(pos)
-            text.append(token)
+    def _append(self, tokens: list[int]) -> None:
+        where, pairs = self._where, self._pairs
+        previous = self._text[-1] if self._text else None
+        for pos, token in enumerate(tokens, len(self._text)):
+            positions = where.get(token)
+            if positions is None:
+                where[token] = [pos]
+            else:
+                positions.append(pos)
+            if previous is not None:
+                after = pairs.get(pair := (previous, token))
+                if after is None:
+                    pairs[pair] = [pos]
+                else:
+                    after.append(pos)
+            previous = token
+        self._text += tokens
 
     def matches(self, context: Sequence[int]) -> list[tuple[int, int]]:
         """(match length, position) of the longest-matching earlier occurrences of the context's
