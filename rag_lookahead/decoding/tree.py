@@ -66,15 +66,17 @@ class DraftTree:
     def __post_init__(self) -> None:
         if not self.tokens or len(self.tokens) != len(self.parents) or self.parents[0] != -1:
             raise ValueError("a draft tree needs a root (parent -1) and one parent per token")
+        tokens, parents = self.tokens, self.parents
         depths = [0]
         children: list[dict[int, int]] = [{}]
-        for i in range(1, len(self.tokens)):
-            parent = self.parents[i]
+        for i in range(1, len(tokens)):
+            parent, token = parents[i], tokens[i]
             if not 0 <= parent < i:
                 raise ValueError(f"node {i} has parent {parent}: parents must come first")
-            if self.tokens[i] in children[parent]:
-                raise ValueError(f"node {parent} has two children with token {self.tokens[i]}")
-            children[parent][self.tokens[i]] = i
+            siblings = children[parent]
+            if token in siblings:
+                raise ValueError(f"node {parent} has two children with token {token}")
+            siblings[token] = i
             children.append({})
             depths.append(depths[parent] + 1)
         if isinstance(self.sources, str):
@@ -114,7 +116,7 @@ class DraftTree:
         sources = [source] * len(tokens) if isinstance(source, str) else list(source)
         return cls(
             (root, *tokens),
-            (-1, *(p + 1 for p in parents)),
+            (-1, *[p + 1 for p in parents]),
             ("root", *sources),
             (1.0, *estimates) if estimates else (),
         )
@@ -137,6 +139,8 @@ class DraftTree:
         token is ``other``'s root token; shared nodes keep this tree's data."""
         if other.tokens[0] != self.tokens[at]:
             raise ValueError("a merged tree's root must carry the token of the node it joins at")
+        if len(other) == 1:
+            return self  # nothing to add (a drafter left no room or no match): frozen, so shared
         tokens, parents = list(self.tokens), list(self.parents)
         sources, estimates = list(self.sources), list(self.estimates)
         children = [dict(c) for c in self._children]

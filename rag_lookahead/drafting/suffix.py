@@ -17,6 +17,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.trie_nodes import as_tokens, check_int
@@ -75,19 +76,6 @@ class SuffixRule:
         return float(length) ** self.weight_power
 
 
-class _Node:
-    __slots__ = ("children", "longest", "order", "parent", "reach", "token", "weight")
-
-    def __init__(self, token: int, parent: _Node | None, order: int, longest: int) -> None:
-        self.token = token
-        self.parent = parent
-        self.order = order
-        self.longest = longest  # the longest match among the candidates drafting this node
-        self.children: dict[int, _Node] = {}
-        self.weight = 0.0  # votes of the candidates drafting this node
-        self.reach = 0.0  # votes of those that draft below it too
-
-
 class SuffixDrafter:
     """Drafts from the call's own token ids (prompt, documents, then what it emitted).
 
@@ -101,82 +89,101 @@ class SuffixDrafter:
             raise ValueError(f"min_match must be a positive integer, got {min_match!r}")
         self.rule = rule if rule is not None else SuffixRule()
         self.min_match = min_match
+        # A match's vote and depth by its length (which the tail's slice keeps <= max_match)
+        self._tables = _Tables(
+            [self.rule.weight(n) for n in range(self.rule.max_match + 1)],
+            [self.rule.depth(n) for n in range(self.rule.max_match + 1)],
+            ["", *(_source(n) for n in range(1, self.rule.max_match + 1))],
+            self.rule.min_share,
+        )
         self._text: list[int] = []
         self._where: dict[int, list[int]] = {}  # token -> its positions in _text
+        # (token, next token) -> the next token's positions: its occurrences that match 2+ tokens
+        self._pairs: dict[tuple[int, int], list[int]] = {}
         for seq in sequences:
             self._append(as_tokens(seq))
             self._text.append(_SEPARATOR)
 
-    def _append(self, tokens: Sequence[int]) -> None:
-        text, where = self._text, self._where
-        for token in tokens:
+    def _append(self, tokens: list[int]) -> None:
+        where, pairs = self._where, self._pairs
+        previous = self._text[-1] if self._text else None
+        for pos, token in enumerate(tokens, len(self._text)):
             positions = where.get(token)
             if positions is None:
-                where[token] = [len(text)]
+                where[token] = [pos]
             else:
-                positions.append(len(text))
-            text.append(token)
+                positions.append(pos)
+            if previous is not None:
+                after = pairs.get(pair := (previous, token))
+                if after is None:
+                    pairs[pair] = [pos]
+                else:
+                    after.append(pos)
+            previous = token
+        self._text += tokens
 
     def matches(self, context: Sequence[int]) -> list[tuple[int, int]]:
         """(match length, position) of the longest-matching earlier occurrences of the context's
-        last token, longest first (ties: latest first), at most ``rule.max_candidates``."""
+        last token, longest first (ties: latest first), at most ``rule.max_candidates``.
+
+        Only the latest ``rule.max_scan`` occurrences count. Those that match two tokens or
+        more are found through the index of token pairs; the one-token matches, if any are
+        needed, are the latest of the rest.
+        """
         if not context:
             return []
-        tail = as_tokens(context[-self.rule.max_match :])
-        text, last = self._text, len(self._text) - 1
+        rule = self.rule
+        tail = as_tokens(context[-rule.max_match :])
+        positions = self._where.get(tail[-1])
+        if not positions:
+            return []
+        first = positions[max(len(positions) - rule.max_scan, 0)]  # the earliest one scanned
+        found = self._longer_matches(tail, first) if len(tail) > 1 else []
+        if self.min_match == 1 and len(found) < rule.max_candidates:
+            found += self._one_token_matches(tail, positions, first, rule.max_candidates - len(found))
+        return found
+
+    def _longer_matches(self, tail: list[int], first: int) -> list[tuple[int, int]]:
+        text, last, most = self._text, len(self._text) - 1, self.rule.max_candidates
         found: list[tuple[int, int]] = []
-        for pos in self._where.get(tail[-1], [])[-self.rule.max_scan :]:
+        whole = 0  # matches of the whole tail, the longest there can be
+        for pos in reversed(self._pairs.get((tail[-2], tail[-1]), ())):
+            if pos < first:
+                break
             if pos == last or text[pos + 1] == _SEPARATOR:
                 continue  # nothing follows it
-            length = 1
+            length = 2
             while length < len(tail) and pos >= length and text[pos - length] == tail[-1 - length]:
                 length += 1
             if length >= self.min_match:
                 found.append((length, pos))
-        return heapq.nlargest(self.rule.max_candidates, found)
+                whole += length == len(tail)
+                if whole == most:
+                    break  # the earlier ones cannot rank above these
+        found.sort(reverse=True)
+        del found[most:]
+        return found
+
+    def _one_token_matches(
+        self, tail: list[int], positions: list[int], first: int, wanted: int
+    ) -> list[tuple[int, int]]:
+        text, last = self._text, len(self._text) - 1
+        before = tail[-2] if len(tail) > 1 else None  # where it precedes, the match is longer
+        found: list[tuple[int, int]] = []
+        for pos in reversed(positions):
+            if pos < first:
+                break
+            if pos == last or text[pos + 1] == _SEPARATOR or (pos and text[pos - 1] == before):
+                continue
+            found.append((1, pos))
+            if len(found) == wanted:
+                break
+        return found
 
     def propose(self, context: Sequence[int], budget: int) -> StepDraft:
-        root = _Node(context[-1], None, 0, 0)
-        if budget > 0:
-            self._vote(root, self.matches(context))
-        return StepDraft(self._select(root, budget))
-
-    def _vote(self, root: _Node, found: list[tuple[int, int]]) -> None:
-        # Longest matches vote first, so a node's first voter carries its longest match.
-        rule, text, order = self.rule, self._text, 1
-        for length, pos in found:
-            weight, node = rule.weight(length), root
-            root.weight += weight
-            for token in text[pos + 1 : pos + 1 + rule.depth(length)]:
-                if token == _SEPARATOR:
-                    break
-                node.reach += weight
-                child = node.children.get(token)
-                if child is None:
-                    child = node.children[token] = _Node(token, node, order, length)
-                    order += 1
-                child.weight += weight
-                node = child
-
-    def _select(self, root: _Node, budget: int) -> DraftTree:
-        # Weights shrink down every path, so best-first by weight keeps the draft connected.
-        floor = self.rule.min_share * root.weight
-        heap = [(-c.weight, c.order, c) for c in root.children.values() if c.weight >= floor]
-        heapq.heapify(heap)
-        taken: list[_Node] = []
-        index = {root: -1}
-        while heap and len(taken) < budget:
-            node = heapq.heappop(heap)[2]
-            index[node] = len(taken)
-            taken.append(node)
-            for child in node.children.values():
-                if child.weight >= floor:
-                    heapq.heappush(heap, (-child.weight, child.order, child))
-        tokens = [node.token for node in taken]
-        parents = [index[node.parent] for node in taken]  # type: ignore[index]
-        sources = [_source(node.longest) for node in taken]
-        estimates = [node.weight / node.parent.reach for node in taken]  # type: ignore[union-attr]
-        return DraftTree.from_draft(root.token, tokens, parents, sources, estimates)
+        root = context[-1]
+        found = self.matches(context) if budget > 0 else []
+        return StepDraft(_Votes(self._tables, self._text, found).draft(root, budget))
 
     def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
         self._append(as_tokens(tokens))
@@ -184,3 +191,87 @@ class SuffixDrafter:
     def close(self) -> None:
         self._text.clear()
         self._where.clear()
+        self._pairs.clear()
+
+
+class _Tables(NamedTuple):
+    weights: list[float]  # by match length
+    depths: list[int]  # by match length
+    sources: list[str]  # by match length
+    min_share: float
+
+
+# (-weight, first voter, depth, token, parent's index in the draft, estimate, voters):
+# heap order = best first; (first voter, depth) is unique, so ties never reach the rest.
+_Entry = tuple[float, int, int, int, int, float, list[int]]
+
+
+class _Votes:
+    """The candidates' votes, read out best-first without building the whole vote tree.
+
+    A node of the vote tree is the group of candidates whose continuations share its path; its
+    weight is their votes. Weights shrink down every path, so only the children of the nodes
+    taken so far can be taken next: a node's children are grouped when it is taken, and the
+    tree below the rest is never built. The draft is the one the whole tree would give, to the
+    float: every sum adds the same votes in the same order (the candidates', longest first).
+    """
+
+    def __init__(self, tables: _Tables, text: list[int], found: list[tuple[int, int]]) -> None:
+        self.text = text
+        self.found = found
+        self.weights = [tables.weights[length] for length, _ in found]
+        self.sources = [tables.sources[length] for length, _ in found]
+        # Candidate i drafts text[starts[i] : ends[i]], up to a separator.
+        self.starts = [pos + 1 for _, pos in found]
+        self.ends = [min(pos + 1 + tables.depths[length], len(text)) for length, pos in found]
+        total = 0.0
+        for weight in self.weights:
+            total += weight
+        self.floor = tables.min_share * total
+
+    def draft(self, root: int, budget: int) -> DraftTree:
+        tokens: list[int] = []
+        parents: list[int] = []
+        sources: list[str] = []
+        estimates: list[float] = []
+        heap: list[_Entry] = []
+        self._push_children(heap, list(range(len(self.found))), 0, -1)
+        while heap and len(tokens) < budget:
+            _, first, depth, token, parent, estimate, group = heapq.heappop(heap)
+            tokens.append(token)
+            parents.append(parent)
+            sources.append(self.sources[first])  # its first voter's match is the longest
+            estimates.append(estimate)
+            if len(tokens) < budget:
+                self._push_children(heap, group, depth, len(tokens) - 1)
+        return DraftTree.from_draft(root, tokens, parents, sources, estimates)
+
+    def _push_children(self, heap: list[_Entry], group: list[int], depth: int, index: int) -> None:
+        """Push the children (with at least the floor's weight) of the node at ``depth`` whose
+        voters are ``group`` (ascending) and whose place in the draft is ``index``."""
+        text, starts, ends, weights = self.text, self.starts, self.ends, self.weights
+        if len(group) == 1:  # the common case, down a long match's chain: no grouping
+            i = group[0]
+            at = starts[i] + depth
+            weight = weights[i]  # the child's, and the node's reach: its estimate is 1
+            if at < ends[i] and (token := text[at]) != _SEPARATOR and weight >= self.floor:
+                heapq.heappush(heap, (-weight, i, depth + 1, token, index, weight / weight, group))
+            return
+        reach = 0.0  # the votes of the group's candidates that continue below the node
+        children: dict[int, tuple[list[float], list[int]]] = {}
+        for i in group:
+            at = starts[i] + depth
+            if at < ends[i] and (token := text[at]) != _SEPARATOR:
+                reach += weights[i]
+                child = children.get(token)
+                if child is None:
+                    children[token] = ([weights[i]], [i])
+                else:
+                    child[0][0] += weights[i]
+                    child[1].append(i)
+        for token, ([weight], voters) in children.items():
+            if weight >= self.floor:
+                # Ties go to the node the whole tree would have created first: the one whose
+                # first voter comes first, then the shallower.
+                entry = (-weight, voters[0], depth + 1, token, index, weight / reach, voters)
+                heapq.heappush(heap, entry)

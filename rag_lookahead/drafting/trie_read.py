@@ -121,6 +121,7 @@ def _push_children(heap: list[_Entry], node: Node, owner: str, room: int) -> Non
             entries.append((-query, -output, child.order, child))
     if len(entries) > room:
         # A child ranked below ``room`` of its own siblings can never be selected.
-        entries = heapq.nsmallest(room, entries)
+        entries.sort()  # what heapq.nsmallest gives, without its overhead on short lists
+        del entries[room:]
     for entry in entries:
         heapq.heappush(heap, entry)
