@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, ClassVar, Literal, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.language_models import LangSmithParams
+from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from typing_extensions import Self
 
@@ -37,9 +38,9 @@ from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.server import ServerKind
-from rag_lookahead.streaming import StreamChunk
+from rag_lookahead.streaming import StreamChunk, aiterate
 
-__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
+__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece", "areported", "reported", "usage"]
 
 #: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
 #: a call's request starts from them (see `rag_lookahead.adapters.OPTION_KEYS` for the rest).
@@ -51,6 +52,7 @@ CALL_OPTIONS = (
 #: One item of `LookaheadSettings._open`: each step's chunk (its text and, when asked for, its
 #: tokens' log probabilities), then the call's stats last.
 Piece = StreamChunk | DecodeStats
+C = TypeVar("C", GenerationChunk, ChatGenerationChunk)  # a chunk of either model's reply
 
 DocumentLike = str | Document
 
@@ -311,6 +313,24 @@ class LookaheadSettings(BaseModel):
             "finish_reason": FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
             "lookahead": stats.as_dict(),
         }
+
+
+def reported(chunks: Iterator[C], run_manager: CallbackManagerForLLMRun | None) -> Iterator[C]:
+    """``chunks``, each reported to ``run_manager`` as it comes (``None``: not reported)."""
+    for chunk in chunks:
+        if run_manager is not None:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
+
+
+async def areported(
+    chunks: Iterator[C], run_manager: AsyncCallbackManagerForLLMRun | None
+) -> AsyncIterator[C]:
+    """`reported` for async callers: ``chunks`` are advanced in a worker thread."""
+    async for chunk in aiterate(chunks):
+        if run_manager is not None:
+            await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
 
 
 def usage(stats: DecodeStats) -> dict[str, Any]:

@@ -7,7 +7,7 @@ calls are read in the model's own format and forced, like structured output, by 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -18,9 +18,8 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict
 
-from langchain_rag_lookahead._base import LookaheadSettings
+from langchain_rag_lookahead._base import LookaheadSettings, areported, reported
 from langchain_rag_lookahead._tools import bound_tools, message_chunks, openai_tools, structured_output
-from rag_lookahead.streaming import aiterate
 
 __all__ = ["ChatLookahead", "to_chat_messages"]
 
@@ -57,8 +56,6 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
     def _llm_type(self) -> str:
         return "rag-lookahead-chat"
 
-    _ls_model_type: ClassVar[Literal["chat", "llm"]] = "chat"
-
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -66,23 +63,17 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        for chunk in self._start(messages, stop, run_manager, kwargs):
-            # LangChain reports streamed chunks itself and passes no run manager then.
-            if run_manager is not None:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        # LangChain reports streamed chunks itself and passes no run manager then.
+        return reported(self._start(messages, stop, run_manager, kwargs), run_manager)
 
-    async def _astream(
+    def _astream(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in aiterate(self._start(messages, stop, run_manager, kwargs)):
-            if run_manager is not None:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        return areported(self._start(messages, stop, run_manager, kwargs), run_manager)
 
     def _generate(
         self,
