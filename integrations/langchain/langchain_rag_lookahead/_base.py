@@ -264,6 +264,37 @@ class LookaheadSettings(BaseModel):
 
     # ------------------------------------------------------------------ calls
 
+    # Both models stream alike: their own chunks (`_chunks`), each reported as it comes.
+
+    def _stream(
+        self,
+        prompt: Any,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[Any]:
+        # LangChain reports streamed chunks itself and passes no run manager then.
+        return reported(self._chunks(prompt, stop, run_manager, kwargs), run_manager)
+
+    def _astream(
+        self,
+        prompt: Any,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        return areported(self._chunks(prompt, stop, run_manager, kwargs), run_manager)
+
+    def _chunks(
+        self,
+        prompt: Any,
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> Iterator[Any]:
+        """A call's chunks, of the model's kind: arguments checked now, generated when read."""
+        raise NotImplementedError
+
     def _open(
         self,
         kind: CallKind,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -67,24 +67,6 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         """Invoke asynchronously on each input, at most ``max_concurrency`` at a time."""
         return await Runnable.abatch(self, inputs, config, return_exceptions=return_exceptions, **kwargs)
 
-    def _stream(
-        self,
-        prompt: str,
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[GenerationChunk]:
-        return reported(self._chunks(prompt, stop, run_manager, kwargs), run_manager)
-
-    def _astream(
-        self,
-        prompt: str,
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[GenerationChunk]:
-        return areported(self._chunks(prompt, stop, run_manager, kwargs), run_manager)
-
     # With several prompts LangChain hands over the first prompt's run manager only, so tokens
     # are reported for a single prompt (`batch` makes one call per prompt).
 
@@ -121,7 +103,6 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> Iterator[GenerationChunk]:
-        """A call's chunks, its arguments checked now; they generate when first advanced."""
         _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)
         return self._generation_chunks(pieces)
 
