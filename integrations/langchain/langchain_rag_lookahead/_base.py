@@ -379,14 +379,9 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
 
 
 def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[str]:
-    if isinstance(documents, (str, Document)):
-        documents = [documents]
     texts = []
-    for doc in documents:
-        if isinstance(doc, Document):
-            texts.append(doc.page_content)
-        elif isinstance(doc, str):
-            texts.append(doc)
-        else:
+    for doc in [documents] if isinstance(documents, (str, Document)) else documents:
+        if not isinstance(doc, (str, Document)):
             raise TypeError(f"documents are strings or LangChain Documents, got {type(doc).__name__}")
+        texts.append(doc.page_content if isinstance(doc, Document) else doc)
     return texts
