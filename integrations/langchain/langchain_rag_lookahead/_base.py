@@ -4,8 +4,9 @@ Both models are thin adapters over an engine's ``stream`` (a local `LookaheadEng
 `ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server): a call's settings and
 LangChain arguments are one request mapping, planned by the core (`rag_lookahead.adapters`, as
 the HTTP server plans its requests), and `_open` returns the plan and the engine's text pieces
-followed by the call's `DecodeStats`. Everything else (blocking calls, async, callbacks) is
-built on that one iterator by the subclasses.
+followed by the call's `DecodeStats`. Everything else is built on that one iterator: each
+model's chunks (`_chunks`), streamed and reported alike for both (`_stream`, `_astream`), and
+its blocking calls.
 """
 
 from __future__ import annotations
