@@ -32,6 +32,7 @@ __all__ = [
     "KINDS",
     "Block",
     "integration_blocks",
+    "integration_tests",
     "python_blocks",
     "readme_folder",
     "run_block",
@@ -109,6 +110,34 @@ def integration_blocks(root: Path, package: Kind) -> tuple[list[Block], list[Blo
     own = python_blocks(root / "integrations" / package / "README.md")
     runs = [b for b in own if b.kind == "run"]
     return own, runs + [b for b in python_blocks(root / "README.md") if b.kind == package]
+
+
+def integration_tests(root: Path, package: Kind) -> type:
+    """An integration suite's README tests, as a test class for its test module
+    (``TestReadme = integration_tests(ROOT, "langchain")``): each block its suite runs
+    (`integration_blocks`) runs as written, in one `readme_folder`, and every other block of
+    its own README says why not and defines the names it uses. Needs pytest."""
+    import pytest
+
+    own, runs = integration_blocks(root, package)
+
+    class TestReadme:
+        @pytest.fixture(scope="class")
+        def folder(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+            docs = root / "tests" / "fixtures" / "stdlib"
+            with readme_folder(tmp_path_factory.mktemp("readme"), docs) as path:
+                yield path
+
+        @pytest.mark.parametrize("block", runs, ids=lambda b: b.where)
+        def test_the_block_runs_as_written(self, block: Block, folder: Path) -> None:
+            run_block(block)
+
+        def test_every_block_runs_or_says_why_not_and_defines_its_names(self) -> None:
+            assert {b.kind for b in own} <= {"run", "skip"}
+            for block in [b for b in own if b.kind == "skip"]:
+                assert undefined_names(block) == [], f"{block.where} is skipped: {block.reason}"
+
+    return TestReadme
 
 
 def run_block(block: Block) -> dict[str, Any]:

@@ -6,6 +6,7 @@ need: the same tokens with lookahead on and off. Nothing here downloads anything
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import threading
 import time
@@ -13,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -36,9 +38,11 @@ from rag_lookahead.structured.grammar import Grammar
 __all__ = [
     "ASCII_VOCAB",
     "BYTE_VOCAB",
+    "EXAMPLES",
     "FAMILIES",
     "SLIDING_FAMILIES",
     "SLIDING_WINDOW",
+    "SMALL_SCHEMA",
     "VOCAB",
     "AsciiTokenizer",
     "CharTokenizer",
@@ -46,6 +50,7 @@ __all__ = [
     "byte_fast_tokenizer",
     "grammar_accepts",
     "greedy_reference",
+    "load_example",
     "nested_person",
     "packaged_template",
     "random_tree",
@@ -56,10 +61,12 @@ __all__ = [
     "save_tiny_model",
     "sliding_config",
     "sliding_model",
+    "small_grammars",
     "tiny_config",
     "tiny_engine",
     "tiny_model",
     "tiny_tool_engine",
+    "weather_tool",
 ]
 
 VOCAB = 96
@@ -311,6 +318,20 @@ def nested_person() -> Any:
     return Person
 
 
+def weather_tool(city: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An OpenAI-style ``get_weather`` tool whose one argument, ``city``, has the schema
+    ``city`` (default: any string)."""
+    properties = {"city": dict(city or {"type": "string"})}
+    return {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": properties, "required": ["city"]},
+        },
+    }
+
+
 def packaged_template(name: str = "smollm2-tools.jinja") -> str:
     """A chat template shipped in ``rag_lookahead/data/chat_templates`` (the default model's
     tool-capable one by default)."""
@@ -332,6 +353,32 @@ def _tool_model() -> Any:
     return _sharpened(AutoModelForCausalLM.from_config(config).eval())
 
 
+# A JSON schema that a tiny random model fills in few tokens under its grammar.
+SMALL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "string", "maxLength": 5},
+        "b": {"enum": ["xy", "zw"]},
+        "c": {"type": "integer"},
+    },
+    "required": ["a", "b", "c"],
+}
+
+
+def small_grammars() -> dict[str, Grammar]:
+    """One grammar of each kind constrained decoding is tested under: `SMALL_SCHEMA`'s, a
+    regex's, and a tool call's (tags around that schema or any JSON)."""
+    return {
+        "schema": Grammar.json_schema(SMALL_SCHEMA),
+        "regex": Grammar.regex(r"[a-f]{2,6}( [a-f]{2,6}){0,3}\."),
+        "tool call": Grammar.sequence(
+            Grammar.literal("<call>"),
+            Grammar.choice(Grammar.json_schema(SMALL_SCHEMA), Grammar.json()),
+            Grammar.literal("</call>"),
+        ),
+    }
+
+
 def grammar_accepts(grammar: Grammar, text: str) -> bool:
     """Whether ``text`` is a whole answer under ``grammar`` (read a byte a token by llguidance,
     as constrained decoding reads it); a grammar llguidance refuses is a `ValueError`."""
@@ -349,6 +396,20 @@ def _byte_view() -> Any:
     import llguidance.hf
 
     return llguidance.hf.from_tokenizer(byte_fast_tokenizer(), n_vocab=BYTE_VOCAB + 1, eos_token=[BYTE_VOCAB])
+
+
+# The repository's examples, next to this package in a checkout.
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(script: str) -> ModuleType:
+    """The example ``examples/<script>``, imported as a module of its own (its ``main`` not run)."""
+    path = EXAMPLES / script
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+    assert spec is not None and spec.loader is not None, f"{path} is missing"
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
 
 
 def save_tiny_model(directory: Path, family: str = "llama") -> Path:

@@ -3,16 +3,14 @@ without special tokens: the commands over a tiny random model (it never ends an 
 answer is cut) and a small index, with the model loading replaced; and one spelling of each
 option in every command and example, the older spellings still accepted."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.cli import build_parser, main
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
-from rag_lookahead.testing import ASCII_VOCAB, AsciiTokenizer, tiny_model
+from rag_lookahead.testing import ASCII_VOCAB, AsciiTokenizer, load_example, tiny_model
 
 DOCS = {
     "bees.txt": "Honeybees dance to show where flowers are.",
@@ -144,7 +142,6 @@ COMMANDS_WITH_BOTH = {
     "demo": ["demo"],
     "bench": ["bench", "--data", "d"],
 }
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Each example with the package it needs beyond the core.
 EXAMPLE_SCRIPTS = {
     "langchain_rag.py": "langchain_rag_lookahead",
@@ -188,10 +185,7 @@ def test_the_old_and_the_canonical_name_together_last_wins() -> None:
 @pytest.mark.parametrize("script", EXAMPLE_SCRIPTS)
 def test_every_example_takes_the_canonical_names_and_the_old_ones(script: str, capsys) -> None:
     pytest.importorskip(EXAMPLE_SCRIPTS[script])
-    spec = importlib.util.spec_from_file_location(f"example_{script[:-3]}", EXAMPLES / script)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example(script)
     with pytest.raises(SystemExit):
         example.main(["--help"])
     help_text = capsys.readouterr().out

@@ -27,28 +27,19 @@ from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.structured import Grammar
-from rag_lookahead.testing import ASCII_VOCAB, FAMILIES, VOCAB, ascii_fast_tokenizer, run_together, tiny_model
+from rag_lookahead.testing import (
+    ASCII_VOCAB,
+    FAMILIES,
+    VOCAB,
+    ascii_fast_tokenizer,
+    run_together,
+    small_grammars,
+    tiny_model,
+)
 
 EOS = ASCII_VOCAB  # the fast ASCII tokenizer's <eos>
 PROMPT = [40, 41, 42, 0, 33, 34]
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "string", "maxLength": 5},
-        "b": {"enum": ["xy", "zw"]},
-        "c": {"type": "integer"},
-    },
-    "required": ["a", "b", "c"],
-}
-GRAMMARS = {
-    "schema": Grammar.json_schema(SCHEMA),
-    "regex": Grammar.regex(r"[a-f]{2,6}( [a-f]{2,6}){0,3}\."),
-    "tool call": Grammar.sequence(
-        Grammar.literal("<call>"),
-        Grammar.choice(Grammar.json_schema(SCHEMA), Grammar.json()),
-        Grammar.literal("</call>"),
-    ),
-}
+GRAMMARS = small_grammars()
 N = 32
 
 _TOKENIZER = ascii_fast_tokenizer()

@@ -17,25 +17,18 @@ from rag_lookahead.adapters.requests import plan_completion
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.structured import Grammar, ToolFormat
 from rag_lookahead.testing import (
+    SMALL_SCHEMA,
     VOCAB,
     ascii_fast_tokenizer,
     grammar_accepts,
     nested_person,
     packaged_template,
+    small_grammars,
     tiny_model,
     tiny_tool_engine,
 )
 
 PROMPT = [40, 41, 42, 0, 33, 34]
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "string", "maxLength": 5},
-        "b": {"enum": ["xy", "zw"]},
-        "c": {"type": "integer"},
-    },
-    "required": ["a", "b", "c"],
-}
 JOKE = {
     "type": "object",
     "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"}},
@@ -54,17 +47,11 @@ BOUNDS = {  # values whose shortest form is not the first one tried
 GRAMMARS = {
     name: grammar.closing_in_budget()
     for name, grammar in {
-        "schema": Grammar.json_schema(SCHEMA),
+        **small_grammars(),
         "joke": Grammar.json_schema(JOKE),
         "bounds": Grammar.json_schema(BOUNDS),
         "nested": Grammar.json_schema(nested_person().model_json_schema()),
         "any object": Grammar.json(),
-        "tool call": Grammar.sequence(
-            Grammar.literal("<call>"),
-            Grammar.choice(Grammar.json_schema(SCHEMA), Grammar.json()),
-            Grammar.literal("</call>"),
-        ),
-        "regex": Grammar.regex(r"[a-f]{2,6}( [a-f]{2,6}){0,3}\."),
     }.items()
 }
 
@@ -127,7 +114,7 @@ def test_a_budget_below_the_one_to_close_decodes_as_without_closing_or_ends_comp
 
 def test_an_answer_cut_without_closing_ends_complete_with_it() -> None:
     engine = engine_for("qwen2", mode="trie")
-    plain = Grammar.json_schema(SCHEMA)
+    plain = Grammar.json_schema(SMALL_SCHEMA)
     cut = engine.complete(PROMPT, max_new_tokens=32, grammar=plain)
     assert cut.stats.finish_reason == "length"  # the tiny model's integer runs on
     closed = engine.complete(PROMPT, max_new_tokens=32, grammar=plain.closing_in_budget())
@@ -140,12 +127,12 @@ def test_forced_calls_and_response_formats_close_in_budget() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for fmt in ("smollm2", "hermes", "llama3"):
         assert ToolFormat.named(fmt).grammar([tool]).closes_in_budget  # type: ignore[arg-type]
-    assert not Grammar.json_schema(SCHEMA).closes_in_budget  # a grammar of one's own: as given
+    assert not Grammar.json_schema(SMALL_SCHEMA).closes_in_budget  # a grammar of one's own: as given
     with pytest.raises(TypeError, match="closes_in_budget"):
         Grammar("json", closes_in_budget="yes")  # type: ignore[arg-type]
     for response_format in (
         {"type": "json_object"},
-        {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
+        {"type": "json_schema", "json_schema": {"schema": SMALL_SCHEMA}},
     ):
         plan = plan_completion({"prompt": "hi", "response_format": response_format})
         assert plan.params.grammar is not None and plan.params.grammar.closes_in_budget

@@ -29,7 +29,7 @@ from rag_lookahead.http import ServeSettings, create_app
 from rag_lookahead.http.corpora import Corpora
 from rag_lookahead.http.errors import ApiError
 from rag_lookahead.http.metrics import ServerMetrics
-from rag_lookahead.http.testing import LiveServer, wait_until
+from rag_lookahead.http.testing import LiveServer, error_of, wait_until
 from rag_lookahead.rag import DEFAULT_EMBEDDER, DocumentIndex, RagPipeline, RetrievalConfig
 from rag_lookahead.rag.embedding import default_embedder_path
 from rag_lookahead.server import ServerEngine
@@ -101,9 +101,7 @@ def reference() -> LookaheadEngine:
 def assert_error(
     response: httpx.Response, status: int, code: str | None = None, param: str | None = None
 ) -> None:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "code", "param"} and error["message"]
+    error = error_of(response, status)
     assert code is None or error["code"] == code, error
     assert param is None or error["param"] == param, error
 

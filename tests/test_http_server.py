@@ -26,9 +26,9 @@ from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
 from rag_lookahead.http.testing import DEAD_END_FORMAT as DEAD_END
-from rag_lookahead.http.testing import WAIT_S, LiveServer, served_engine, wait_until
+from rag_lookahead.http.testing import WAIT_S, LiveServer, error_of, served_engine, wait_until
 from rag_lookahead.streaming.stream import TextStream
-from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
+from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model, weather_tool
 
 MODEL = "tiny"
 KEY = "test-key"
@@ -219,9 +219,7 @@ def test_health(live: LiveServer) -> None:
 def assert_error(
     response: httpx.Response, status: int, code: str | None = None, param: str | None = None
 ) -> None:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "code", "param"} and error["message"]
+    error = error_of(response, status)
     assert (error["code"], error["param"]) == (code, param) or code is None
 
 
@@ -514,18 +512,7 @@ def test_settings_are_checked(settings: dict[str, Any], message: str) -> None:
 
 # ---------------------------------------------------------------------------- tools
 
-CITY = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"enum": ["Paris", "Rome"]}},
-            "required": ["city"],
-        },
-    },
-}
+CITY = weather_tool({"enum": ["Paris", "Rome"]})
 
 
 # A small template that writes calls as Llama 3.1 does, a bare JSON reply (the tiny ASCII

@@ -1,4 +1,4 @@
-"""`RunScopes`: a run's scopes, one per trie, each holding the run's documents once."""
+"""`RunScopes`: a run's documents, once each, and its scopes, one per trie, each holding them once."""
 
 from __future__ import annotations
 
@@ -36,17 +36,28 @@ def test_two_variants_of_one_engine_share_one_scope_and_insert_once() -> None:
     trie = object()
     engine, variant = _Engine(trie), _Engine(trie)
     scopes = RunScopes()
-    first = scopes.scope(engine, ["a", "b"])
-    second = scopes.scope(variant, ["a", "b", "c"])  # a later retrieval of the same run
+    scopes.add(["a", "b"])
+    first = scopes.scope(engine)
+    scopes.add(["c"])  # a later retrieval of the same run
+    second = scopes.scope(variant)
     assert first is second and not variant.opened
     assert first.documents == ["a", "b", "c"]  # each document once
-    assert scopes.scope(engine, ["a", "b", "c"]).documents == ["a", "b", "c"]
+    assert scopes.scope(engine).documents == ["a", "b", "c"]
+
+
+def test_a_run_keeps_each_document_once_in_the_order_it_came() -> None:
+    scopes = RunScopes()
+    assert scopes.documents == []
+    scopes.add(["a", "", "b", "a"])
+    scopes.add(["b", "c"])
+    assert scopes.documents == ["a", "b", "c"]
 
 
 def test_engines_over_other_tries_get_scopes_of_their_own_and_all_close() -> None:
     one, other = _Engine(object()), _Engine(object())
     scopes = RunScopes()
-    assert scopes.scope(one, ["a"]) is not scopes.scope(other, ["a"])
+    scopes.add(["a"])
+    assert scopes.scope(one) is not scopes.scope(other)
     scopes.close()
     assert all(s.closed for s in (*one.opened, *other.opened))
 
@@ -55,5 +66,8 @@ def test_an_engine_without_a_trie_is_its_own_key() -> None:
     server = _Engine(None)
     del server.trie
     scopes = RunScopes()
-    assert scopes.scope(server, ["a"]) is scopes.scope(server, ["a", "b"])
+    scopes.add(["a"])
+    first = scopes.scope(server)
+    scopes.add(["b"])
+    assert first is scopes.scope(server)
     assert server.opened[0].documents == ["a", "b"]

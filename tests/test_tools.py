@@ -25,20 +25,10 @@ from rag_lookahead.testing import (
     nested_person,
     tiny_engine,
     tiny_tool_engine,
+    weather_tool,
 )
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = weather_tool()
 SEARCH = {"name": "search", "description": "Search the corpus.", "parameters": {"type": "object"}}
 
 # Small templates that write calls as Qwen 2.5 / Hermes and Llama 3.1 do.

@@ -25,6 +25,7 @@ from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
 
 if TYPE_CHECKING:
+    import httpx
     import openai
 
     from rag_lookahead.http.app import ServerState
@@ -34,6 +35,7 @@ __all__ = [
     "WAIT_S",
     "LiveServer",
     "ScopedCalls",
+    "error_of",
     "leftovers",
     "recording_documents",
     "served_engine",
@@ -83,6 +85,15 @@ class LiveServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The error ``response`` carries, once its status is ``status`` and the error is in
+    OpenAI's shape, with a message."""
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"} and error["message"]
+    return error
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float = WAIT_S) -> None:

@@ -4,20 +4,22 @@ Both models are thin adapters over an engine's ``stream`` (a local `LookaheadEng
 `ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server): a call's settings and
 LangChain arguments are one request mapping, planned by the core (`rag_lookahead.adapters`, as
 the HTTP server plans its requests), and `_open` returns the plan and the engine's text pieces
-followed by the call's `DecodeStats`. Everything else (blocking calls, async, callbacks) is
-built on that one iterator by the subclasses.
+followed by the call's `DecodeStats`. Everything else is built on that one iterator: each
+model's chunks (`_chunks`), streamed and reported alike for both (`_stream`, `_astream`), and
+its blocking calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, ClassVar, Literal, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.language_models import LangSmithParams
+from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from typing_extensions import Self
 
@@ -37,9 +39,9 @@ from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.server import ServerKind
-from rag_lookahead.streaming import StreamChunk
+from rag_lookahead.streaming import StreamChunk, aiterate
 
-__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece"]
+__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece", "areported", "reported", "usage"]
 
 #: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
 #: a call's request starts from them (see `rag_lookahead.adapters.OPTION_KEYS` for the rest).
@@ -51,6 +53,7 @@ CALL_OPTIONS = (
 #: One item of `LookaheadSettings._open`: each step's chunk (its text and, when asked for, its
 #: tokens' log probabilities), then the call's stats last.
 Piece = StreamChunk | DecodeStats
+C = TypeVar("C", GenerationChunk, ChatGenerationChunk)  # a chunk of either model's reply
 
 DocumentLike = str | Document
 
@@ -262,6 +265,37 @@ class LookaheadSettings(BaseModel):
 
     # ------------------------------------------------------------------ calls
 
+    # Both models stream alike: their own chunks (`_chunks`), each reported as it comes.
+
+    def _stream(
+        self,
+        prompt: Any,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[Any]:
+        # LangChain reports streamed chunks itself and passes no run manager then.
+        return reported(self._chunks(prompt, stop, run_manager, kwargs), run_manager)
+
+    def _astream(
+        self,
+        prompt: Any,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        return areported(self._chunks(prompt, stop, run_manager, kwargs), run_manager)
+
+    def _chunks(
+        self,
+        prompt: Any,
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> Iterator[Any]:
+        """A call's chunks, of the model's kind: arguments checked now, generated when read."""
+        raise NotImplementedError
+
     def _open(
         self,
         kind: CallKind,
@@ -313,6 +347,24 @@ class LookaheadSettings(BaseModel):
         }
 
 
+def reported(chunks: Iterator[C], run_manager: CallbackManagerForLLMRun | None) -> Iterator[C]:
+    """``chunks``, each reported to ``run_manager`` as it comes (``None``: not reported)."""
+    for chunk in chunks:
+        if run_manager is not None:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
+
+
+async def areported(
+    chunks: Iterator[C], run_manager: AsyncCallbackManagerForLLMRun | None
+) -> AsyncIterator[C]:
+    """`reported` for async callers: ``chunks`` are advanced in a worker thread."""
+    async for chunk in aiterate(chunks):
+        if run_manager is not None:
+            await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
+
+
 def usage(stats: DecodeStats) -> dict[str, Any]:
     """Token counts in LangChain's `UsageMetadata` shape.
 
@@ -328,14 +380,9 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
 
 
 def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[str]:
-    if isinstance(documents, (str, Document)):
-        documents = [documents]
     texts = []
-    for doc in documents:
-        if isinstance(doc, Document):
-            texts.append(doc.page_content)
-        elif isinstance(doc, str):
-            texts.append(doc)
-        else:
+    for doc in [documents] if isinstance(documents, (str, Document)) else documents:
+        if not isinstance(doc, (str, Document)):
             raise TypeError(f"documents are strings or LangChain Documents, got {type(doc).__name__}")
+        texts.append(doc.page_content if isinstance(doc, Document) else doc)
     return texts

@@ -42,7 +42,6 @@ Output = TypeVar("Output")
 @dataclass
 class _TopRun:
     members: list[UUID] = field(default_factory=list)
-    documents: list[str] = field(default_factory=list)
     scopes: RunScopes = field(default_factory=RunScopes)
 
 
@@ -66,9 +65,9 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
         with self._lock:
             top = self._top.get(parent_run_id)
             run = self._runs.get(top) if top is not None else None
-            if run is None or not run.documents:
+            if run is None or not run.scopes.documents:
                 return None
-            return run.scopes.scope(engine, run.documents)
+            return run.scopes.scope(engine)
 
     @property
     def active_runs(self) -> int:
@@ -101,12 +100,7 @@ class LookaheadCallbackHandler(BaseCallbackHandler):
             top = self._top.get(run_id)
             if top is None or top == run_id:
                 return  # a retriever called on its own: no model of its run will draft
-            run = self._runs[top]
-            seen = set(run.documents)
-            for doc in documents:
-                if doc.page_content and doc.page_content not in seen:
-                    seen.add(doc.page_content)
-                    run.documents.append(doc.page_content)
+            self._runs[top].scopes.add(doc.page_content for doc in documents)
 
     # ------------------------------------------------------------------ callbacks
 

@@ -6,8 +6,8 @@ calls are read in the model's own format and forced, like structured output, by 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -20,14 +20,15 @@ from pydantic import BaseModel, ConfigDict
 
 from langchain_rag_lookahead._base import LookaheadSettings
 from langchain_rag_lookahead._tools import bound_tools, message_chunks, openai_tools, structured_output
-from rag_lookahead.streaming import aiterate
 
 __all__ = ["ChatLookahead", "to_chat_messages"]
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool", "function": "function"}
 
 
-class ChatLookahead(LookaheadSettings, BaseChatModel):
+# `_stream` and `_astream` are the settings' (one pair for both models), whose first argument is
+# named for the completion model's; LangChain passes it by position.
+class ChatLookahead(LookaheadSettings, BaseChatModel):  # type: ignore[misc]
     """Chat model running a local Hugging Face model with lossless lookahead decoding.
 
     Drafts come from a token trie of the prompt, the documents retrieved in the same chain run
@@ -56,33 +57,6 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "rag-lookahead-chat"
-
-    _ls_model_type: ClassVar[Literal["chat", "llm"]] = "chat"
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        for chunk in self._start(messages, stop, run_manager, kwargs):
-            # LangChain reports streamed chunks itself and passes no run manager then.
-            if run_manager is not None:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
-
-    async def _astream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in aiterate(self._start(messages, stop, run_manager, kwargs)):
-            if run_manager is not None:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
 
     def _generate(
         self,
@@ -162,14 +136,13 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):
         extra = {"tools": openai_tools(tools)} if tools else {}
         return len(self.get_engine().encode(to_chat_messages(messages), **extra))
 
-    def _start(
+    def _chunks(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None,
-        run_manager: Any,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> Iterator[ChatGenerationChunk]:
-        """This call's chunks, its arguments checked now; they generate when first advanced."""
         options = dict(kwargs)
         if options.get("tools") is not None:  # given to the call rather than to `bind_tools`
             options["tools"] = openai_tools(options["tools"])

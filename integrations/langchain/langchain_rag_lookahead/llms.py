@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -11,10 +11,10 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict
 
-from langchain_rag_lookahead._base import LookaheadSettings, Piece, usage
+from langchain_rag_lookahead._base import LookaheadSettings, Piece, areported, reported, usage
 from rag_lookahead import DecodeStats
 from rag_lookahead.adapters import openai_logprobs
-from rag_lookahead.streaming import TokenLogprob, aiterate
+from rag_lookahead.streaming import TokenLogprob
 
 __all__ = ["LookaheadLLM"]
 
@@ -67,24 +67,8 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         """Invoke asynchronously on each input, at most ``max_concurrency`` at a time."""
         return await Runnable.abatch(self, inputs, config, return_exceptions=return_exceptions, **kwargs)
 
-    def _stream(
-        self,
-        prompt: str,
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[GenerationChunk]:
-        return self._chunks(prompt, stop, run_manager, kwargs, report=True)
-
-    async def _astream(
-        self,
-        prompt: str,
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[GenerationChunk]:
-        async for chunk in self._achunks(prompt, stop, run_manager, kwargs, report=True):
-            yield chunk
+    # With several prompts LangChain hands over the first prompt's run manager only, so tokens
+    # are reported for a single prompt (`batch` makes one call per prompt).
 
     def _generate(
         self,
@@ -93,11 +77,9 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        # With several prompts LangChain hands over the first prompt's run manager only, so
-        # tokens are reported for a single prompt (`batch` makes one call per prompt).
-        report = len(prompts) == 1
+        reporter = run_manager if len(prompts) == 1 else None
         return self._result(
-            [[_merge(list(self._chunks(p, stop, run_manager, kwargs, report)))] for p in prompts]
+            [[_merge(list(reported(self._chunks(p, stop, run_manager, kwargs), reporter)))] for p in prompts]
         )
 
     async def _agenerate(
@@ -107,44 +89,22 @@ class LookaheadLLM(LookaheadSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        report = len(prompts) == 1
+        reporter = run_manager if len(prompts) == 1 else None
         generations = []
         for prompt in prompts:
-            chunks = [c async for c in self._achunks(prompt, stop, run_manager, kwargs, report)]
-            generations.append([_merge(chunks)])
+            chunks = areported(self._chunks(prompt, stop, run_manager, kwargs), reporter)
+            generations.append([_merge([c async for c in chunks])])
         return self._result(generations)
 
     def _chunks(
         self,
         prompt: str,
         stop: list[str] | None,
-        run_manager: CallbackManagerForLLMRun | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
-        report: bool,
     ) -> Iterator[GenerationChunk]:
-        _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)  # checks arguments eagerly
-
-        def chunks() -> Iterator[GenerationChunk]:
-            for chunk in self._generation_chunks(pieces):
-                if report and run_manager is not None:
-                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                yield chunk
-
-        return chunks()
-
-    async def _achunks(
-        self,
-        prompt: str,
-        stop: list[str] | None,
-        run_manager: AsyncCallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-        report: bool,
-    ) -> AsyncIterator[GenerationChunk]:
         _, pieces = self._open("completion", prompt, stop, run_manager, kwargs)
-        async for chunk in aiterate(self._generation_chunks(pieces)):
-            if report and run_manager is not None:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        return self._generation_chunks(pieces)
 
     def _generation_chunks(self, pieces: Iterator[Piece]) -> Iterator[GenerationChunk]:
         """A chunk per piece of text, then the stats' chunk.

@@ -1,20 +1,23 @@
-"""The repository's example, examples/langchain_rag.py, runs end to end (briefly)."""
-
-import importlib.util
-from pathlib import Path
+"""The repository's LangChain examples, examples/langchain_rag.py and examples/langgraph_agent.py,
+run end to end (briefly)."""
 
 import pytest
 
-pytestmark = pytest.mark.model
+from rag_lookahead.testing import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "langchain_rag.py"
+pytestmark = pytest.mark.model
 
 
 def test_example_streams_identical_answers_and_reports_speed(capsys) -> None:
-    spec = importlib.util.spec_from_file_location("langchain_rag_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None, f"{EXAMPLE} is missing"
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example("langchain_rag.py")
     assert example.main(["--max-new-tokens", "16", "--questions", "1", "--top-k", "2"]) == 0
     out = capsys.readouterr().out
     assert "hybrid retrieval" in out and "Identical answers." in out and "tok/s" in out
+
+
+def test_the_agent_calls_the_retriever_tool_then_answers(capsys) -> None:
+    example = load_example("langgraph_agent.py")
+    assert example.main(["--max-new-tokens", "64", "--questions", "1", "--top-k", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tool call: search_corpus({'query': " in out
+    assert "tool result: " in out and "answer: " in out

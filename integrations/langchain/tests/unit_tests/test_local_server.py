@@ -7,39 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
-from langchain_core.documents import Document
-from langchain_core.messages import HumanMessage
-from langchain_core.output_parsers import StrOutputParser
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableParallel, RunnablePassthrough
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadCallbackHandler
-from langchain_rag_lookahead.chat_models import to_chat_messages
-from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
 from rag_lookahead.http.testing import LiveServer, ScopedCalls
 from rag_lookahead.testing import tiny_engine
+from tests.chains import QUESTION, N, answer_and_documents, rag_chain
 
-N = 40
 MODEL = "tiny"
-QUESTION = "Where is the lighthouse?"
-
-
-class FixedRetriever(BaseRetriever):
-    documents: list[Document]
-
-    def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
-    ) -> list[Document]:
-        return self.documents
-
-
-def rag_chain(llm: Runnable, documents: list[Document]) -> Runnable:
-    """Retrieval whose documents are not in the prompt: only the drafts can carry them."""
-    retrieve = RunnableParallel(docs=FixedRetriever(documents=documents), question=RunnablePassthrough())
-    return retrieve | RunnableLambda(lambda x: x["question"]) | llm | StrOutputParser()
 
 
 @pytest.fixture
@@ -52,9 +28,7 @@ def served() -> Iterator[tuple[ScopedCalls, LiveServer]]:
 @pytest.mark.enable_socket
 def test_a_chain_on_the_server_keeps_its_drafts(served: tuple[ScopedCalls, LiveServer]) -> None:
     server, live = served
-    off = LookaheadEngine(server.engine.model, server.engine.tokenizer, LookaheadConfig(mode="off"))
-    reference = off.complete(to_chat_messages([HumanMessage(QUESTION)]), max_new_tokens=N).text
-    documents = [Document(page_content="assistant: " + reference), Document(page_content="noise")]
+    reference, documents = answer_and_documents(server.engine)
     in_process = rag_chain(ChatLookahead(engine=tiny_engine(), max_tokens=N), documents)
     assert in_process.invoke(QUESTION, config={"callbacks": [LookaheadCallbackHandler()]}) == reference
 

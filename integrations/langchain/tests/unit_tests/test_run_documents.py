@@ -6,12 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.messages import HumanMessage
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableParallel, RunnablePassthrough
+from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough
 
 from langchain_rag_lookahead import (
     ChatLookahead,
@@ -19,22 +17,10 @@ from langchain_rag_lookahead import (
     LookaheadLLM,
     with_retrieved_documents,
 )
-from langchain_rag_lookahead.chat_models import to_chat_messages
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.testing import tiny_engine
-
-N = 40
-QUESTION = "Where is the lighthouse?"
-
-
-class FixedRetriever(BaseRetriever):
-    documents: list[Document]
-
-    def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
-    ) -> list[Document]:
-        return self.documents
+from tests.chains import QUESTION, FixedRetriever, N, answer_and_documents, rag_chain
 
 
 class CallRecorder(BaseCallbackHandler):
@@ -59,26 +45,10 @@ class CallRecorder(BaseCallbackHandler):
         return {o for owners in self.owners for o in owners if o.startswith("scope-")}
 
 
-def answer(engine: LookaheadEngine) -> str:
-    off = LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
-    return off.complete(to_chat_messages([HumanMessage(QUESTION)]), max_new_tokens=N).text
-
-
-def rag_chain(llm: Runnable, documents: list[Document]) -> Runnable:
-    """Retrieval whose documents are not in the prompt: only the trie can carry them."""
-    retrieve = RunnableParallel(docs=FixedRetriever(documents=documents), question=RunnablePassthrough())
-    return retrieve | RunnableLambda(lambda x: x["question"]) | llm | StrOutputParser()
-
-
 @pytest.fixture
 def setup() -> tuple[LookaheadEngine, str, list[Document]]:
     engine = tiny_engine()
-    reference = answer(engine)
-    return (
-        engine,
-        reference,
-        [Document(page_content="assistant: " + reference), Document(page_content="noise")],
-    )
+    return (engine, *answer_and_documents(engine))
 
 
 def test_retrieved_documents_are_in_the_trie_during_the_call_and_gone_after(setup) -> None:

@@ -77,6 +77,15 @@ def new_owners(llm: LookaheadLLM, before: set[str]) -> set[str]:
     return llm.engine.trie.owners() - before - {OUTPUT_OWNER}
 
 
+def assert_run_released(llm: LookaheadLLM, calls: Calls, nodes: Any, before: set[str]) -> None:
+    """Once the run's objects are collected: its one call's scope held the run's ``nodes`` and
+    has left the trie, and nothing else of the run is in it."""
+    gc.collect()
+    (scope,) = calls.scopes
+    assert_run_scope(llm, scope, nodes)
+    assert not new_owners(llm, before)
+
+
 def test_context_chat_engine_drafts_from_its_retrieved_nodes(
     index: Any,
     llm: LookaheadLLM,
@@ -111,12 +120,9 @@ def test_streaming_chat_keeps_the_nodes_while_its_answer_is_decoded(
 
     # Decoded in LlamaIndex's thread, in a span under `stream_chat`'s, which has exited.
     assert "".join(response.response_gen).strip()
-    (scope,) = calls.scopes
     nodes = response.source_nodes
     del response
-    gc.collect()
-    assert_run_scope(llm, scope, nodes)
-    assert not new_owners(llm, before)
+    assert_run_released(llm, calls, nodes, before)
 
 
 def test_async_streaming_chat(
@@ -131,11 +137,8 @@ def test_async_streaming_chat(
         return text, response.source_nodes
 
     text, nodes = asyncio.run(turn())
-    gc.collect()
     assert text.strip()
-    (scope,) = calls.scopes
-    assert_run_scope(llm, scope, nodes)
-    assert not new_owners(llm, before)
+    assert_run_released(llm, calls, nodes, before)
 
 
 def test_concurrent_async_turns_each_see_their_own_nodes(
@@ -316,9 +319,6 @@ def test_streaming_query_engine_response_from_a_plain_retriever_query_engine(
     response = engine.query(records[1]["question"])
     assert isinstance(response, StreamingResponse)
     assert "".join(response.response_gen).strip()
-    (scope,) = calls.scopes
     nodes = response.source_nodes
     del response
-    gc.collect()
-    assert_run_scope(llm, scope, nodes)
-    assert not new_owners(llm, before)
+    assert_run_released(llm, calls, nodes, before)

@@ -8,7 +8,6 @@ where a call may begin, and its last response carries the parsed calls (see `too
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -20,7 +19,7 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 
-from rag_lookahead import DecodeStats, TextStream, TokenLogprob
+from rag_lookahead import DecodeStats, TextStream, TokenLogprob, adapters
 from rag_lookahead.adapters import HeldReply, within_deadline
 from rag_lookahead.streaming import aiterate
 from rag_lookahead.structured import ToolFormat
@@ -49,13 +48,7 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
     them), the prompt tokens whose KV entries were reused from an earlier prompt (OpenAI's
     ``prompt_tokens_details.cached_tokens``) and, under ``"lookahead"``, the `DecodeStats`
     fields plus tokens/s, tokens per step and the acceptance rate."""
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.new_tokens,
-        "total_tokens": stats.prompt_tokens + stats.new_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
-        "lookahead": stats.as_dict(),
-    }
+    return {**adapters.usage(stats), "lookahead": stats.as_dict()}
 
 
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
@@ -129,17 +122,10 @@ def responses(stream: TextStream, shape: Shape[R], deadline: float | None = None
     yield _with_logprobs(shape.end(stream, reply), stream)
 
 
-async def aresponses(
-    stream: TextStream, shape: Shape[R], deadline: float | None = None
-) -> AsyncGenerator[R, None]:
-    """`responses` for async callers (decoding runs in worker threads)."""
-    reply = HeldReply(shape.tool_format)
-    # `async for` alone would leave the chunks open when the consumer stops early.
-    async with aclosing(aiterate(within_deadline(stream.chunks(), stream, deadline))) as chunks:
-        async for chunk in chunks:
-            if (response := shape.piece(reply, chunk.text)) is not None:
-                yield _with_logprobs(response, stream)
-    yield _with_logprobs(shape.end(stream, reply), stream)
+def aresponses(stream: TextStream, shape: Shape[R], deadline: float | None = None) -> AsyncGenerator[R, None]:
+    """`responses` for async callers (decoding, and building the responses, run in a worker
+    thread)."""
+    return aiterate(responses(stream, shape, deadline))
 
 
 def last(responses: Iterable[R]) -> R:

@@ -56,8 +56,6 @@ _ATTACH_LOCK = threading.Lock()
 class _Run:
     """The nodes retrieved so far in one run, and the scopes they were inserted into."""
 
-    texts: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
     scopes: RunScopes = field(default_factory=RunScopes)
     holds: int = 0  # LLM calls of the run still open
     ended: bool = False  # the run's span has exited (or was dropped)
@@ -86,8 +84,7 @@ class RetrievalScopes:
         self._runs: dict[str, _Run] = {}  # by root span, once the run has retrieved something
         self._followed: weakref.WeakSet[Any] = weakref.WeakSet()  # generators published from
         self._dispatcher: Dispatcher | None = None
-        self._spans = _SpanHandler(self)
-        self._events = _EventHandler(self)
+        self._handler = _Handler(self)
 
     @classmethod
     def attach(cls, dispatcher: Dispatcher | None = None) -> RetrievalScopes:
@@ -95,11 +92,11 @@ class RetrievalScopes:
         target = dispatcher if dispatcher is not None else instrument.get_dispatcher()
         with _ATTACH_LOCK:
             for handler in target.span_handlers:
-                if isinstance(handler, _SpanHandler):
+                if isinstance(handler, _Handler):
                     return handler.tracker
             tracker = cls()
-            target.add_span_handler(tracker._spans)
-            target.add_event_handler(tracker._events)
+            target.add_span_handler(tracker._handler)
+            target.add_event_handler(tracker._handler)
             tracker._dispatcher = target
             return tracker
 
@@ -107,8 +104,8 @@ class RetrievalScopes:
         """Stop receiving spans and events (idempotent)."""
         with _ATTACH_LOCK:
             if self._dispatcher is not None:
-                self._dispatcher.span_handlers.remove(self._spans)
-                self._dispatcher.event_handlers.remove(self._events)
+                self._dispatcher.span_handlers.remove(self._handler)
+                self._dispatcher.event_handlers.remove(self._handler)
                 self._dispatcher = None
 
     @property
@@ -133,13 +130,12 @@ class RetrievalScopes:
             if root is None or root not in self._runs:
                 root = self._root.get(span) if span is not None else None
             run = self._runs.get(root) if root is not None else None
-            if root is None or run is None or not run.texts:
+            if root is None or run is None or not run.scopes.documents:
                 return None
             run.holds += 1  # from here on the run's scopes stay open
-            texts = list(run.texts)
         release = _Once(lambda: self._release(root))
         try:  # outside the tracker's lock: tokenizing would stall every span of the process
-            return Claim(run.scopes.scope(engine, texts), release)
+            return Claim(run.scopes.scope(engine), release)
         except BaseException:
             release()
             raise
@@ -208,11 +204,7 @@ class RetrievalScopes:
             root = self._root.get(span) if span is not None else None
             if root is None or root == span:
                 return  # a retriever called on its own: no LLM call of its run will follow
-            run = self._runs.setdefault(root, _Run())
-            for text in texts:
-                if text and text not in run.seen:
-                    run.seen.add(text)
-                    run.texts.append(text)
+            self._runs.setdefault(root, _Run()).scopes.add(texts)
 
 
 @contextmanager
@@ -256,8 +248,12 @@ class _Once:
             action()
 
 
-class _SpanHandler(BaseSpanHandler[Any]):
-    """Forwards span starts and ends to the tracker; keeps no spans of its own."""
+class _Handler(BaseSpanHandler[Any], BaseEventHandler):
+    """Forwards span starts and ends, and the nodes of each retrieval, to the tracker.
+
+    It keeps no spans of its own: the base class's hooks forward and return no span, so that
+    its bookkeeping stays unused.
+    """
 
     _tracker: RetrievalScopes = PrivateAttr()
 
@@ -271,63 +267,16 @@ class _SpanHandler(BaseSpanHandler[Any]):
 
     @classmethod
     def class_name(cls) -> str:
-        return "RetrievalScopesSpanHandler"
+        return "RetrievalScopesHandler"
 
-    def span_enter(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        parent_id: str | None = None,
-        tags: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._tracker._enter(id_, parent_id)
+    def new_span(self, id_: str, *args: Any, parent_span_id: str | None = None, **kwargs: Any) -> None:
+        self._tracker._enter(id_, parent_span_id)
 
-    def span_exit(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        result: Any | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def prepare_to_exit_span(self, id_: str, *args: Any, result: Any | None = None, **kwargs: Any) -> None:
         self._tracker._exit(id_, result)
 
-    def span_drop(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        err: BaseException | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def prepare_to_drop_span(self, id_: str, *args: Any, **kwargs: Any) -> None:
         self._tracker._exit(id_)
-
-    # Spans are tracked by the methods above; the base class's bookkeeping stays unused.
-
-    def new_span(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def prepare_to_exit_span(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def prepare_to_drop_span(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-class _EventHandler(BaseEventHandler):
-    """Forwards the nodes of each retrieval to the tracker."""
-
-    _tracker: RetrievalScopes = PrivateAttr()
-
-    def __init__(self, tracker: RetrievalScopes) -> None:
-        super().__init__()
-        self._tracker = tracker
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RetrievalScopesEventHandler"
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         if isinstance(event, RetrievalEndEvent):

@@ -123,18 +123,11 @@ def partials(
     yield parse_structured(output_cls, stream.text, stream.stats)
 
 
-async def apartials(
+def apartials(
     stream: TextStream, output_cls: type[Model], deadline: float | None = None
 ) -> AsyncGenerator[Any, None]:
-    """`partials` for async callers (decoding runs in worker threads)."""
-    last = None
-    async with aclosing(aiterate(within_deadline(stream.chunks(), stream, deadline))) as chunks:
-        async for chunk in chunks:
-            partial = partial_structured(output_cls, stream.text) if chunk.text else None
-            if partial is not None and partial != last:
-                last = partial
-                yield partial
-    yield parse_structured(output_cls, stream.text, stream.stats)
+    """`partials` for async callers (decoding and parsing run in a worker thread)."""
+    return aiterate(partials(stream, output_cls, deadline))
 
 
 class StructuredOutputLLM(LLM):
