@@ -162,3 +162,18 @@ def test_bad_arguments() -> None:
         price_batch(recorded([3]), CONFIG, flat, "plain", 2, join_chunk=0)
     with pytest.raises(ValueError, match="at least one row"):
         flat(0, 1)
+
+
+def test_the_path_policy_accepts_what_the_oracle_does_for_fewer_verified_tokens() -> None:
+    # One stream (`replay`): "path" verifies only the accepted part of each draft, so it takes
+    # the oracle's tokens per forward at no greater price; on a curve that rises with the size,
+    # a strictly better rate whenever a draft held something rejected.
+    from rag_lookahead.bench.replay import replay
+    from rag_lookahead.decoding.costs import CostCurve
+
+    answers = recorded([40, 60, 30], copy=True)
+    curve = CostCurve((1, 17), (1.0, 3.0))
+    oracle = replay(answers, CONFIG, curve, "oracle")
+    path = replay(answers, CONFIG, curve, "path")
+    assert path["tokens_per_forward"] == oracle["tokens_per_forward"] > 1
+    assert path["decode_speedup"] >= oracle["decode_speedup"]

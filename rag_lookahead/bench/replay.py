@@ -88,7 +88,8 @@ def replay(
     recorded: dict[str, Any], config: LookaheadConfig, curve: CostCurve, policy: str
 ) -> dict[str, float]:
     """Decode-phase speedup over greedy and tokens per forward for ``policy`` (auto, trie,
-    oracle, or prompt_lookup: HF prompt lookup's drafts, each verified whole)."""
+    oracle; path: only the part of the draft the model accepts, a ceiling for any plan over
+    these drafts; or prompt_lookup: HF prompt lookup's drafts, each verified whole)."""
     trie = TokenTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
     planner = StepPlanner(config, CostModel(curve))
     plans: dict[str, Plan] = {
@@ -96,6 +97,7 @@ def replay(
         "trie": lambda tree, answer: tree,
         "prompt_lookup": lambda tree, answer: tree,
         "oracle": lambda tree, answer: tree if len(matched(tree, answer)) > 1 else tree.subtree([]),
+        "path": lambda tree, answer: tree.subtree(matched(tree, answer)[1:]),
     }
     plan = plans[policy]
     cost = greedy_cost = 0.0
