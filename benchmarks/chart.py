@@ -3,6 +3,7 @@
 python benchmarks/chart.py      (after `rag-lookahead bench ... --json benchmarks/SET.json`)
 """
 
+import argparse
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ METHODS = {"prompt_lookup": "#4c72b0", "trie": "#dd8452", "lookahead": "#55a868"
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     data = {s: json.loads((HERE / f"{s}.json").read_text()) for s in SETS}
     fig, (speed, per_step) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.25

@@ -11,8 +11,8 @@ tokenizer):
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -45,4 +45,6 @@ def main(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", help="JSONL sets with a 'context' field")
+    raise SystemExit(main(parser.parse_args().paths))
