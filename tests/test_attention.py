@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rag_lookahead.decoding.attention import ATTENTION_NAME, attention_used, grouped_sdpa_attention
+from rag_lookahead.decoding import attention
+from rag_lookahead.decoding.attention import (
+    ATTENTION_NAME,
+    attention_used,
+    grouped_sdpa_attention,
+    ragged_rows,
+)
 from rag_lookahead.decoding.batch import BatchCache, batch_inputs
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.runner import ModelRunner
@@ -80,3 +86,70 @@ def test_the_runners_forwards_select_the_grouped_attention() -> None:
     finally:
         hook.remove()
     assert seen == [ATTENTION_NAME, "sdpa"]  # the runner's forward, then the model called directly
+
+
+@pytest.mark.parametrize("width", [1, 2, 5])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_ragged_rows_attend_their_own_columns_with_the_padded_result(width: int, groups: int) -> None:
+    """Row 1 uses 4 of 20 columns: within `ragged_rows` each row is attended over its own span
+    (the padded columns, hidden, weigh nothing), the same output as the padded batch."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = _Module()
+    module.num_key_value_groups = groups
+    torch.manual_seed(1)
+    query = torch.randn(2, 2 * groups, width, 8)  # [B, H, T, D]
+    key, value = torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)  # [B, KV, L, D]
+    mask = torch.zeros(2, 1, width, 20)
+    mask[1, :, :, 4:] = torch.finfo(torch.float32).min  # row 1: its 4 columns only
+    calls: list[int] = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    padded, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    with pytest.MonkeyPatch.context() as patch, ragged_rows([20, 4]):
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+        ragged, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+    assert len(calls) == 2  # a call per row
+    torch.testing.assert_close(ragged, padded, rtol=1e-6, atol=1e-6)
+
+
+def test_rows_of_like_lengths_stay_one_call() -> None:
+    # 2 x 20 columns read for 19 + 17 used: not worth a call per row.
+    query, key = torch.randn(2, 6, 3, 8), torch.randn(2, 2, 20, 8)
+    with ragged_rows([20, 17]):
+        assert attention._split_rows(query, key, plain=False) is None
+    with ragged_rows([20, 4]):
+        assert attention._split_rows(query, key, plain=False) == (20, 4)
+        assert attention._split_rows(query, key, plain=True) is None  # softcapping, biases: as is
+        assert attention._split_rows(query[:1], key[:1], plain=False) is None  # not these rows
+    assert attention._split_rows(query, key, plain=False) is None  # outside a batched forward
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt2"])
+def test_a_batch_of_a_long_and_a_short_row_gives_each_rows_logits(family: str) -> None:
+    """Through the runner (rows attended ragged: 3 + 4 of 40 + 4 columns) and through the model
+    called directly (padded): the same logits."""
+    model = tiny_model(family)
+    runner = ModelRunner(model)
+    drafts = [StepDraft(DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))), StepDraft(DraftTree((1, 2), (-1, 0)))]
+    batch = BatchCache()
+    for prompt in ([3 + i % 40 for i in range(40)], [2, 7, 1]):
+        cache = new_tree_cache()
+        runner.forward(torch.tensor([prompt]), cache, last_only=True)
+        batch.add_row(cache)
+    batch.prepare()
+    inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
+    ragged = runner.forward_batch(inputs, batch.cache, batch.lengths)
+    with torch.inference_mode():
+        padded = model(
+            input_ids=inputs.input_ids,
+            position_ids=inputs.position_ids,
+            attention_mask=inputs.attention_mask,
+            cache=batch.cache,
+            use_cache=True,
+        ).logits
+    torch.testing.assert_close(ragged, padded, rtol=1e-5, atol=1e-5)

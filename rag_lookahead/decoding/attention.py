@@ -13,12 +13,19 @@ of a CPU model that attends with ``"sdpa"`` select it for their duration (`group
 the model's code is untouched, and outside those forwards it attends as configured (so that,
 e.g., transformers' own continuous batching, which accepts only its known implementations,
 still runs on it).
+
+A batch's rows are padded to its longest row's cache, and a row's attention would read every
+padded column. Within `ragged_rows` (the engine's batched forwards on CPU) a row whose cache is
+much shorter than the longest is attended over its own columns only, one row at a time, when
+that reads far fewer columns than the padded batch: the same result (the padded columns are
+hidden, so they weigh exactly nothing), up to the rounding of a smaller kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -27,9 +34,44 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["ATTENTION_NAME", "attention_used", "grouped_attention", "grouped_sdpa_attention", "register"]
+__all__ = [
+    "ATTENTION_NAME",
+    "attention_used",
+    "grouped_attention",
+    "grouped_sdpa_attention",
+    "ragged_rows",
+    "register",
+]
 
 ATTENTION_NAME = "rag_lookahead_sdpa"
+
+# The rows of the batched forward under way: how many key columns each one uses (its cache and
+# its new tokens). Set by `ragged_rows` for one forward, in the thread that runs it.
+_ROW_SPANS: ContextVar[tuple[int, ...] | None] = ContextVar("rag_lookahead_row_spans", default=None)
+# Rows are attended one by one only when the padded batch reads at least this many times the
+# columns they use: a call per row costs more than one call for the batch.
+_SPLIT_WASTE = 1.5
+
+
+@contextmanager
+def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
+    """Within this block, a batched attention of ``len(spans)`` rows on CPU may attend row ``i``
+    over its first ``spans[i]`` key columns only (every column past them is hidden to it)."""
+    token = _ROW_SPANS.set(tuple(spans))
+    try:
+        yield
+    finally:
+        _ROW_SPANS.reset(token)
+
+
+def _split_rows(query: torch.Tensor, key: torch.Tensor, plain: bool) -> tuple[int, ...] | None:
+    """The rows' key spans when this call should attend row by row, else ``None``."""
+    spans = _ROW_SPANS.get()
+    rows = query.shape[0]
+    if spans is None or plain or query.device.type != "cpu" or len(spans) != rows or rows < 2:
+        return None
+    padded = len(spans) * key.shape[2]
+    return spans if padded >= _SPLIT_WASTE * sum(spans) else None
 
 
 def grouped_sdpa_attention(
@@ -43,9 +85,26 @@ def grouped_sdpa_attention(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, without copying key/value heads under a mask on CPU."""
+    """transformers' SDPA attention, without copying key/value heads under a mask on CPU (and,
+    within `ragged_rows`, without reading a short row's padded columns)."""
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
+    if attention_mask is not None and (spans := _split_rows(query, key, plain)) is not None:
+        rows = [
+            grouped_sdpa_attention(
+                module,
+                query[i : i + 1],
+                key[i : i + 1, :, :span],
+                value[i : i + 1, :, :span],
+                attention_mask[i : i + 1, ..., :span],
+                dropout,
+                scaling,
+                is_causal,
+                **kwargs,
+            )[0]
+            for i, span in enumerate(spans)
+        ]  # each [1, T, H, D]
+        return torch.cat(rows), None  # [B, T, H, D]
     if attention_mask is None or not grouped or plain or query.shape[2] == 1 or query.device.type != "cpu":
         return sdpa_attention_forward(
             module,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.decoding.attention import grouped_attention
+from rag_lookahead.decoding.attention import grouped_attention, ragged_rows
 from rag_lookahead.decoding.costs import (
     BatchCosts,
     CostCurve,
@@ -107,7 +107,8 @@ class ModelRunner:
         where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
         if where is not None and self._logits_to_keep:
             kwargs["logits_to_keep"], where = where, None  # the model projects those alone
-        with self._running():
+        width = inputs.input_ids.shape[1]
+        with self._running(), ragged_rows([length + width for length in lengths]):
             out = self.model(
                 input_ids=inputs.input_ids,
                 position_ids=inputs.position_ids,
