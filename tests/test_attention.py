@@ -46,29 +46,9 @@ def test_the_engine_attends_grouped_only_within_its_forwards(family: str) -> Non
     assert model.config._attn_implementation == "sdpa"
     assert attention_used(model, torch.device("cpu")) == ATTENTION_NAME
     assert attention_used(model, torch.device("cuda")) == "sdpa"
-    runner = ModelRunner(model)
-    drafts = [StepDraft(DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))), StepDraft(DraftTree((1, 2), (-1, 0)))]
-    logits = []
-    for through_runner in (True, False):
-        batch = BatchCache()
-        for prompt in ([3, 14, 15, 9], [2, 7, 1]):
-            cache = new_tree_cache()
-            runner.forward(torch.tensor([prompt]), cache, last_only=True)
-            batch.add_row(cache)
-        batch.prepare()
-        inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
-        if through_runner:
-            logits.append(runner.forward_batch(inputs, batch.cache, batch.lengths))
-        else:
-            with torch.inference_mode():
-                out = model(
-                    input_ids=inputs.input_ids,
-                    position_ids=inputs.position_ids,
-                    attention_mask=inputs.attention_mask,
-                    cache=batch.cache,
-                    use_cache=True,
-                )
-            logits.append(out.logits)
+    logits = [
+        _batch_logits(model, ([3, 14, 15, 9], [2, 7, 1]), through_runner) for through_runner in (True, False)
+    ]
     assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
 
@@ -134,22 +114,33 @@ def test_a_batch_of_a_long_and_a_short_row_gives_each_rows_logits(family: str) -
     """Through the runner (rows attended ragged: 3 + 4 of 40 + 4 columns) and through the model
     called directly (padded): the same logits."""
     model = tiny_model(family)
+    prompts = ([3 + i % 40 for i in range(40)], [2, 7, 1])
+    ragged, padded = (_batch_logits(model, prompts, through_runner) for through_runner in (True, False))
+    torch.testing.assert_close(ragged, padded, rtol=1e-5, atol=1e-5)
+
+
+def _batch_logits(
+    model: torch.nn.Module, prompts: tuple[list[int], ...], through_runner: bool
+) -> torch.Tensor:
+    """A step of two trees over a batch of ``prompts``, through the runner (its attention) or
+    the model called directly (transformers' SDPA, padded)."""
     runner = ModelRunner(model)
     drafts = [StepDraft(DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))), StepDraft(DraftTree((1, 2), (-1, 0)))]
     batch = BatchCache()
-    for prompt in ([3 + i % 40 for i in range(40)], [2, 7, 1]):
+    for prompt in prompts:
         cache = new_tree_cache()
         runner.forward(torch.tensor([prompt]), cache, last_only=True)
         batch.add_row(cache)
     batch.prepare()
     inputs = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
-    ragged = runner.forward_batch(inputs, batch.cache, batch.lengths)
+    if through_runner:
+        return runner.forward_batch(inputs, batch.cache, batch.lengths)
     with torch.inference_mode():
-        padded = model(
+        out = model(
             input_ids=inputs.input_ids,
             position_ids=inputs.position_ids,
             attention_mask=inputs.attention_mask,
             cache=batch.cache,
             use_cache=True,
-        ).logits
-    torch.testing.assert_close(ragged, padded, rtol=1e-5, atol=1e-5)
+        )
+    return out.logits
