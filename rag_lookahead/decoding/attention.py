@@ -55,9 +55,12 @@ _SPLIT_WASTE = 1.5
 
 @contextmanager
 def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
-    """Within this block, a batched attention of ``len(spans)`` rows on CPU may attend row ``i``
-    over its first ``spans[i]`` key columns only (every column past them is hidden to it)."""
-    token = _ROW_SPANS.set(tuple(spans))
+    """Within this block, a batched attention of ``len(spans)`` rows on CPU attends row ``i``
+    over its first ``spans[i]`` key columns only (every column past them is hidden to it), when
+    the padded batch would read at least ``_SPLIT_WASTE`` times the columns the rows use."""
+    # Decided once per forward: every layer's keys span the longest row.
+    worth = len(spans) > 1 and len(spans) * max(spans) >= _SPLIT_WASTE * sum(spans)
+    token = _ROW_SPANS.set(tuple(spans) if worth else None)
     try:
         yield
     finally:
@@ -67,11 +70,9 @@ def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
 def _split_rows(query: torch.Tensor, key: torch.Tensor, plain: bool) -> tuple[int, ...] | None:
     """The rows' key spans when this call should attend row by row, else ``None``."""
     spans = _ROW_SPANS.get()
-    rows = query.shape[0]
-    if spans is None or plain or query.device.type != "cpu" or len(spans) != rows or rows < 2:
+    if spans is None or plain or query.device.type != "cpu" or len(spans) != query.shape[0]:
         return None
-    padded = len(spans) * key.shape[2]
-    return spans if padded >= _SPLIT_WASTE * sum(spans) else None
+    return spans if max(spans) == key.shape[2] else None  # (a call of other keys: as is)
 
 
 def grouped_sdpa_attention(
