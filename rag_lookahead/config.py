@@ -11,10 +11,11 @@ from typing import Any, Literal
 from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
 from rag_lookahead.structured.grammar import Grammar
 
-__all__ = ["DraftPolicy", "GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
+__all__ = ["CpuLinear", "DraftPolicy", "GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
 DraftPolicy = Literal["trie", "suffix"]
+CpuLinear = Literal["onednn", "torch"]
 
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
@@ -71,6 +72,10 @@ class LookaheadConfig:
         prefix_cache_mb: Memory for the KV entries of past prompts, which a prompt sharing
             their beginning (a system prompt, a repeated question) reuses instead of
             prefilling it again; ``0`` turns the reuse off.
+        cpu_linear: The kernel of the engine's fp32 linear layers on a CPU: ``"onednn"``
+            (oneDNN's, much cheaper for the few rows a decoding step has on some CPUs, see
+            `rag_lookahead.decoding.kernels`) or ``"torch"`` (torch's default, as ``generate``
+            runs). The two agree up to rounding. Read once, by the engine built with it.
     """
 
     mode: Mode = "auto"
@@ -86,6 +91,7 @@ class LookaheadConfig:
     max_tokens_per_forward: int = 256
     prefix_cache_mb: int = 256
     draft_policy: DraftPolicy = "suffix"
+    cpu_linear: CpuLinear = "onednn"
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -104,6 +110,8 @@ class LookaheadConfig:
             _positive(name, getattr(self, name))
         if self.draft_policy not in ("trie", "suffix"):
             raise ValueError(f"draft_policy must be 'trie' or 'suffix', got {self.draft_policy!r}")
+        if self.cpu_linear not in ("onednn", "torch"):
+            raise ValueError(f"cpu_linear must be 'onednn' or 'torch', got {self.cpu_linear!r}")
         if self.ngram_size < 2:
             raise ValueError(f"ngram_size must be at least 2, got {self.ngram_size}")
         if self.mode in ("auto", "jacobi") and self.ngram_size - 1 > self.decoding_length:

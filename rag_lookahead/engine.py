@@ -96,7 +96,7 @@ class LookaheadEngine(EngineBase):
                 f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, self.config.cpu_linear)
         self.runner.costs.curve = cost_curve
         self.planner = StepPlanner(self.config, self.runner.costs)
         self.scheduler = _new_scheduler(self.runner, self.config)

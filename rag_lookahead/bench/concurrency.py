@@ -13,8 +13,8 @@ process at a given rate (a question waits for a free client). Methods:
 - ``prompt_lookup``: transformers prompt lookup decoding, one question at a time.
 
 Every output is compared with plain greedy ``generate`` of the same prompt alone.
-``decode_tokens_per_s`` leaves out the prompts' forwards (timed alone, the same work for every
-method).
+``decode_tokens_per_s`` leaves out the prompts' forwards (timed alone, as the engine runs them:
+the same work for every method, up to the kernels ``generate`` runs for the ``hf_*`` methods).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["CONCURRENCY_METHODS", "METHODS"]
 
-# One question at a time (`rag_lookahead.bench.run`).
-METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "jacobi", "auto")
+# One question at a time (`rag_lookahead.bench.run`); ``off``: the engine without drafts.
+METHODS = ("greedy", "prompt_lookup", "lookahead", "trie", "jacobi", "auto", "off")
 # Concurrent clients (`rag_lookahead.bench.concurrency`).
 CONCURRENCY_METHODS = ("serialised", "batched", "hf_static_batch", "hf_continuous_batching", "prompt_lookup")

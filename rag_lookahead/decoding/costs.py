@@ -253,8 +253,9 @@ def model_digest(model: Any) -> str:
     return hashlib.sha256(config.encode()).hexdigest()[:16]
 
 
-def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, Any]:
-    """What the curve depends on; a cached curve with another key is stale."""
+def curve_key(model: Any, device: torch.device, max_tokens: int, linear: str = "torch") -> dict[str, Any]:
+    """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`);
+    a cached curve with another key is stale."""
     import transformers
 
     return {
@@ -262,6 +263,7 @@ def curve_key(model: Any, device: torch.device, max_tokens: int) -> dict[str, An
         "device": str(device),
         "dtype": str(model.dtype),
         "attention": str(attention_used(model, device)),
+        "linear": linear,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.config import CpuLinear
 from rag_lookahead.decoding.attention import grouped_attention, ragged_rows
 from rag_lookahead.decoding.costs import (
     BatchCosts,
@@ -28,6 +29,7 @@ from rag_lookahead.decoding.costs import (
     curve_key,
     measure_curve,
 )
+from rag_lookahead.decoding.kernels import linear_used, onednn_linear
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.layer_masks import LayerMasks
 from rag_lookahead.decoding.probe import tree_support_problem
@@ -42,10 +44,12 @@ _BATCH_CONTEXT = 256
 
 
 class ModelRunner:
-    """Forward passes of one model, serialised by its own lock (engine variants share it)."""
+    """Forward passes of one model, serialised by its own lock (engine variants share it); on
+    a CPU its fp32 linear layers run on the ``linear`` kernel (`rag_lookahead.decoding.kernels`)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, linear: CpuLinear = "onednn") -> None:
         self.model = model
+        self.linear = linear_used(model, self.device, linear)
         self.costs = CostModel()  # what its forwards cost, once measured (or given)
         self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
@@ -60,8 +64,14 @@ class ModelRunner:
 
     @contextmanager
     def _running(self) -> Iterator[None]:
-        """One forward: alone on the model, without autograd, with the grouped attention on CPU."""
-        with self.lock, torch.inference_mode(), grouped_attention(self.model, self.device):
+        """One forward: alone on the model, without autograd, with the grouped attention and
+        the chosen linear kernel on CPU."""
+        with (
+            self.lock,
+            torch.inference_mode(),
+            grouped_attention(self.model, self.device),
+            onednn_linear(self.linear == "onednn"),
+        ):
             yield
 
     def tree_problem(self) -> str | None:
@@ -145,7 +155,7 @@ class ModelRunner:
 
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
         context = min(256, window // 2)
-        key = curve_key(self.model, self.device, max_tokens)
+        key = curve_key(self.model, self.device, max_tokens, self.linear)
         directory = (cache_dir or default_cache_dir()) / "costs"
 
         measured = []
@@ -179,7 +189,11 @@ class ModelRunner:
         curves = []
         rows = 2
         while rows <= max_rows:
-            key = {**curve_key(self.model, self.device, max_width), "rows": rows, "context": _BATCH_CONTEXT}
+            key = {
+                **curve_key(self.model, self.device, max_width, self.linear),
+                "rows": rows,
+                "context": _BATCH_CONTEXT,
+            }
             measure = functools.partial(self._measure_batch, rows, max_width, progress)
             curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
             curves.append((rows, curve))

@@ -1,0 +1,83 @@
+"""oneDNN linear layers in the engine's CPU forwards: torch's values up to rounding, only there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from rag_lookahead import LookaheadConfig
+from rag_lookahead.decoding.kernels import linear_used, onednn_available, onednn_linear
+from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.testing import FAMILIES, tiny_model
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
+
+
+def _inputs() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 24), torch.randn(48)
+    wide = torch.randn(3, 17, 48)
+    return [
+        (torch.randn(1, 24), weight, None),  # one token
+        (torch.randn(2, 5, 24), weight, bias),  # a batch of trees
+        (wide[..., ::2], weight, None),  # not contiguous
+        (torch.randn(1, 7, 24)[:, -1:], weight, bias),  # the last position's slice
+    ]
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", range(4))
+def test_onednn_linear_gives_torchs_values(case: int) -> None:
+    x, weight, bias = _inputs()[case]
+    expected = torch.nn.functional.linear(x, weight, bias)
+    with torch.inference_mode(), onednn_linear(True):
+        got = torch.nn.functional.linear(x, weight, bias)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_only_fp32_cpu_calls_without_autograd_are_routed(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Spy:
+        def __call__(self, *args: Any) -> Any:
+            calls.append(args)
+            return real(*args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", Spy())
+    x, weight = torch.randn(2, 8), torch.randn(4, 8, requires_grad=True)
+    with onednn_linear(True):
+        torch.nn.functional.linear(x, weight).sum().backward()  # autograd: torch's own
+        assert weight.grad is not None
+        with torch.no_grad():
+            torch.nn.functional.linear(x.double(), weight.double())  # another dtype
+            torch.nn.functional.linear(x, weight)  # routed
+    with torch.no_grad():
+        torch.nn.functional.linear(x, weight)  # outside the block
+    assert len(calls) == 1
+
+
+def test_the_choice_applies_to_fp32_cpu_models_only() -> None:
+    model = tiny_model("llama")
+    cpu = torch.device("cpu")
+    assert linear_used(model, cpu, "torch") == "torch"
+    assert linear_used(model, torch.device("cuda"), "onednn") == "torch"
+    assert linear_used(model, cpu, "onednn") == ("onednn" if onednn_available() else "torch")
+    with pytest.raises(ValueError, match="cpu_linear"):
+        LookaheadConfig(cpu_linear="mkl")  # type: ignore[arg-type]
+
+
+@needs_onednn
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_runner_on_either_kernel_gives_the_same_logits(family: str) -> None:
+    model = tiny_model(family)
+    logits = [
+        ModelRunner(model, kernel).forward(torch.tensor([[3, 14, 15, 9, 2, 6]]), new_tree_cache())[0]
+        for kernel in ("onednn", "torch")
+    ]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
