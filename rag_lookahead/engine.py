@@ -143,8 +143,14 @@ class LookaheadEngine(EngineBase):
         settings (``max_query_length``, ``branch_length``, ``max_trie_nodes``) does the variant
         get a trie of its own, and only when it changes ``max_batch_size``,
         ``max_tokens_per_forward`` or ``prefix_cache_mb`` does it batch its calls apart (and
-        keep prompt prefixes apart; forwards still take turns).
+        keep prompt prefixes apart; forwards still take turns). ``cpu_linear`` is the runner's:
+        another one needs another engine (`ValueError`).
         """
+        if config.cpu_linear != self.config.cpu_linear:
+            raise ValueError(
+                "cpu_linear is chosen once per engine (its forwards and their measured costs): "
+                "build another LookaheadEngine for the other kernel"
+            )
         other = copy.copy(self)
         other.config = config
         other.planner = self.planner.with_config(config)

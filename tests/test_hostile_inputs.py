@@ -190,6 +190,7 @@ ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exceptio
 CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown mode", {"mode": "fast"}, "mode must be"),
     ("unknown draft policy", {"draft_policy": "suffixes"}, "draft_policy must be"),
+    ("unknown CPU linear kernel", {"cpu_linear": "mkl"}, "cpu_linear must be"),
     ("no draft tokens", {"decoding_length": 0}, "decoding_length must be a positive integer"),
     ("a node cap of 10**40", {"max_trie_nodes": 10**40}, "max_trie_nodes must be at most"),
     ("a node cap as a float", {"max_trie_nodes": 2e5}, "max_trie_nodes must be a positive integer"),

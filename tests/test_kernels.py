@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 import torch
 
-from rag_lookahead import LookaheadConfig
+from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.kernels import linear_used, onednn_available, onednn_linear
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.testing import FAMILIES, tiny_model
+from rag_lookahead.testing import FAMILIES, CharTokenizer, tiny_model
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
 
@@ -68,8 +68,13 @@ def test_the_choice_applies_to_fp32_cpu_models_only() -> None:
     assert linear_used(model, cpu, "torch") == "torch"
     assert linear_used(model, torch.device("cuda"), "onednn") == "torch"
     assert linear_used(model, cpu, "onednn") == ("onednn" if onednn_available() else "torch")
-    with pytest.raises(ValueError, match="cpu_linear"):
-        LookaheadConfig(cpu_linear="mkl")  # type: ignore[arg-type]
+
+
+def test_a_variant_keeps_its_engines_kernel() -> None:
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig(mode="off"))
+    assert engine.with_config(LookaheadConfig(mode="trie")).runner is engine.runner
+    with pytest.raises(ValueError, match="cpu_linear is chosen once per engine"):
+        engine.with_config(LookaheadConfig(cpu_linear="torch"))
 
 
 @needs_onednn

@@ -117,6 +117,13 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         f"trie's; trie: the trie's branches only (default: {defaults.draft_policy})",
     )
     look.add_argument(
+        "--cpu-linear",
+        default=defaults.cpu_linear,
+        choices=["onednn", "torch"],
+        help="the kernel of the engine's fp32 linear layers on a CPU: oneDNN's, or torch's default "
+        f"as generate runs; the same values up to rounding (default: {defaults.cpu_linear})",
+    )
+    look.add_argument(
         "--remeasure",
         action="store_true",
         help="time the forward costs that --mode auto plans with again, replacing the cached ones "

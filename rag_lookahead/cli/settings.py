@@ -29,6 +29,7 @@ def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:
         decoding_length=args.decoding_length,
         branch_length=args.branch_length,
         draft_policy=args.draft_policy,
+        cpu_linear=args.cpu_linear,
     )
 
 
