@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -57,9 +58,17 @@ def test_only_fp32_cpu_calls_without_autograd_are_routed(monkeypatch: pytest.Mon
         with torch.no_grad():
             torch.nn.functional.linear(x.double(), weight.double())  # another dtype
             torch.nn.functional.linear(x, weight)  # routed
+            other = threading.Thread(target=_plain_linear, args=(x, weight))  # another thread: as is
+            other.start()
+            other.join()
     with torch.no_grad():
         torch.nn.functional.linear(x, weight)  # outside the block
     assert len(calls) == 1
+
+
+def _plain_linear(x: torch.Tensor, weight: torch.Tensor) -> None:
+    with torch.no_grad():
+        torch.nn.functional.linear(x, weight)
 
 
 def test_the_choice_applies_to_fp32_cpu_models_only() -> None:
