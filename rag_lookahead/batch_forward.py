@@ -53,13 +53,22 @@ class BatchForward:
         return self._fused(batch, calls, proposals)
 
     def cost(self) -> Cost | None:
-        """Seconds of a forward by rows and width, as calibrated so far (``None``: unmeasured)."""
-        curve, batched = self.runner.costs.curve, self.runner.costs.batched()
-        if curve is None or batched is None:
+        """Seconds of a forward by rows and width, as calibrated so far (``None``: unmeasured).
+
+        The batch curves are measured a few tokens wide and extrapolated past that, where a
+        joining prompt's chunk widens every row; a batch is never priced below its tokens in
+        one row forwarded alone (`alone`, calibrated by the prompts' chunks), which is what its
+        linear layers cost at least."""
+        curve, batched, alone = self.runner.costs.curve, self.runner.costs.batched(), self.alone()
+        if curve is None or batched is None or alone is None:
             return None
-        return lambda rows, width: (
-            curve(width) if rows == 1 else batched(rows, width) * self.calibration.factor(rows, width)
-        )
+
+        def seconds(rows: int, width: int) -> float:
+            if rows == 1:
+                return curve(width)
+            return max(batched(rows, width) * self.calibration.factor(rows, width), alone(rows * width))
+
+        return seconds
 
     def alone(self) -> Callable[[int], float] | None:
         """Seconds of a prompt's chunk forwarded alone, by its tokens, as calibrated so far."""
