@@ -2,9 +2,9 @@
 
 torch computes an fp32 ``linear`` on CPU with its BLAS (MKL in the PyPI wheels). For the few
 rows a decoding step feeds it — one token, a draft tree, a batch of trees — that is far from
-the best kernel on some CPUs: on an AMD EPYC, MKL multiplies 2 or 3 rows one at a time and 4
-to 17 rows at about three times the cost of one, where oneDNN (also inside torch, the library
-its compiled CPU graphs call) takes the same rows for a fraction more than one
+the best kernel on some CPUs: on an AMD EPYC, MKL multiplies 2 or 3 rows one at a time and
+more rows at several times the cost of one, where the cost of oneDNN's (also inside torch, the
+library its compiled CPU graphs call) grows far more slowly with the rows
 (`benchmarks/README.md`, *oneDNN linear layers*). A wider forward is what drafting pays for,
 so its kernel decides what drafting gains.
 
