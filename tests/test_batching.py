@@ -504,3 +504,20 @@ def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> 
                 layer.value_buffer[target, :, :length], alone.values[0], rtol=1e-4, atol=1e-4
             )
     assert batch.keep_rows([0, 1, 2]) == [0, 1, 2]  # nobody left: nothing moves
+
+
+def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None:
+    """Batch curves are measured a few tokens wide; a joining prompt's chunk widens every row
+    far past that, where the extrapolated curve alone would price the step too low."""
+    from rag_lookahead.batch_forward import BatchForward
+    from rag_lookahead.decoding.costs import BatchCosts, CostCurve
+
+    runner = ModelRunner(tiny_model("llama"))
+    runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
+    runner.costs.batch = BatchCosts(((2, CostCurve((1, 2, 4), (1.5, 1.5, 1.5))),))
+    forward = BatchForward(runner, 256)
+    cost, alone = forward.cost(), forward.alone()
+    assert cost is not None and alone is not None
+    assert cost(2, 1) == pytest.approx(1.5)  # narrow: the batch curve as measured
+    assert alone(64) > 1.5
+    assert cost(2, 32) == pytest.approx(alone(64))  # wide: at least its 64 tokens alone
