@@ -253,7 +253,7 @@ def model_digest(model: Any) -> str:
     return hashlib.sha256(config.encode()).hexdigest()[:16]
 
 
-def curve_key(model: Any, device: torch.device, max_tokens: int, linear: str = "torch") -> dict[str, Any]:
+def curve_key(model: Any, device: torch.device, max_tokens: int, linear: str) -> dict[str, Any]:
     """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`);
     a cached curve with another key is stale."""
     import transformers
