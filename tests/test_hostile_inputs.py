@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
+import importlib
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -367,6 +368,10 @@ def fake_models(monkeypatch, hash_embedder) -> HashEmbedder:
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model or an index was loaded")
 
+    # Imported before any patch: one imported under the patch of `setup` would take the refusal
+    # from it as its own name, and keep it after the test (other tests' CLI runs would fail).
+    importlib.import_module("rag_lookahead.cli.answers")
+    importlib.import_module("rag_lookahead.cli.benchmark")
     monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: hash_embedder)
     monkeypatch.setattr("rag_lookahead.cli.setup.make_embedder", refuse)
     monkeypatch.setattr("rag_lookahead.cli.setup.make_engine", refuse)
