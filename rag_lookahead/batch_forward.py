@@ -20,7 +20,7 @@ from rag_lookahead.decoding.batch import BatchCache, batch_inputs
 from rag_lookahead.decoding.costs import Calibration
 from rag_lookahead.decoding.planner import fused_prefill, plan_batch, separate_prefill
 from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
 
 __all__ = ["BatchForward", "prompt_chunk"]
 
@@ -133,12 +133,7 @@ class BatchForward:
             return drafts, logits.unsqueeze(0)  # [1, T, V]
         batch.prepare()
         inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
-        started = time.perf_counter()
-        logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths)  # [B, T, V]
-        if costs is not None:
-            width, seconds = inputs.input_ids.shape[1], time.perf_counter() - started
-            self.calibration.record(len(calls), width, costs(len(calls), width), seconds)
-        return drafts, logits
+        return drafts, self._forward(batch, inputs)  # [B, T, V]
 
     def _fused(
         self, batch: BatchCache, calls: list[Call], proposals: Sequence[StepDraft | None]
@@ -175,7 +170,7 @@ class BatchForward:
         keep = sorted(set(range(width)) | {n for n in last if n is not None})
         batch.prepare()
         inputs = batch_inputs(steps, batch.lengths, self.runner.device, self.runner.model.dtype)
-        logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths, keep)  # [B, K, V]
+        logits = self._forward(batch, inputs, keep)  # [B, K, V]
         rows = []
         for i, (step, draft, end) in enumerate(zip(steps, drafts, last, strict=True)):
             if draft is not None:
@@ -183,6 +178,17 @@ class BatchForward:
             else:  # [1, V] at a prompt's last token, [0, V] before it
                 rows.append(logits[i, [keep.index(end)]] if end is not None else logits[i, :0])
         return steps, rows
+
+    def _forward(self, batch: BatchCache, inputs: TreeInputs, keep: list[int] | None = None) -> torch.Tensor:
+        """The batch's forward, timed into the calibration: a step whose prompt chunks widen
+        every row is priced from its own timings from then on, as a step of drafts is."""
+        started = time.perf_counter()
+        logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths, keep)
+        seconds, costs = time.perf_counter() - started, self.runner.costs.batched()
+        if costs is not None:
+            rows, width = inputs.input_ids.shape
+            self.calibration.record(rows, width, costs(rows, width), seconds)
+        return logits
 
     def _plan(self, calls: list[Call], proposals: list[StepDraft], costs: Cost | None) -> list[StepDraft]:
         if len(calls) == 1:

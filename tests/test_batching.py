@@ -408,6 +408,41 @@ def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_step
     assert all(b > a for a, b in itertools.pairwise(ran))  # it stepped between chunks
 
 
+def test_a_step_a_prompt_widened_is_priced_from_its_own_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch costs are measured a few tokens wide: a join priced from them may ride in the
+    running rows' steps and turn out dear. Its steps are timed into the calibration, so the
+    next join like it is prefilled apart."""
+    import types
+
+    from rag_lookahead import batch_forward
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat(), max_tokens_per_forward=64)
+    scheduler, clock = engine.scheduler, [0.0]
+    monkeypatch.setattr(batch_forward, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    forward_batch, forward, alone = engine.runner.forward_batch, engine.runner.forward, []
+
+    def timed(inputs, *args, **kwargs):  # a step with a prompt's chunk in it: 100x its price
+        clock[0] += 100.0 if any(c.prefilled < len(c.prompt_ids) for c in scheduler._rows) else 1.0
+        return forward_batch(inputs, *args, **kwargs)
+
+    def counting(input_ids, *args, **kwargs):
+        if kwargs.get("last_only"):
+            alone.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    engine.runner.forward_batch, engine.runner.forward = timed, counting  # type: ignore[method-assign]
+    prompts = [[(7 * i) % VOCAB for i in range(45)], [(5 * i + 4) % VOCAB for i in range(45)]]
+    first = engine.stream([3, 14, 15], max_new_tokens=80)
+    next(first.chunks())
+    second = engine.stream(prompts[0], max_new_tokens=6)  # priced cheap: rides in the steps
+    assert second.complete().token_ids == greedy_reference(model, prompts[0], 6)
+    third = engine.stream(prompts[1], max_new_tokens=6)  # priced as the second's steps ran
+    assert third.complete().token_ids == greedy_reference(model, prompts[1], 6)
+    assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 80)
+    assert alone == [3, 45]  # the first prompt alone, then the third apart: the second rode
+
+
 @settings(max_examples=10, deadline=None)
 @given(
     family=st.sampled_from(FAMILIES),

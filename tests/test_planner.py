@@ -195,7 +195,9 @@ def test_calibration_follows_observed_over_predicted_per_width_class() -> None:
     calibration.record(4, 3, predicted=1.0, observed=1.0)
     assert calibration.factor(4, 2) == 2.0  # 2 and 3 tokens a row share a class
     assert calibration.factor(4, 5) == 2.0  # a class not seen: the nearest seen one's
-    assert calibration.factor(8, 2) == 1.0  # nothing seen at 8 rows
+    assert calibration.factor(8, 2) == 2.0  # nothing seen at 8 rows: the nearest row count's
+    calibration.record(2, 32, predicted=1.0, observed=5.0)
+    assert calibration.factor(8, 40) == 5.0  # a wide class seen only at 2 rows: that one
     calibration.record(4, 12, predicted=1.0, observed=4.0)
     assert calibration.factor(4, 9) == 4.0 and calibration.factor(4, 3) == 2.0
     assert calibration.factor(4, 1) == 2.0  # nearest: the 2-3 class

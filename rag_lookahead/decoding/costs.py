@@ -143,7 +143,10 @@ class Calibration:
     its widths. The ratio observed / predicted is kept per row count and per width class (1,
     2-3, 4-7, 8-15, ... tokens per row: the error grows with the width, so one ratio for every
     width would price wide steps too low and narrow ones too high), smoothed, and multiplies
-    the prediction. A class not seen yet takes the nearest seen one's ratio for that row count.
+    the prediction. A cell not seen yet takes the ratio of the nearest seen class, from the
+    nearest row count among those: a prompt's chunk widens a step into a class that drafts
+    rarely reach, and once one such step was timed, steps as wide over other rows are priced
+    from it rather than from narrow ones.
     """
 
     def __init__(self, weight: float = 0.2) -> None:
@@ -155,8 +158,8 @@ class Calibration:
         ratio = self._ratios.get((rows, wanted))
         if ratio is not None:
             return ratio
-        seen = [(abs(c - wanted), -c, r) for (n, c), r in self._ratios.items() if n == rows]
-        return min(seen)[2] if seen else 1.0  # (ties: the wider class)
+        seen = [(abs(c - wanted), -c, abs(n - rows), -n, r) for (n, c), r in self._ratios.items()]
+        return min(seen)[-1] if seen else 1.0  # (ties: the wider class, then more rows)
 
     def record(self, rows: int, width: int, predicted: float, observed: float) -> None:
         key, ratio = (rows, width.bit_length()), observed / predicted
