@@ -1,8 +1,9 @@
 """Forward and host costs behind the batching and first-time-question notes.
 
 Prints, for the default model: a batched step's milliseconds by rows (1, 2, 4, 8; ~700 to 1,000
-tokens of context each) and tokens per row (1, 2, 4); the one-off tree probe; and the time to
-build a call's drafter (its prompt into the trie) for the first dolly prompts.
+tokens of context each) and tokens per row (1, 2, 4), each cell the least of ``--rounds``
+timings taken in turn over the whole grid; the one-off tree probe; and the time to build a
+call's drafter (its prompt into the trie) for the first dolly prompts.
 
     python benchmarks/step_costs.py --data dolly_context_qa.jsonl
     python benchmarks/step_costs.py --data dolly_context_qa.jsonl --rows 1,8 \
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import time
@@ -43,28 +45,29 @@ def median_ms(run: Callable[[], object], repeats: int = 7) -> float:
 
 
 def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
-    """Median milliseconds of one step of ``width`` chained tokens per row (nothing kept)."""
+    """Milliseconds of one step of ``width`` chained tokens per row (nothing kept)."""
     runner, rows = engine.runner, batch.rows
     draft = StepDraft(DraftTree(tuple(range(5, 5 + width)), tuple(range(-1, width - 1))))
-
-    def step() -> None:
-        if rows == 1:
-            runner.forward_step(draft, batch.cache, batch.lengths[0])
-            batch.cache.crop(-width)
-            return
+    start = time.perf_counter()
+    if rows == 1:
+        runner.forward_step(draft, batch.cache, batch.lengths[0])
+        batch.cache.crop(-width)
+    else:
         batch.prepare()
         inputs = batch_inputs([draft] * rows, batch.lengths, runner.device, torch.float32)
         runner.forward_batch(inputs, batch.cache, batch.lengths)
-
-    return median_ms(step)
+    return 1000 * (time.perf_counter() - start)
 
 
 def batch_grid(
-    engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tuple[int, ...]
+    engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tuple[int, ...], rounds: int = 7
 ) -> list[list[float]]:
-    """Median milliseconds of a step by rows (``row_counts``) and tokens per row (``widths``)."""
+    """Milliseconds of a step by rows (``row_counts``) and tokens per row (``widths``): each
+    cell the least of ``rounds`` timings, the rounds going over every cell in turn (as
+    `measure_curve` does: other work only adds time, and a burst of it hits one timing of a
+    cell rather than all of them)."""
     rng = random.Random(0)
-    grid = []
+    batches = []
     for rows in row_counts:
         batch = BatchCache()
         for row in range(rows):
@@ -73,14 +76,25 @@ def batch_grid(
             cache = new_tree_cache()
             engine.runner.forward(prompt, cache, last_only=True)
             batch.add_row(cache)
-        cells = [step_ms(engine, batch, width) for width in widths]
+        batches.append(batch)
+    least = [[math.inf] * len(widths) for _ in row_counts]
+    for round_ in range(rounds + 1):  # the first: a warm-up of every shape
+        for cells, batch in zip(least, batches, strict=True):
+            for i, width in enumerate(widths):
+                ms = step_ms(engine, batch, width)
+                cells[i] = min(cells[i], ms) if round_ else cells[i]
+    grid = [[round(ms, 1) for ms in cells] for cells in least]
+    for rows, cells in zip(row_counts, grid, strict=True):
         print(f"{rows} rows: {', '.join(map(str, widths))} tokens per row: {cells} ms", flush=True)
-        grid.append(cells)
     return grid
 
 
 def grid_json(
-    engine: LookaheadEngine, widths: tuple[int, ...], rows: tuple[int, ...], ms: list[list[float]]
+    engine: LookaheadEngine,
+    widths: tuple[int, ...],
+    rows: tuple[int, ...],
+    ms: list[list[float]],
+    rounds: int,
 ) -> dict[str, object]:
     """The grid as `rag_lookahead.bench.batch_replay.load_grid` reads it, with its settings."""
     return {
@@ -90,6 +104,7 @@ def grid_json(
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "context": "one row: 850 tokens; several rows: 700 to 1,000 tokens each",
+        "cell": f"the least of {rounds} timings, taken in turn over the grid",
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": list(rows),
         "widths": list(widths),
@@ -105,13 +120,14 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,4,8", help="rows of the batch, comma-separated")
     parser.add_argument("--grid-only", action="store_true", help="only the rows-by-width grid")
     parser.add_argument("--json", type=Path, help="also write the grid here, for the batch replay")
+    parser.add_argument("--rounds", type=int, default=7, help="timings of each cell (its least is kept)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
     widths, rows = _numbers(args.widths), _numbers(args.rows)
-    ms = batch_grid(engine, widths, rows)
+    ms = batch_grid(engine, widths, rows, args.rounds)
     if args.json is not None:
-        args.json.write_text(json.dumps(grid_json(engine, widths, rows, ms), indent=1) + "\n")
+        args.json.write_text(json.dumps(grid_json(engine, widths, rows, ms, args.rounds), indent=1) + "\n")
     if args.grid_only:
         return
     runner = engine.runner
