@@ -4,9 +4,10 @@ Calls join at a step boundary and leave when they finish or are cancelled. A joi
 prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`). Where
 the measured costs say so (`BatchForward.fuses`: a wider forward is cheap, as on a GPU), the
 call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
-running rows' steps, chunk by chunk, straight into its row; else it is prefilled in its own
-cache, in chunks between their steps (a whole prompt at once when nobody waits on it), and
-that cache then becomes its row.
+running rows' steps, chunk by chunk, straight into its row, for as long as the costs (timed
+by those steps too) still say so; else it is prefilled in its own cache, in chunks between
+their steps (a whole prompt at once when nobody waits on it), and that cache then becomes its
+row.
 Each step drafts for every row, plans how much of each draft the batch verifies
 (`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
 accepts, keeps the accepted path in the cache and releases the tokens through the call's
@@ -113,6 +114,8 @@ class Scheduler:
                 self._joining.append(self._waiting.popleft())
                 running += 1
         self._retire_cancelled()
+        if self._rows:
+            self._guarded(list(self._rows), self._leave_dear_steps, batch=True)
         self._fuse_joining()
         if self._rows:
             self._guarded(list(self._rows), self._batch_step, batch=True)
@@ -131,6 +134,25 @@ class Scheduler:
             if not self._forward.fuses(self._decode_rows(), remaining):
                 return
             self._guarded([call], self._add_row)
+
+    def _leave_dear_steps(self, rows: list[Call]) -> None:
+        """Rows prefilling in the running rows' steps go on apart, from copies of their rows,
+        where the costs as calibrated since (their own steps' timings among them) now say
+        that is cheaper: a join misjudged costs a step, not the rest of its prompt."""
+        decode_rows = self._decode_rows()
+        if decode_rows == 0:  # nobody waits on them: the steps are theirs
+            return
+        fuses = self._forward.fuses
+        leaving = [
+            i
+            for i, call in enumerate(rows)
+            if _prefilling(call) and not fuses(decode_rows, len(call.prompt_ids) - call.prefilled)
+        ]
+        for i in reversed(leaving):  # first in the batch, first to go on
+            rows[i].cache = self._batch.row_copy(i)
+            self._joining.insert(0, rows[i])
+        if leaving:
+            self._drop_rows(leaving)
 
     def _decode_rows(self) -> int:
         return sum(1 for call in self._rows if not _prefilling(call))

@@ -408,10 +408,10 @@ def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_step
     assert all(b > a for a, b in itertools.pairwise(ran))  # it stepped between chunks
 
 
-def test_a_step_a_prompt_widened_is_priced_from_its_own_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch costs are measured a few tokens wide: a join priced from them may ride in the
     running rows' steps and turn out dear. Its steps are timed into the calibration, so the
-    next join like it is prefilled apart."""
+    rest of its prompt goes on apart, from a copy of its row, and so does the next join."""
     import types
 
     from rag_lookahead import batch_forward
@@ -435,12 +435,14 @@ def test_a_step_a_prompt_widened_is_priced_from_its_own_timing(monkeypatch: pyte
     prompts = [[(7 * i) % VOCAB for i in range(45)], [(5 * i + 4) % VOCAB for i in range(45)]]
     first = engine.stream([3, 14, 15], max_new_tokens=80)
     next(first.chunks())
-    second = engine.stream(prompts[0], max_new_tokens=6)  # priced cheap: rides in the steps
+    second = engine.stream(prompts[0], max_new_tokens=6)  # priced cheap: rides in a step
     assert second.complete().token_ids == greedy_reference(model, prompts[0], 6)
     third = engine.stream(prompts[1], max_new_tokens=6)  # priced as the second's steps ran
     assert third.complete().token_ids == greedy_reference(model, prompts[1], 6)
     assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 80)
-    assert alone == [3, 45]  # the first prompt alone, then the third apart: the second rode
+    # The first prompt alone; the second's last 13 tokens apart, after a step of 32 (the
+    # batch's 64 over its 2 rows) turned out dear; the third apart from the start.
+    assert alone == [3, 13, 45]
 
 
 @settings(max_examples=10, deadline=None)
@@ -500,6 +502,24 @@ def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exa
     assert second.stats.finish_reason == "abandoned"
     assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 40)
     assert engine.scheduler._rows == []
+
+
+def test_a_row_copied_out_of_the_batch_holds_its_tokens_and_outlives_the_row() -> None:
+    runner = ModelRunner(tiny_model("llama"))
+    prompts = ([3, 14, 15, 9], [2, 7, 1])
+    batch = BatchCache()
+    for prompt in prompts:
+        batch.add_row(prefilled(runner, prompt))
+    copy = batch.row_copy(1)
+    alone = prefilled(runner, list(prompts[1]))
+    batch.keep_rows([0])  # the row leaves, and another takes its place in the buffers
+    batch.add_row(prefilled(runner, [5, 6, 7, 8, 9, 10]))
+    for mine, its in zip(copy.layers, alone.layers, strict=True):
+        torch.testing.assert_close(mine.keys, its.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mine.values, its.values, rtol=1e-5, atol=1e-5)
+    logits, _ = runner.forward(torch.tensor([[4]]), copy)  # it goes on as the row would have
+    expected, _ = runner.forward(torch.tensor([[4]]), alone)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("projects", [True, False])

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted, with_room
+from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted, new_tree_cache, with_room
 from rag_lookahead.decoding.tree import step_inputs
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
@@ -161,6 +161,15 @@ class BatchCache:
             own.keys, own.values = keys[row, :, : self.lengths[index]], values[row, :, : self.lengths[index]]
             view.layers.append(own)
         return view
+
+    @torch.inference_mode()
+    def row_copy(self, index: int) -> DynamicCache:
+        """Row ``index``'s cached tokens copied into a tree cache of its own, which outlives
+        the row (the batch moves and overwrites its buffers as rows leave and join)."""
+        cache = new_tree_cache()
+        for layer, own in enumerate(_full_layers(self.row_view(index))):
+            cache.update(*_states(own), layer)  # copied in
+        return cache
 
     @torch.inference_mode()
     def keep_rows(self, keep: Sequence[int]) -> list[int]:
