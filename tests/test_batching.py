@@ -258,6 +258,34 @@ def test_a_call_waiting_for_a_place_is_cancelled_at_once() -> None:
     assert running.complete().token_ids == greedy_reference(model, [3, 14, 15], 10)
 
 
+def test_a_new_call_is_queued_while_another_thread_runs_a_forward() -> None:
+    """Asking whether the model verifies trees (every call does) waits for no forward once it
+    is known: a thread looping over forwards would otherwise keep new calls out of the batch."""
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie"))
+    assert engine.runner.tree_problem() is None  # probed
+    holding, release = threading.Event(), threading.Event()
+
+    def busy_model() -> None:
+        with engine.runner.lock:  # a forward under way, in another thread
+            holding.set()
+            release.wait()
+
+    holder = threading.Thread(target=busy_model)
+    holder.start()
+    holding.wait()
+    streams = []
+    opener = threading.Thread(target=lambda: streams.append(engine.stream([3, 14, 15], max_new_tokens=10)))
+    opener.start()
+    opener.join(timeout=30)
+    queued = not opener.is_alive()
+    release.set()
+    holder.join()
+    opener.join()
+    assert queued, "the call waited for the model's lock before it was queued"
+    assert streams[0].complete().token_ids == greedy_reference(model, [3, 14, 15], 10)
+
+
 def test_a_batch_is_planned_with_a_rows_curve_when_batch_costs_were_not_measured() -> None:
     """An engine given only a (steep) cost curve: its batched steps verify no drafts either."""
     from rag_lookahead.decoding.costs import CostCurve

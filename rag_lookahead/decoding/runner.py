@@ -55,6 +55,7 @@ class ModelRunner:
         self.cache_arg = cache_kwarg(model)
         self.layer_masks = LayerMasks.of(model.config)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._probe_lock = threading.Lock()
         self._probed = False
         self._tree_problem: str | None = None
 
@@ -75,16 +76,22 @@ class ModelRunner:
             yield
 
     def tree_problem(self) -> str | None:
-        """Why this model cannot verify draft trees, or ``None``; probed once, warned once."""
-        with self.lock:
+        """Why this model cannot verify draft trees, or ``None``; probed once, warned once.
+
+        Once probed, the answer is read without a lock: every new call asks, and waiting for
+        the model's lock would hold it back behind the running batch's forwards (a thread
+        that loops over forwards takes that lock again before a waiting one wakes)."""
+        if self._probed:
+            return self._tree_problem
+        with self._probe_lock, self.lock:  # the probe's forwards run alone on the model
             if not self._probed:
-                self._probed = True
-                self._tree_problem = in_passing_thread(  # leaves the caller no OpenMP team
+                problem = in_passing_thread(  # leaves the caller no OpenMP team
                     lambda: tree_support_problem(self.model, self.cache_arg, self.layer_masks)
                 )
-                if self._tree_problem is not None:
+                self._tree_problem, self._probed = problem, True
+                if problem is not None:
                     warnings.warn(
-                        f"rag-lookahead: this model cannot verify draft trees ({self._tree_problem}); "
+                        f"rag-lookahead: this model cannot verify draft trees ({problem}); "
                         "decoding plainly, without lookahead. Outputs are unaffected.",
                         stacklevel=5,
                     )
