@@ -686,6 +686,8 @@ CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
     ("--concurrency 0", _cli("bench", "--data", "d", "--concurrency", "0"), "--concurrency: must be"),
     ("--arrival-rate inf", _cli("bench", "--data", "d", "--arrival-rate", "inf"), "--arrival-rate: must"),
     ("--arrival-rate 0", _cli("bench", "--data", "d", "--arrival-rate", "0"), "--arrival-rate: must"),
+    ("--rounds 0", _cli("bench", "--data", "d", "--concurrency", "8", "--rounds", "0"), "--rounds: must be"),
+    ("--rounds alone", _cli("bench", "--data", "d", "--rounds", "2"), "--rounds is for --concurrency"),
     ("--chunk-size 0", _cli("index", "d", "--out", "o", "--chunk-size", "0"), "--chunk-size: must be"),
     ("--chunk-overlap -1", _cli("index", "d", "--out", "o", "--chunk-overlap", "-1"), "--chunk-overlap"),
     ("--questions 0", _cli("demo", "--questions", "0"), "--questions: must be a positive integer"),

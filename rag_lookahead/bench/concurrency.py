@@ -20,6 +20,7 @@ the same work for every method, up to the kernels ``generate`` runs for the ``hf
 from __future__ import annotations
 
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -64,8 +65,18 @@ def run_concurrency(
     methods: Sequence[str] = CONCURRENCY_METHODS,
     arrival_rate: float | None = None,
     seed: int = 0,
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """Run every method at every concurrency level; return the JSON-ready summary."""
+    """Run every method at every concurrency level; return the JSON-ready summary.
+
+    With ``rounds`` > 1 the methods run that many times each, alternating (the order reversed
+    every other round, so that a machine slowing down or speeding up favours none): each
+    round's speedups are taken within the round, and each figure reported is the median over
+    the rounds (answers identical: the fewest of any round), with every round's under
+    ``"rounds"``. On a machine whose speed drifts, a ratio of two methods timed minutes apart
+    says little; the median of ratios timed side by side says more."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     unknown = set(methods) - set(CONCURRENCY_METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(CONCURRENCY_METHODS)}")
@@ -81,20 +92,18 @@ def run_concurrency(
     levels: dict[str, Any] = {}
     for clients in concurrency:
         arrivals = poisson_arrivals(len(inputs), arrival_rate, seed)
-        results: dict[str, dict[str, Any]] = {}
-        for name in methods:
-            warm = _method(engine, name, clients, max_new_tokens)
-            if warm is None:
-                continue
-            # A warm-up (allocations, kernels), then a fresh start.
-            in_passing_thread(lambda: warm(inputs[:1], [0.0], clients))  # noqa: B023
-            method = _method(engine, name, clients, max_new_tokens)
-            assert method is not None
-            started = time.perf_counter()
-            served = in_passing_thread(lambda: method(inputs, arrivals, clients))  # noqa: B023
-            wall = time.perf_counter() - started
-            results[name] = _measures(served, reference, wall, prefill_seconds)
-        _ratios(results)
+        runs: list[dict[str, dict[str, Any]]] = []
+        for round_ in range(rounds):
+            order = methods if round_ % 2 == 0 else list(reversed(methods))
+            results: dict[str, dict[str, Any]] = {}
+            for name in order:
+                run = _run_method(engine, name, inputs, arrivals, clients, max_new_tokens)
+                if run is not None:
+                    served, wall = run
+                    results[name] = _measures(served, reference, wall, prefill_seconds)
+            _ratios(results)
+            runs.append({name: results[name] for name in methods if name in results})
+        results = runs[0] if rounds == 1 else _medians(runs)
         arrival = "all at once" if arrival_rate is None else f"poisson {arrival_rate}/s"
         levels[str(clients)] = {"arrival": arrival, "methods": results}
     return {
@@ -103,6 +112,46 @@ def run_concurrency(
         "lookahead_config": dict(vars(engine.config)),
         "concurrency": levels,
     }
+
+
+def _run_method(
+    engine: LookaheadEngine,
+    name: str,
+    inputs: Sequence[BenchInput],
+    arrivals: Sequence[float],
+    clients: int,
+    max_new_tokens: int,
+) -> tuple[list[Served], float] | None:
+    """One run of method ``name`` (on a fresh engine, after a warm-up on another one): what
+    each question got and the wall clock; ``None`` where this transformers lacks the method."""
+    warm = _method(engine, name, clients, max_new_tokens)
+    if warm is None:
+        return None
+    # A warm-up (allocations, kernels), then a fresh start.
+    in_passing_thread(lambda: warm(inputs[:1], [0.0], clients))
+    method = _method(engine, name, clients, max_new_tokens)
+    assert method is not None
+    started = time.perf_counter()
+    served = in_passing_thread(lambda: method(inputs, arrivals, clients))
+    return served, time.perf_counter() - started
+
+
+def _medians(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per method, the median of each figure over the rounds (answers identical: the fewest),
+    with every round's figures under ``"rounds"``."""
+    merged: dict[str, dict[str, Any]] = {}
+    for name in runs[0]:
+        each = [run[name] for run in runs if name in run]
+        figures: dict[str, Any] = {}
+        for key, value in each[0].items():
+            if key == "identical_to_greedy":
+                figures[key] = min(m[key] for m in each)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                figures[key] = round(statistics.median(m[key] for m in each), 3)
+            else:
+                figures[key] = value
+        merged[name] = {**figures, "rounds": each}
+    return merged
 
 
 def poisson_arrivals(count: int, rate: float | None, seed: int) -> list[float]:
@@ -289,6 +338,9 @@ def _ratios(results: dict[str, dict[str, Any]]) -> None:
             for key in ("tokens_per_s", "decode_tokens_per_s"):
                 name = f"{'speedup' if key == 'tokens_per_s' else 'decode_speedup'}_vs_{base}"
                 measures[name] = round(measures[key] / results[base][key], 3)
+            measures[f"p95_latency_vs_{base}"] = round(
+                measures["p95_latency_s"] / max(results[base]["p95_latency_s"], 1e-9), 3
+            )
 
 
 def format_concurrency(summary: dict[str, Any]) -> str:

@@ -325,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: all at once)",
     )
     bench.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="with --concurrency: run the methods this many times each, alternating, and report "
+        "the median of each figure (speedups taken within each round)",
+    )
+    bench.add_argument(
         "--fresh",
         action="store_true",
         help="first-time questions: each asked once on a fresh engine, lookahead against the plain "

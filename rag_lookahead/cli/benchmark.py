@@ -37,6 +37,8 @@ BUNDLED = "bundled"  # --data: the bundled corpus and its questions, with retrie
 def run_bench(args: argparse.Namespace) -> int:
     if args.cost_curve and not args.fresh:
         raise ValueError("--cost-curve is for --fresh")
+    if args.rounds > 1 and not args.concurrency:
+        raise ValueError("--rounds is for --concurrency")
     curve = parse_cost_curve(args.cost_curve) if args.cost_curve else None  # before the model loads
     bundled = str(args.data) == BUNDLED
     records = [] if bundled else load_records(args.data, args.limit)
@@ -111,7 +113,9 @@ def run_eval_retrieval(args: argparse.Namespace) -> int:
 def _run_concurrency(args: argparse.Namespace, engine: LookaheadEngine, inputs: list[BenchInput]) -> int:
     levels = args.concurrency  # parsed and checked with the other flags (rag_lookahead.cli.values)
     methods = _names(args.methods) if args.methods else list(CONCURRENCY_METHODS)
-    summary = run_concurrency(engine, inputs, args.max_new_tokens, levels, methods, args.arrival_rate)
+    summary = run_concurrency(
+        engine, inputs, args.max_new_tokens, levels, methods, args.arrival_rate, rounds=args.rounds
+    )
     return _report(args, summary, format_concurrency, "plot_concurrency")
 
 
