@@ -10,6 +10,7 @@ call prefills apart instead, between steps.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 
@@ -99,7 +100,7 @@ class BatchForward:
         if cost is None or alone is None or decode_rows == 0:
             return False
         limit, missed = self.max_tokens_per_forward, self.missed(decode_rows)
-        fused = fused_prefill([remaining], decode_rows, self.width, cost, limit, missed)
+        fused = fused_prefill([remaining], decode_rows, self.width, cost, limit, missed, alone)
         return fused.rate >= separate_prefill(remaining, alone, limit, missed).rate
 
     def chunk(self, remaining: int, decode_rows: int) -> int:
@@ -150,11 +151,11 @@ class BatchForward:
             chunk = prompt_chunk(calls[0], left[0])
             logits, _ = self.runner.forward(torch.tensor([chunk.tree.tokens]), batch.cache, last_only=True)
             return [chunk], [logits[-1:]]
-        cost = self.cost()
+        cost, alone = self.cost(), self.alone()
         if cost is not None:
             missed = self.missed(len(decoding))
             tokens = fused_prefill(
-                left, len(decoding), width, cost, self.max_tokens_per_forward, missed
+                left, len(decoding), width, cost, self.max_tokens_per_forward, missed, alone
             ).tokens
         else:
             tokens = max(min(max(left), self.max_tokens_per_forward // len(calls)), width, 1)
@@ -197,9 +198,17 @@ class BatchForward:
         # Several rows: side rows stay out (each would widen every row), the plan is joint, by
         # width, against the batch costs as calibrated so far.
         ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
-        rows = len(calls)
-        by_width = None if costs is None else lambda w: costs(rows, w) * self.calibration.factor(rows, w)
+        widest = max(len(r.tree) for r in ranked)
+        by_width = None if costs is None else self._by_width(costs, len(calls), widest)
         return [StepDraft(tree) for tree in plan_batch(ranked, by_width, self.max_tokens_per_forward)]
+
+    def _by_width(self, costs: Cost, rows: int, widest: int) -> Callable[[int], float]:
+        """Seconds of a step of ``rows`` rows by width, as calibrated, never cheaper for a
+        wider step: each width class has its own calibration, and a wider class calibrated
+        lower than a narrower one must not make the plan draft wider to save time."""
+        calibrated = (costs(rows, w) * self.calibration.factor(rows, w) for w in range(1, widest + 1))
+        seconds = list(itertools.accumulate(calibrated, max))
+        return lambda width: seconds[min(width, widest) - 1]
 
 
 def prompt_chunk(call: Call, tokens: int) -> StepDraft:

@@ -604,3 +604,23 @@ def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None
     assert cost(2, 1) == pytest.approx(1.5)  # narrow: the batch curve as measured
     assert alone(64) > 1.5
     assert cost(2, 32) == pytest.approx(alone(64))  # wide: at least its 64 tokens alone
+
+
+def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() -> None:
+    """Each width class is calibrated apart: a wider class timed lower than a narrower one must
+    not make drafting wider look like a saving."""
+    from rag_lookahead.batch_forward import BatchForward
+
+    forward = BatchForward(ModelRunner(tiny_model("llama")), 256)
+
+    def linear(rows: int, width: int) -> float:
+        return 1.0 + 0.1 * rows * width
+
+    forward.calibration.record(4, 5, linear(4, 5), 3 * linear(4, 5))  # widths 4-7: 3x dearer
+    seconds = forward._by_width(linear, 4, 12)
+    assert seconds(7) == pytest.approx(3 * linear(4, 7))
+    assert seconds(8) == pytest.approx(3 * linear(4, 8))  # (8-15 take the nearest class seen)
+    forward.calibration.record(4, 8, linear(4, 8), linear(4, 8))  # widths 8-15: as measured
+    seconds = forward._by_width(linear, 4, 12)
+    assert [seconds(w) for w in (7, 8, 12)] == [pytest.approx(3 * linear(4, 7))] * 3
+    assert all(seconds(w) <= seconds(w + 1) for w in range(1, 12))

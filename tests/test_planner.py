@@ -240,6 +240,26 @@ def test_a_prompt_widening_every_row_rides_as_wide_as_pays() -> None:
     assert missed.rate == pytest.approx(28 / (cpu_like(9, 28) - base + base / 8))
 
 
+def test_a_join_is_never_priced_below_its_added_tokens_alone() -> None:
+    """Costs calibrated cell by cell can price the running rows' step above a wider one with
+    one row more; the join's tokens still cost what they add to a forward."""
+
+    def inconsistent(rows: int, width: int) -> float:
+        return 300.0 if (rows, width) == (7, 8) else cpu_like(rows, width)
+
+    assert inconsistent(8, 32) < inconsistent(7, 8)
+    missed = cpu_like(7, 8) / 7
+    assert fused_prefill([300], 7, 8, inconsistent, 256, missed).rate == float("inf")  # a free join
+    alone = CostCurve((1, 256), (35.0, 35.0 + 0.5 * 255))
+    plan = fused_prefill([300], 7, 8, inconsistent, 256, missed, alone)
+    # As wide as the drafts: its 8 tokens add what 8 tokens add to a forward alone.
+    assert plan.tokens == 8 and plan.rate == pytest.approx(8 / (alone(64) - alone(56) + missed))
+    assert plan.rate < separate_prefill(300, alone, 256, missed).rate  # so it goes apart
+    # Where width is free (a GPU), the floor is free too: the join still rides.
+    flat = CostCurve((1, 256), (35.0, 35.0))
+    assert fused_prefill([300], 7, 8, lambda rows, width: 1.0, 256, alone=flat).rate == float("inf")
+
+
 def test_a_chunk_apart_is_the_most_prompt_per_second_its_forward_and_the_missed_step_take() -> None:
     alone = CostCurve((1, 256), (35.0, 35.0 + 0.5 * 255))
     plan = separate_prefill(1000, alone, 256)

@@ -149,6 +149,7 @@ def fused_prefill(
     cost: Callable[[int, int], float],
     max_tokens: int,
     missed: float = 0.0,
+    alone: Callable[[int], float] | None = None,
 ) -> PrefillPlan:
     """The width of a step in which prompts (``remaining`` tokens each) ride along with
     ``decode_rows`` rows of drafts ``width`` wide, each taking up to that width of its prompt.
@@ -157,7 +158,10 @@ def fused_prefill(
     step costs ``cost(rows, width)``. The plan takes the width, up to ``max_tokens`` over all
     rows, that prefills the most prompt tokens per second it adds to the running rows' step
     (the widest of equals), counting ``missed`` as `separate_prefill` does; with no running
-    rows, the widest.
+    rows, the widest. With ``alone`` (seconds of a forward of so many tokens in one row), what
+    a step adds is never priced below what its added tokens add there: costs calibrated cell
+    by cell can price the running rows' step above a wider one, which would make a join look
+    free.
     """
     rows = decode_rows + len(remaining)
     least = max(width, 1)
@@ -167,7 +171,10 @@ def fused_prefill(
     base = cost(decode_rows, width)
     best = PrefillPlan(least, 0.0)
     for tokens in range(least, widest + 1):
-        extra = cost(rows, tokens) - base + missed
+        extra = cost(rows, tokens) - base
+        if alone is not None:
+            extra = max(extra, alone(rows * tokens) - alone(decode_rows * width))
+        extra += missed
         progress = sum(min(r, tokens) for r in remaining)
         rate = progress / extra if extra > 0 else float("inf")
         if rate >= best.rate:
