@@ -72,16 +72,20 @@ class BatchForward:
         return seconds
 
     def alone(self) -> Callable[[int], float] | None:
-        """Seconds of a prompt's chunk forwarded alone, by its tokens, as calibrated so far."""
+        """Seconds of a prompt's chunk forwarded alone, by its tokens, as calibrated so far:
+        never less for more tokens (each class of sizes learns its own ratio)."""
         curve = self.runner.costs.curve
         if curve is None:
             return None
         last = curve.sizes[-1]
 
+        def calibrated(tokens: int) -> float:
+            return curve(last) + (curve(tokens) - curve(last)) * self.prompts.factor(1, tokens)
+
         def seconds(tokens: int) -> float:
             if tokens <= last:
                 return curve(tokens)
-            return curve(last) + (curve(tokens) - curve(last)) * self.prompts.factor(1, tokens)
+            return max(calibrated(size) for size in Calibration.class_ends(tokens, last + 1))
 
         return seconds
 

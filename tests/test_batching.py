@@ -624,3 +624,25 @@ def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() ->
     seconds = forward._by_width(linear, 4, 12)
     assert [seconds(w) for w in (7, 8, 12)] == [pytest.approx(3 * linear(4, 7))] * 3
     assert all(seconds(w) <= seconds(w + 1) for w in range(1, 12))
+
+
+def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
+    """The prompts' chunks calibrate each class of sizes apart: one slow short chunk must not
+    price it above every longer one (a join would then look free beside it)."""
+    from rag_lookahead.batch_forward import BatchForward
+    from rag_lookahead.decoding.costs import Calibration, CostCurve
+
+    assert Calibration.class_ends(231, 30) == [31, 63, 127, 231]
+    assert Calibration.class_ends(33) == [1, 3, 7, 15, 31, 33]
+    assert Calibration.class_ends(7, 4) == [7] and Calibration.class_ends(8, 4) == [7, 8]
+    runner = ModelRunner(tiny_model("llama"))
+    runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
+    forward = BatchForward(runner, 256)
+    forward.observe_prompt(40, 1.2 + 5 * 36 * 0.05)  # 32-63 tokens: 5x the curve
+    forward.observe_prompt(200, 1.2 + 0.5 * 196 * 0.05)  # 128-255: half of it
+    alone = forward.alone()
+    assert alone is not None
+    assert alone(63) == pytest.approx(1.2 + 5 * 59 * 0.05)
+    assert alone(200) == alone(63) and alone(255) == alone(63)
+    sizes = range(1, 300)
+    assert all(alone(n) <= alone(n + 1) for n in sizes)

@@ -161,6 +161,15 @@ class Calibration:
         seen = [(abs(c - wanted), -c, abs(n - rows), -n, r) for (n, c), r in self._ratios.items()]
         return min(seen)[-1] if seen else 1.0  # (ties: the wider class, then more rows)
 
+    @staticmethod
+    def class_ends(size: int, least: int = 1) -> list[int]:
+        """The largest size of every class from ``least``'s up to below ``size``'s, then
+        ``size``: within a class one ratio applies, so a price that grows with the size grows
+        within it, and its highest over these sizes is the least price for ``size`` that no
+        smaller size (from ``least``) exceeds, whatever ratio each class learned."""
+        ends = ((1 << k) - 1 for k in range(least.bit_length(), size.bit_length()))
+        return [*(end for end in ends if end >= least), size]
+
     def record(self, rows: int, width: int, predicted: float, observed: float) -> None:
         key, ratio = (rows, width.bit_length()), observed / predicted
         old = self._ratios.get(key)
