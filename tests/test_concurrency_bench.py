@@ -34,6 +34,10 @@ def test_rounds_alternate_the_methods_and_report_the_medians(monkeypatch: pytest
         for key in ("tokens_per_s", "speedup_vs_serialised", "p95_latency_vs_serialised"):
             assert figures[key] == round(statistics.median(r[key] for r in rounds), 3)
     assert all(r["speedup_vs_serialised"] == 1.0 for r in methods["serialised"]["rounds"])
+    best, base = methods["batched"]["best"], methods["serialised"]["best"]
+    assert best["tokens_per_s"] == max(r["tokens_per_s"] for r in methods["batched"]["rounds"])
+    assert best["p95_latency_s"] == min(r["p95_latency_s"] for r in methods["batched"]["rounds"])
+    assert best["tokens_per_s_vs_serialised"] == round(best["tokens_per_s"] / base["tokens_per_s"], 3)
 
 
 def test_one_round_reports_that_round_alone() -> None:
