@@ -89,6 +89,12 @@ class BatchForward:
 
         return seconds
 
+    def _floor(self) -> Callable[[int], float] | None:
+        """What tokens in one row cost at least, for a join's floor (`fused_prefill`): the
+        one-row curve as measured, which grows with the tokens past its measured sizes (the
+        calibrated `alone` is flat where a smaller class was timed dearer)."""
+        return self.runner.costs.curve
+
     def observe_prompt(self, tokens: int, seconds: float) -> None:
         """A prompt's chunk of ``tokens`` forwarded alone took ``seconds``."""
         curve = self.runner.costs.curve
@@ -103,8 +109,8 @@ class BatchForward:
         cost, alone = self.cost(), self.alone()
         if cost is None or alone is None or decode_rows == 0:
             return False
-        limit, missed = self.max_tokens_per_forward, self.missed(decode_rows)
-        fused = fused_prefill([remaining], decode_rows, self.width, cost, limit, missed, alone)
+        limit, missed, floor = self.max_tokens_per_forward, self.missed(decode_rows), self._floor()
+        fused = fused_prefill([remaining], decode_rows, self.width, cost, limit, missed, floor)
         return fused.rate >= separate_prefill(remaining, alone, limit, missed).rate
 
     def chunk(self, remaining: int, decode_rows: int) -> int:
@@ -155,11 +161,11 @@ class BatchForward:
             chunk = prompt_chunk(calls[0], left[0])
             logits, _ = self.runner.forward(torch.tensor([chunk.tree.tokens]), batch.cache, last_only=True)
             return [chunk], [logits[-1:]]
-        cost, alone = self.cost(), self.alone()
+        cost = self.cost()
         if cost is not None:
             missed = self.missed(len(decoding))
             tokens = fused_prefill(
-                left, len(decoding), width, cost, self.max_tokens_per_forward, missed, alone
+                left, len(decoding), width, cost, self.max_tokens_per_forward, missed, self._floor()
             ).tokens
         else:
             tokens = max(min(max(left), self.max_tokens_per_forward // len(calls)), width, 1)

@@ -158,10 +158,10 @@ def fused_prefill(
     step costs ``cost(rows, width)``. The plan takes the width, up to ``max_tokens`` over all
     rows, that prefills the most prompt tokens per second it adds to the running rows' step
     (the widest of equals), counting ``missed`` as `separate_prefill` does; with no running
-    rows, the widest. With ``alone`` (seconds of a forward of so many tokens in one row), what
-    a step adds is never priced below what its added tokens add there: costs calibrated cell
-    by cell can price the running rows' step above a wider one, which would make a join look
-    free.
+    rows, the widest. With ``alone`` (seconds of a forward of so many tokens in one row, a
+    curve that grows with them), what a step adds is never priced below what its added tokens
+    add there: costs calibrated cell by cell can price the running rows' step above a wider
+    one, which would make a join look free.
     """
     rows = decode_rows + len(remaining)
     least = max(width, 1)
@@ -173,7 +173,7 @@ def fused_prefill(
     for tokens in range(least, widest + 1):
         extra = cost(rows, tokens) - base
         if alone is not None:
-            extra = max(extra, alone(rows * tokens) - alone(decode_rows * width))
+            extra = max(extra, alone(rows * tokens) - alone(decode_rows * width), 0.0)
         extra += missed
         progress = sum(min(r, tokens) for r in remaining)
         rate = progress / extra if extra > 0 else float("inf")
