@@ -646,4 +646,3 @@ def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
     assert alone(200) == alone(63) and alone(255) == alone(63)
     sizes = range(1, 300)
     assert all(alone(n) <= alone(n + 1) for n in sizes)
-
