@@ -80,7 +80,7 @@ class ModelRunner:
 
         Once probed, the answer is read without a lock: every new call asks, and waiting for
         the model's lock would hold it back behind the running batch's forwards (a thread
-        that loops over forwards takes that lock again before a waiting one wakes)."""
+        that loops over forwards may take that lock again before a waiting one wakes)."""
         if self._probed:
             return self._tree_problem
         with self._probe_lock, self.lock:  # the probe's forwards run alone on the model
