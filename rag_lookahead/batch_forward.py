@@ -10,6 +10,7 @@ call prefills apart instead, between steps.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,7 @@ class BatchForward:
             return None
         last = curve.sizes[-1]
 
+        @functools.cache  # (one decision's closure: each class's end is priced once)
         def calibrated(tokens: int) -> float:
             return curve(last) + (curve(tokens) - curve(last)) * self.prompts.factor(1, tokens)
 

@@ -73,8 +73,8 @@ def run_concurrency(
     every other round, so that a machine slowing down or speeding up favours none): each
     round's speedups are taken within the round, and each figure reported is the median over
     the rounds (answers identical: the fewest of any round), with every round's under
-    ``"rounds"`` and each method's fastest figures under ``"best"`` (with their ratios to
-    the serialised engine's). On a machine whose speed drifts, a ratio of two methods timed
+    ``"rounds"`` and each method's fastest figures under ``"best"`` (with their ratios, as a
+    round's). On a machine whose speed drifts, a ratio of two methods timed
     minutes apart says little; the median of ratios timed side by side, and the ratio of the
     least disturbed rounds, say more."""
     if rounds < 1:
@@ -153,14 +153,7 @@ def _medians(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]
             else:
                 figures[key] = value
         merged[name] = {**figures, "best": _best(each), "rounds": each}
-    if "serialised" in merged:  # the least disturbed round of each, side by side
-        base = merged["serialised"]["best"]
-        for figures in merged.values():
-            best = figures["best"]
-            for key in ("tokens_per_s", "decode_tokens_per_s"):
-                best[f"{key}_vs_serialised"] = round(best[key] / base[key], 3)
-            latency = best["p95_latency_s"] / max(base["p95_latency_s"], 1e-9)
-            best["p95_latency_vs_serialised"] = round(latency, 3)
+    _ratios({name: figures["best"] for name, figures in merged.items()})  # side by side
     return merged
 
 
