@@ -117,12 +117,18 @@ class BatchForward:
 
     def chunk(self, remaining: int, decode_rows: int) -> int:
         """The chunk of a prompt of ``remaining`` tokens to forward apart, between two steps
-        of the ``decode_rows`` running rows."""
-        alone = self.alone()
-        if alone is None:
+        of the ``decode_rows`` running rows.
+
+        Sized on the one-row curve as measured, whose shape is the kernels': the prompts'
+        calibration learns a ratio per class of sizes, at different moments and context
+        depths, and a larger class timed in a slow moment would make smaller chunks look
+        cheaper per token. Smaller chunks cost more per token and keep the call out of the
+        batch for more steps."""
+        curve = self.runner.costs.curve
+        if curve is None:
             return min(remaining, self.max_tokens_per_forward)
         missed = self.missed(decode_rows)
-        return separate_prefill(remaining, alone, self.max_tokens_per_forward, missed).tokens
+        return separate_prefill(remaining, curve, self.max_tokens_per_forward, missed).tokens
 
     def missed(self, decode_rows: int) -> float:
         """What a step loses by a call not decoding in it yet: a row's share of its cost (a

@@ -646,3 +646,23 @@ def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
     assert alone(200) == alone(63) and alone(255) == alone(63)
     sizes = range(1, 300)
     assert all(alone(n) <= alone(n + 1) for n in sizes)
+
+
+def test_a_chunk_apart_is_sized_on_the_measured_curve_not_on_a_class_timed_slow() -> None:
+    """Each class of chunk sizes learns its own ratio: one timed in a slow moment must not
+    make the scheduler cut prompts into smaller chunks (dearer per token, and more steps
+    before the call decodes)."""
+    from rag_lookahead.batch_forward import BatchForward
+    from rag_lookahead.decoding.costs import CostCurve
+
+    runner = ModelRunner(tiny_model("llama"))
+    runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
+    forward = BatchForward(runner, 256)
+    assert forward.chunk(1000, 4) == 256
+    forward.observe_prompt(100, 1.2 + 96 * 0.05)  # 64-127 tokens: as the curve says
+    forward.observe_prompt(200, 1.2 + 4 * 196 * 0.05)  # 128-255 tokens: 4x the curve
+    forward.observe_prompt(256, 1.2 + 4 * 252 * 0.05)  # 256-511 tokens: 4x the curve
+    alone = forward.alone()
+    assert alone is not None and 127 / alone(127) > 256 / alone(256)  # calibrated: 127 pays best
+    assert forward.chunk(1000, 4) == 256
+    assert forward.chunk(90, 4) == 90  # the rest of a prompt
