@@ -33,15 +33,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_lookahead import scheduler as scheduling
+from rag_lookahead.batch_forward import BatchForward
 from rag_lookahead.bench.batch_replay import CostGrid, load_grid
 from rag_lookahead.cli import main
+from rag_lookahead.decoding.batch import BatchCache
+from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.scheduler import Scheduler
 
 DECODE = ("batch", "fused", "row", "plain")
-# The scheduler's phases, whose time outside forwards is reported apart (the rest of an
-# iteration's host work is counted under "other").
-PHASES = ("_retire_cancelled", "_leave_dear_steps", "_fuse_joining", "_batch_step", "_alone_step", "_prefill")
+# Host work is reported by phase (each phase's own time: neither the forwards nor the phases
+# inside it); the rest of an iteration's host work is counted under "other".
+PHASES = (
+    (Scheduler, ("_retire_cancelled", "_leave_dear_steps", "_fuse_joining", "_batch_step", "_alone_step")),
+    (Scheduler, ("_prefill", "_first_token", "_end", "_drop_rows")),
+    (BatchCache, ("add_row", "keep_accepted", "row_copy", "prepare")),
+    (BatchForward, ("_plan",)),
+    (PrefixCache, ("lookup", "store")),
+    (scheduling, ("propose", "verify", "release")),
+)
 
 
 @dataclass
@@ -133,11 +144,13 @@ class Tracer:
         Scheduler.submit = self._submit(Scheduler.submit)  # type: ignore[method-assign]
         Scheduler._end = self._end(Scheduler._end)  # type: ignore[method-assign]
         Scheduler._release = self._release(Scheduler._release)  # type: ignore[method-assign]
-        for name in PHASES:
-            setattr(Scheduler, name, self._phase(name, getattr(Scheduler, name)))
-        ModelRunner.forward = self._forward(ModelRunner.forward, _chunk_kind)  # type: ignore[method-assign]
-        ModelRunner.forward_step = self._forward(ModelRunner.forward_step, _step_kind)  # type: ignore[method-assign]
-        ModelRunner.forward_batch = self._forward(ModelRunner.forward_batch, _batch_kind)  # type: ignore[method-assign]
+        for owner, names in PHASES:
+            for name in names:
+                setattr(owner, name, self._phase(name.strip("_"), getattr(owner, name)))
+        runner = ModelRunner
+        runner.forward = self._forward(runner.forward, _chunk_kind)  # type: ignore[method-assign]
+        runner.forward_step = self._forward(runner.forward_step, _step_kind)  # type: ignore[method-assign]
+        runner.forward_batch = self._forward(runner.forward_batch, _batch_kind)  # type: ignore[method-assign]
 
     def _run(self, scheduler: Scheduler) -> Run:
         run: Run | None = getattr(scheduler, "_traced_run", None)  # (ids of freed engines recur)
@@ -162,18 +175,20 @@ class Tracer:
 
     def _phase(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
-        def phase(scheduler: Scheduler, *args: Any, **kwargs: Any) -> Any:
-            if getattr(self._local, "phase", None) is not None:  # (a phase inside another)
-                return method(scheduler, *args, **kwargs)
-            self._local.phase, self._local.forwarded = name, 0.0
+        def phase(*args: Any, **kwargs: Any) -> Any:
+            run: Run | None = getattr(self._local, "run", None)
+            if run is None:
+                return method(*args, **kwargs)
+            stack = self._local.__dict__.setdefault("stack", [])
+            stack.append(0.0)  # what this phase's time leaves out: forwards and inner phases
             started = time.perf_counter()
             try:
-                return method(scheduler, *args, **kwargs)
+                return method(*args, **kwargs)
             finally:
-                host = time.perf_counter() - started - self._local.forwarded
-                self._local.phase = None
-                run = self._run(scheduler)
-                run.host[name.strip("_")] = run.host.get(name.strip("_"), 0.0) + host
+                seconds = time.perf_counter() - started
+                run.host[name] = run.host.get(name, 0.0) + seconds - stack.pop()
+                if stack:
+                    stack[-1] += seconds
 
         return phase
 
@@ -223,7 +238,9 @@ class Tracer:
                 name, rows, width = kind(*args, **kwargs)
                 seconds = time.perf_counter() - started
                 run.forwards.append(Forward(name, rows, width, started, seconds))
-                self._local.forwarded = getattr(self._local, "forwarded", 0.0) + seconds
+                stack = self._local.__dict__.get("stack")
+                if stack:
+                    stack[-1] += seconds
 
         return forward
 
