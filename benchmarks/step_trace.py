@@ -10,13 +10,15 @@ step of drafts over several rows; ``fused``, such a step with a prompt's chunk i
 a step of one row's draft; ``prompt``, a prompt's chunk forwarded apart; ``plain``, a plain
 one-token step), the tokens each step released, and when each call was queued and ended.
 Per run it reports the seconds in forwards by kind, the host work inside iterations around
-them, the time no iteration ran (``idle``: no call to step, or the loop changing hands), the
-rows a decode forward held on average (weighted by its seconds, as the batch's throughput
-feels them), tokens per decode forward, each client's gap between its call's end and its
-next call's queueing (its thread's own work), and with ``--grid`` (a step grid of
-``step_costs.py``) how the decode forwards' seconds compare with the grid's price of the same
-rows and width. Forwards outside a run's iterations (the benchmark's references, its prompt
-timer, cost measurement) are not counted.
+them (by phase: `PHASES`), the time no iteration ran (``idle``: no call to step, or the loop
+changing hands), the rows a decode forward held on average (weighted by its seconds, as the
+batch's throughput feels them), tokens per decode forward, the batched steps by width (how
+many, their mean time and rows, the tokens a row released), the prompts' chunks, each
+client's gap between its call's end and its next call's queueing (its thread's own work),
+and with ``--grid`` (a step grid of ``step_costs.py``) how the decode forwards' seconds
+compare with the grid's price of the same rows and width. Forwards outside a run's
+iterations (the benchmark's references, its prompt timer, cost measurement) are not counted.
+The wrappers add a few microseconds a phase, nothing to a forward's own time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_lookahead import batch_forward as batching
 from rag_lookahead import scheduler as scheduling
 from rag_lookahead.batch_forward import BatchForward
 from rag_lookahead.bench.batch_replay import CostGrid, load_grid
@@ -63,6 +66,7 @@ class Forward:
     started: float
     seconds: float
     tokens: int = 0  # released by the step after this forward
+    expected: float | None = None  # the batch plan's expected tokens for its rows, if planned
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Run:
             "max_batch_size": self.max_batch_size,
             "calls": len(self.queued),
             "seconds": round(span, 3),
+            "new_tokens": sum(f.tokens for f in self.forwards),
             "forward_seconds": {k: round(sum(f.seconds for f in fs), 3) for k, fs in by_kind.items()},
             "forwards": {k: len(fs) for k, fs in by_kind.items()},
             "host_seconds": round(looping - forwarding, 3),
@@ -101,6 +106,7 @@ class Run:
             "decode_tokens_per_forward_second": round(sum(f.tokens for f in decode) / decode_seconds, 2),
             "client_gap_seconds": _gaps(self.queued, self.ended),
             "prompt_chunks": [f.width for f in by_kind["prompt"]],
+            "batch_by_width": _by_width(by_kind["batch"]),
         }
         if grid is not None and decode:
             priced = sum(grid(f.rows, f.width) / 1000 for f in decode)
@@ -110,6 +116,32 @@ class Run:
                 for rows, fs in sorted(_by_rows(decode).items())
             }
         return out
+
+
+def _by_width(forwards: list[Forward]) -> dict[int, dict[str, float]]:
+    """Batched steps by width: how many, their mean milliseconds and rows, and the tokens
+    each of their rows released on average."""
+    groups: dict[int, list[Forward]] = {}
+    for f in forwards:
+        groups.setdefault(f.width, []).append(f)
+    return {
+        width: {
+            "steps": len(fs),
+            "ms": round(1000 * statistics.mean(f.seconds for f in fs), 1),
+            "rows": round(statistics.mean(f.rows for f in fs), 2),
+            "tokens_per_row": round(sum(f.tokens for f in fs) / sum(f.rows for f in fs), 2),
+            "expected_per_row": _expected_per_row(fs),
+        }
+        for width, fs in sorted(groups.items())
+    }
+
+
+def _expected_per_row(forwards: list[Forward]) -> float | None:
+    """What the batch plans expected a row of these steps to release, on average."""
+    planned = [f for f in forwards if f.expected is not None]
+    if not planned:
+        return None
+    return round(sum(f.expected or 0.0 for f in planned) / sum(f.rows for f in planned), 2)
 
 
 def _by_rows(forwards: list[Forward]) -> dict[int, list[Forward]]:
@@ -147,6 +179,7 @@ class Tracer:
         for owner, names in PHASES:
             for name in names:
                 setattr(owner, name, self._phase(name.strip("_"), getattr(owner, name)))
+        batching.plan_batch = self._plan(batching.plan_batch)
         runner = ModelRunner
         runner.forward = self._forward(runner.forward, _chunk_kind)  # type: ignore[method-assign]
         runner.forward_step = self._forward(runner.forward_step, _step_kind)  # type: ignore[method-assign]
@@ -192,6 +225,17 @@ class Tracer:
 
         return phase
 
+    def _plan(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """The batch plan, remembering the tokens it expects for the next forward's rows."""
+
+        @functools.wraps(method)
+        def plan(drafts: Any, *args: Any, **kwargs: Any) -> Any:
+            trees = method(drafts, *args, **kwargs)
+            self._local.expected = sum(d.gain(len(t)) for d, t in zip(drafts, trees, strict=True))
+            return trees
+
+        return plan
+
     def _submit(self, method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def submit(scheduler: Scheduler, call: Any) -> Any:
@@ -234,10 +278,12 @@ class Tracer:
             try:
                 return method(runner, *args, **kwargs)
             finally:
+                seconds = time.perf_counter() - started
                 self._local.inside = False
                 name, rows, width = kind(*args, **kwargs)
-                seconds = time.perf_counter() - started
-                run.forwards.append(Forward(name, rows, width, started, seconds))
+                expected = getattr(self._local, "expected", None) if name == "batch" else None
+                self._local.expected = None
+                run.forwards.append(Forward(name, rows, width, started, seconds, expected=expected))
                 stack = self._local.__dict__.get("stack")
                 if stack:
                     stack[-1] += seconds
@@ -284,6 +330,7 @@ def _table(summaries: list[dict[str, Any]]) -> str:
             f"{s['rows_per_decode_forward']}, tokens per decode forward {s['tokens_per_decode_forward']}, "
             f"{s['decode_tokens_per_forward_second']} tokens per decode-forward second",
             f"  host by phase {s['host_seconds_by_phase']}",
+            f"  batched steps by width {s['batch_by_width']}",
             f"  client gaps {s['client_gap_seconds']}",
         ]
         if "decode_seconds_over_grid" in s:
