@@ -306,15 +306,22 @@ def _batch_kind(inputs: Any, cache: Any, lengths: Any, keep: Any = None) -> tupl
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    if "--" not in argv:
-        raise SystemExit(f"usage: step_trace.py [--grid F] [--json F] -- bench ARGS...\n\n{__doc__}")
-    split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="step_trace.py")
+    """This script's options, and the ``rag-lookahead`` command after ``--``."""
+    parser = argparse.ArgumentParser(
+        prog="step_trace.py",
+        usage="step_trace.py [--grid GRID] [--json JSON] -- bench ARGS...",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--grid", type=Path, help="a step grid (step_costs.py --json) to price decode forwards"
     )
     parser.add_argument("--json", type=Path, help="write every run's summary here")
-    return parser.parse_args(argv[:split]), argv[split + 1 :]
+    split = argv.index("--") if "--" in argv else len(argv)
+    options = parser.parse_args(argv[:split])
+    if split == len(argv):
+        parser.error("name the command to trace after --")
+    return options, argv[split + 1 :]
 
 
 def _table(summaries: list[dict[str, Any]]) -> str:

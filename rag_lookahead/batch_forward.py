@@ -14,6 +14,7 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -24,9 +25,20 @@ from rag_lookahead.decoding.planner import fused_prefill, plan_batch, separate_p
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
 
-__all__ = ["BatchForward", "prompt_chunk"]
+__all__ = ["BatchForward", "PromptForwards", "prompt_chunk"]
 
 Cost = Callable[[int, int], float]  # seconds of a forward by rows and width
+
+
+@dataclass(frozen=True)
+class PromptForwards:
+    """The prompts' forwards run alone so far (a chunk apart, or a prompt that had the batch
+    to itself): how many, their tokens and their seconds. A chunk riding in the batch's steps
+    is not among them (its forward is the running rows' too)."""
+
+    forwards: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
 
 
 class BatchForward:
@@ -41,6 +53,7 @@ class BatchForward:
         # it past its last measured size.
         self.prompts = Calibration()
         self.width = 1  # the running rows' drafts in the last step: what a join plans against
+        self.prompt_forwards = PromptForwards()  # replaced, never changed: readable from any thread
 
     def run(
         self, batch: BatchCache, calls: list[Call], proposals: Sequence[StepDraft | None]
@@ -99,6 +112,8 @@ class BatchForward:
 
     def observe_prompt(self, tokens: int, seconds: float) -> None:
         """A prompt's chunk of ``tokens`` forwarded alone took ``seconds``."""
+        done = self.prompt_forwards
+        self.prompt_forwards = PromptForwards(done.forwards + 1, done.tokens + tokens, done.seconds + seconds)
         curve = self.runner.costs.curve
         if curve is None or tokens <= curve.sizes[-1] or curve(tokens) <= curve(curve.sizes[-1]):
             return
@@ -167,7 +182,9 @@ class BatchForward:
         left = [len(c.prompt_ids) - c.prefilled for c, d in zip(calls, drafts, strict=True) if d is None]
         if batch.rows == 1:  # the prompt alone: all of it at once, as outside a batch
             chunk = prompt_chunk(calls[0], left[0])
+            started = time.perf_counter()
             logits, _ = self.runner.forward(torch.tensor([chunk.tree.tokens]), batch.cache, last_only=True)
+            self.observe_prompt(len(chunk), time.perf_counter() - started)
             return [chunk], [logits[-1:]]
         cost = self.cost()
         if cost is not None:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from rag_lookahead.batch_forward import BatchForward
+from rag_lookahead.batch_forward import BatchForward, PromptForwards
 from rag_lookahead.call import END as _END
 from rag_lookahead.call import Call, choose_next, propose, release, verify
 from rag_lookahead.decoding.batch import BatchCache
@@ -72,6 +72,12 @@ class Scheduler:
         self._batch = BatchCache()
         self._forward = BatchForward(runner, max_tokens_per_forward)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+
+    @property
+    def prompt_forwards(self) -> PromptForwards:
+        """The prompts forwarded alone so far (chunks apart between steps, or a prompt with
+        the model to itself): what a benchmark leaves out of decoding, as timed in its run."""
+        return self._forward.prompt_forwards
 
     def submit(self, call: Call) -> None:
         """Queue ``call``; read what it releases with `chunks`."""

@@ -50,3 +50,28 @@ def test_one_round_reports_that_round_alone() -> None:
 def test_rounds_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         run_concurrency(tiny_engine(), INPUTS, 4, [2], ["batched"], rounds=0)
+
+
+def test_this_engines_runs_leave_out_their_own_prompt_forwards() -> None:
+    """The decode rate that leaves out the prompts' forwards as timed in the run itself (a
+    machine's speed drifts between a timing before the runs and the runs)."""
+    summary = run_concurrency(tiny_engine(), INPUTS, 6, [2], ["serialised", "batched", "hf_static_batch"])
+    methods = summary["concurrency"]["2"]["methods"]
+    for name in ("serialised", "batched"):
+        figures = methods[name]
+        own = figures["prompt_forward_seconds"]
+        assert 0 < own < figures["seconds"]
+        expected = figures["new_tokens"] / (figures["seconds"] - own)
+        assert figures["run_decode_tokens_per_s"] == pytest.approx(expected, rel=0.01)
+    assert "run_decode_speedup_vs_serialised" in methods["batched"]
+    assert "run_decode_tokens_per_s" not in methods["hf_static_batch"]  # not this engine's
+
+
+def test_the_scheduler_counts_the_prompts_it_forwards_alone() -> None:
+    engine = tiny_engine()
+    assert engine.scheduler.prompt_forwards.forwards == 0
+    for item in INPUTS:
+        list(engine.stream(item.prompt_ids, max_new_tokens=3).chunks())
+    counted = engine.scheduler.prompt_forwards
+    assert counted.tokens == sum(len(item.prompt_ids) for item in INPUTS)  # no shared beginning
+    assert counted.forwards == len(INPUTS) and counted.seconds > 0

@@ -13,8 +13,11 @@ process at a given rate (a question waits for a free client). Methods:
 - ``prompt_lookup``: transformers prompt lookup decoding, one question at a time.
 
 Every output is compared with plain greedy ``generate`` of the same prompt alone.
-``decode_tokens_per_s`` leaves out the prompts' forwards (timed alone, as the engine runs them:
-the same work for every method, up to the kernels ``generate`` runs for the ``hf_*`` methods).
+``decode_tokens_per_s`` leaves out the prompts' forwards (timed alone, as the engine runs them,
+once before the runs: the same work for every method, up to the kernels ``generate`` runs for
+the ``hf_*`` methods). For this engine's methods ``run_decode_tokens_per_s`` leaves out the
+prompts' forwards as timed in the run itself (`Scheduler.prompt_forwards`): on a machine whose
+speed drifts between that first timing and the runs, the steadier of the two.
 """
 
 from __future__ import annotations
@@ -101,8 +104,7 @@ def run_concurrency(
             for name in order:
                 run = _run_method(engine, name, inputs, arrivals, clients, max_new_tokens)
                 if run is not None:
-                    served, wall = run
-                    results[name] = _measures(served, reference, wall, prefill_seconds)
+                    results[name] = _measures(run, reference, prefill_seconds)
             _ratios(results)
             runs.append({name: results[name] for name in methods if name in results})
         results = runs[0] if rounds == 1 else _medians(runs)
@@ -116,6 +118,16 @@ def run_concurrency(
     }
 
 
+@dataclass
+class _Run:
+    """One method's run: what each question got, the wall clock, and (for this engine) the
+    seconds its prompts' forwards took in the run."""
+
+    served: list[Served]
+    wall: float
+    prompt_seconds: float | None
+
+
 def _run_method(
     engine: LookaheadEngine,
     name: str,
@@ -123,19 +135,22 @@ def _run_method(
     arrivals: Sequence[float],
     clients: int,
     max_new_tokens: int,
-) -> tuple[list[Served], float] | None:
-    """One run of method ``name`` (on a fresh engine, after a warm-up on another one): what
-    each question got and the wall clock; ``None`` where this transformers lacks the method."""
+) -> _Run | None:
+    """One run of method ``name`` (on a fresh engine, after a warm-up on another one); ``None``
+    where this transformers lacks the method."""
     warm = _method(engine, name, clients, max_new_tokens)
     if warm is None:
         return None
     # A warm-up (allocations, kernels), then a fresh start.
-    in_passing_thread(lambda: warm(inputs[:1], [0.0], clients))
-    method = _method(engine, name, clients, max_new_tokens)
-    assert method is not None
+    in_passing_thread(lambda: warm[0](inputs[:1], [0.0], clients))
+    prepared = _method(engine, name, clients, max_new_tokens)
+    assert prepared is not None
+    method, variant = prepared
     started = time.perf_counter()
     served = in_passing_thread(lambda: method(inputs, arrivals, clients))
-    return served, time.perf_counter() - started
+    wall = time.perf_counter() - started
+    prompts = None if variant is None else variant.scheduler.prompt_forwards.seconds
+    return _Run(served, wall, prompts)
 
 
 def _medians(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -161,11 +176,8 @@ def _best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """A method's least disturbed figures over its rounds: other work on the machine only
     ever slows a round down, so the fastest is the nearest to the method's own speed (as the
     cost curves keep each forward's least time)."""
-    return {
-        "tokens_per_s": max(m["tokens_per_s"] for m in rounds),
-        "decode_tokens_per_s": max(m["decode_tokens_per_s"] for m in rounds),
-        "p95_latency_s": min(m["p95_latency_s"] for m in rounds),
-    }
+    fastest = {key: max(m[key] for m in rounds) for key in _SPEEDUPS if key in rounds[0]}
+    return {**fastest, "p95_latency_s": min(m["p95_latency_s"] for m in rounds)}
 
 
 def poisson_arrivals(count: int, rate: float | None, seed: int) -> list[float]:
@@ -180,7 +192,10 @@ def poisson_arrivals(count: int, rate: float | None, seed: int) -> list[float]:
     return times
 
 
-def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: int) -> Method | None:
+def _method(
+    engine: LookaheadEngine, name: str, clients: int, max_new_tokens: int
+) -> tuple[Method, LookaheadEngine | None] | None:
+    """Method ``name``, and the fresh engine it runs on where it is this engine's."""
     if name in ("serialised", "batched"):
         size = 1 if name == "serialised" else max(engine.config.max_batch_size, clients)
         tokens = max(engine.config.max_tokens_per_forward, size)
@@ -188,7 +203,7 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
         variant = fresh_engine(engine, config)
         if config.mode == "auto":
             variant.measure_costs()  # the batch costs too (read back from the disk cache)
-        return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served))
+        return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served)), variant
     if name == "prompt_lookup":
 
         def lookup(item: BenchInput, served: Served) -> None:
@@ -198,12 +213,14 @@ def _method(engine: LookaheadEngine, name: str, clients: int, max_new_tokens: in
             served.first_token = served.done = time.perf_counter()
 
         # One client thread: one request at a time, and one thread doing torch work.
-        return lambda inputs, arrivals, _: _clients(lookup)(inputs, arrivals, 1)
+        return (lambda inputs, arrivals, _: _clients(lookup)(inputs, arrivals, 1)), None
     if name == "hf_static_batch":
-        return lambda inputs, arrivals, size: _static_batches(engine, inputs, arrivals, size, max_new_tokens)
+        return (
+            lambda inputs, arrivals, size: _static_batches(engine, inputs, arrivals, size, max_new_tokens)
+        ), None
     if not hasattr(engine.model, "generate_batch"):
         return None
-    return lambda inputs, arrivals, size: _continuous(engine, inputs, arrivals, max_new_tokens)
+    return (lambda inputs, arrivals, size: _continuous(engine, inputs, arrivals, max_new_tokens)), None
 
 
 def _clients(answer: Callable[[BenchInput, Served], None]) -> Method:
@@ -320,15 +337,21 @@ def _relative(served: Served, start: float) -> Served:
     return Served(served.arrived - start, served.first_token - start, served.done - start, served.tokens)
 
 
-def _measures(
-    served: list[Served], reference: list[list[int]], wall: float, prefill: float
-) -> dict[str, Any]:
+def _measures(run: _Run, reference: list[list[int]], prefill: float) -> dict[str, Any]:
+    served, wall = run.served, run.wall
     tokens = sum(len(s.tokens) for s in served)
     latency = sorted(s.done - s.arrived for s in served)
     ttft = sorted(s.first_token - s.arrived for s in served)
+    own: dict[str, float] = {}
+    if run.prompt_seconds is not None:
+        own = {
+            "prompt_forward_seconds": round(run.prompt_seconds, 3),
+            "run_decode_tokens_per_s": round(tokens / max(wall - run.prompt_seconds, 1e-9), 3),
+        }
     return {
         "tokens_per_s": round(tokens / wall, 3),
         "decode_tokens_per_s": round(tokens / max(wall - prefill, 1e-9), 3),
+        **own,
         "p50_latency_s": round(quantile(latency, 0.5), 3),
         "p95_latency_s": round(quantile(latency, 0.95), 3),
         "p50_ttft_s": round(quantile(ttft, 0.5), 3),
@@ -344,14 +367,22 @@ def quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+# Each rate, and the name of its ratio to a base method's.
+_SPEEDUPS = {
+    "tokens_per_s": "speedup",
+    "decode_tokens_per_s": "decode_speedup",
+    "run_decode_tokens_per_s": "run_decode_speedup",
+}
+
+
 def _ratios(results: dict[str, dict[str, Any]]) -> None:
     for base in ("serialised", "hf_static_batch"):
         if base not in results:
             continue
         for measures in results.values():
-            for key in ("tokens_per_s", "decode_tokens_per_s"):
-                name = f"{'speedup' if key == 'tokens_per_s' else 'decode_speedup'}_vs_{base}"
-                measures[name] = round(measures[key] / results[base][key], 3)
+            for key, ratio in _SPEEDUPS.items():
+                if key in measures and key in results[base]:
+                    measures[f"{ratio}_vs_{base}"] = round(measures[key] / results[base][key], 3)
             measures[f"p95_latency_vs_{base}"] = round(
                 measures["p95_latency_s"] / max(results[base]["p95_latency_s"], 1e-9), 3
             )
@@ -360,7 +391,7 @@ def _ratios(results: dict[str, dict[str, Any]]) -> None:
 def format_concurrency(summary: dict[str, Any]) -> str:
     """A plain-text table per concurrency level."""
     head = (
-        f"{'method':<24}{'tok/s':>8}{'decode':>9}{'p50 s':>8}{'p95 s':>8}{'ttft s':>8}"
+        f"{'method':<24}{'tok/s':>8}{'decode':>9}{'in run':>9}{'p50 s':>8}{'p95 s':>8}{'ttft s':>8}"
         f"{'same':>7}{'vs serial':>10}{'vs static':>10}"
     )
     lines = []
@@ -369,6 +400,7 @@ def format_concurrency(summary: dict[str, Any]) -> str:
         for name, m in level["methods"].items():
             lines.append(
                 f"{name:<24}{m['tokens_per_s']:>8.2f}{m['decode_tokens_per_s']:>9.2f}"
+                f"{m.get('run_decode_tokens_per_s', 0):>9.2f}"
                 f"{m['p50_latency_s']:>8.2f}{m['p95_latency_s']:>8.2f}{m['p50_ttft_s']:>8.2f}"
                 f"{m['identical_to_greedy']:>4}/{m['answers']:<2}"
                 f"{m.get('speedup_vs_serialised', 0):>9.2f}x{m.get('speedup_vs_hf_static_batch', 0):>9.2f}x"
