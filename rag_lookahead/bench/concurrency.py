@@ -141,8 +141,9 @@ def _run_method(
     warm = _method(engine, name, clients, max_new_tokens)
     if warm is None:
         return None
+    warming, _ = warm
     # A warm-up (allocations, kernels), then a fresh start.
-    in_passing_thread(lambda: warm[0](inputs[:1], [0.0], clients))
+    in_passing_thread(lambda: warming(inputs[:1], [0.0], clients))
     prepared = _method(engine, name, clients, max_new_tokens)
     assert prepared is not None
     method, variant = prepared
