@@ -49,8 +49,20 @@ DECODE = ("batch", "fused", "row", "plain")
 # Host work is reported by phase (each phase's own time: neither the forwards nor the phases
 # inside it); the rest of an iteration's host work is counted under "other".
 PHASES = (
-    (Scheduler, ("_retire_cancelled", "_leave_dear_steps", "_fuse_joining", "_batch_step", "_alone_step")),
-    (Scheduler, ("_prefill", "_first_token", "_end", "_drop_rows")),
+    (
+        Scheduler,
+        (
+            "_retire_cancelled",
+            "_leave_dear_steps",
+            "_fuse_joining",
+            "_batch_step",
+            "_alone_step",
+            "_prefill",
+            "_first_token",
+            "_end",
+            "_drop_rows",
+        ),
+    ),
     (BatchCache, ("add_row", "keep_accepted", "row_copy", "prepare")),
     (BatchForward, ("_plan",)),
     (PrefixCache, ("lookup", "store")),
@@ -63,7 +75,6 @@ class Forward:
     kind: str
     rows: int
     width: int
-    started: float
     seconds: float
     tokens: int = 0  # released by the step after this forward
     expected: float | None = None  # the batch plan's expected tokens for its rows, if planned
@@ -84,7 +95,8 @@ class Run:
         start = min(t for _, t in self.queued)
         span = max(t for _, t in self.ended) - start
         looping = sum(end - begin for begin, end in self.iterations)
-        by_kind = {k: [f for f in self.forwards if f.kind == k] for k in ("prompt", *DECODE)}
+        kinds = _grouped(self.forwards, lambda f: f.kind)
+        by_kind = {k: kinds.get(k, []) for k in ("prompt", *DECODE)}
         forwarding = sum(f.seconds for f in self.forwards)
         decode = [f for f in self.forwards if f.kind in DECODE]
         decode_seconds = sum(f.seconds for f in decode) or 1e-9
@@ -109,21 +121,28 @@ class Run:
             "batch_by_width": _by_width(by_kind["batch"]),
         }
         if grid is not None and decode:
-            priced = sum(grid(f.rows, f.width) / 1000 for f in decode)
-            out["decode_seconds_over_grid"] = round(decode_seconds / priced, 3)
-            out["over_grid_by_rows"] = {
-                rows: round(sum(f.seconds for f in fs) / sum(grid(rows, f.width) / 1000 for f in fs), 3)
-                for rows, fs in sorted(_by_rows(decode).items())
-            }
+            out["decode_seconds_over_grid"] = _over_grid(decode, grid)
+            by_rows = _grouped(decode, lambda f: f.rows)
+            out["over_grid_by_rows"] = {rows: _over_grid(fs, grid) for rows, fs in by_rows.items()}
         return out
+
+
+def _grouped(forwards: list[Forward], key: Callable[[Forward], Any]) -> dict[Any, list[Forward]]:
+    """``forwards`` by ``key``, in the key's order."""
+    groups: dict[Any, list[Forward]] = {}
+    for f in forwards:
+        groups.setdefault(key(f), []).append(f)
+    return dict(sorted(groups.items()))
+
+
+def _over_grid(forwards: list[Forward], grid: CostGrid) -> float:
+    """The forwards' seconds over the grid's price for the same rows and widths."""
+    return round(sum(f.seconds for f in forwards) / sum(grid(f.rows, f.width) / 1000 for f in forwards), 3)
 
 
 def _by_width(forwards: list[Forward]) -> dict[int, dict[str, float]]:
     """Batched steps by width: how many, their mean milliseconds and rows, and the tokens
     each of their rows released on average."""
-    groups: dict[int, list[Forward]] = {}
-    for f in forwards:
-        groups.setdefault(f.width, []).append(f)
     return {
         width: {
             "steps": len(fs),
@@ -132,7 +151,7 @@ def _by_width(forwards: list[Forward]) -> dict[int, dict[str, float]]:
             "tokens_per_row": round(sum(f.tokens for f in fs) / sum(f.rows for f in fs), 2),
             "expected_per_row": _expected_per_row(fs),
         }
-        for width, fs in sorted(groups.items())
+        for width, fs in _grouped(forwards, lambda f: f.width).items()
     }
 
 
@@ -141,14 +160,7 @@ def _expected_per_row(forwards: list[Forward]) -> float | None:
     planned = [f for f in forwards if f.expected is not None]
     if not planned:
         return None
-    return round(sum(f.expected or 0.0 for f in planned) / sum(f.rows for f in planned), 2)
-
-
-def _by_rows(forwards: list[Forward]) -> dict[int, list[Forward]]:
-    groups: dict[int, list[Forward]] = {}
-    for f in forwards:
-        groups.setdefault(f.rows, []).append(f)
-    return groups
+    return round(sum(f.expected for f in planned if f.expected) / sum(f.rows for f in planned), 2)
 
 
 def _gaps(queued: list[tuple[int, float]], ended: list[tuple[int, float]]) -> dict[str, float]:
@@ -283,7 +295,7 @@ class Tracer:
                 name, rows, width = kind(*args, **kwargs)
                 expected = getattr(self._local, "expected", None) if name == "batch" else None
                 self._local.expected = None
-                run.forwards.append(Forward(name, rows, width, started, seconds, expected=expected))
+                run.forwards.append(Forward(name, rows, width, seconds, expected=expected))
                 stack = self._local.__dict__.get("stack")
                 if stack:
                     stack[-1] += seconds

@@ -104,10 +104,12 @@ class BatchForward:
 
         return seconds
 
-    def _floor(self) -> Callable[[int], float] | None:
-        """What tokens in one row cost at least, for a join's floor (`fused_prefill`): the
-        one-row curve as measured, which grows with the tokens past its measured sizes (the
-        calibrated `alone` is flat where a smaller class was timed dearer)."""
+    def _measured(self) -> Callable[[int], float] | None:
+        """Seconds of so many tokens in one row, on the one-row curve as measured: the shape
+        of the kernels, which grows with the tokens past the measured sizes. A join's floor
+        (`fused_prefill`) and a chunk's size (`chunk`) read it rather than the calibrated
+        `alone`, whose classes learn their ratios at different moments and context depths
+        (it is flat where a smaller class was timed dearer)."""
         return self.runner.costs.curve
 
     def observe_prompt(self, tokens: int, seconds: float) -> None:
@@ -126,7 +128,7 @@ class BatchForward:
         cost, alone = self.cost(), self.alone()
         if cost is None or alone is None or decode_rows == 0:
             return False
-        limit, missed, floor = self.max_tokens_per_forward, self.missed(decode_rows), self._floor()
+        limit, missed, floor = self.max_tokens_per_forward, self.missed(decode_rows), self._measured()
         fused = fused_prefill([remaining], decode_rows, self.width, cost, limit, missed, floor)
         return fused.rate >= separate_prefill(remaining, alone, limit, missed).rate
 
@@ -134,16 +136,14 @@ class BatchForward:
         """The chunk of a prompt of ``remaining`` tokens to forward apart, between two steps
         of the ``decode_rows`` running rows.
 
-        Sized on the one-row curve as measured, whose shape is the kernels': the prompts'
-        calibration learns a ratio per class of sizes, at different moments and context
-        depths, and a larger class timed in a slow moment would make smaller chunks look
-        cheaper per token. Smaller chunks cost more per token and keep the call out of the
-        batch for more steps."""
-        curve = self.runner.costs.curve
-        if curve is None:
+        Sized on the `_measured` curve: on the calibrated one, a larger class timed in a slow
+        moment would make smaller chunks look cheaper per token, and smaller chunks cost more
+        per token and keep the call out of the batch for more steps."""
+        measured = self._measured()
+        if measured is None:
             return min(remaining, self.max_tokens_per_forward)
         missed = self.missed(decode_rows)
-        return separate_prefill(remaining, curve, self.max_tokens_per_forward, missed).tokens
+        return separate_prefill(remaining, measured, self.max_tokens_per_forward, missed).tokens
 
     def missed(self, decode_rows: int) -> float:
         """What a step loses by a call not decoding in it yet: a row's share of its cost (a
@@ -190,7 +190,7 @@ class BatchForward:
         if cost is not None:
             missed = self.missed(len(decoding))
             tokens = fused_prefill(
-                left, len(decoding), width, cost, self.max_tokens_per_forward, missed, self._floor()
+                left, len(decoding), width, cost, self.max_tokens_per_forward, missed, self._measured()
             ).tokens
         else:
             tokens = max(min(max(left), self.max_tokens_per_forward // len(calls)), width, 1)

@@ -532,6 +532,32 @@ def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exa
     assert engine.scheduler._rows == []
 
 
+def test_a_prompt_left_alone_in_the_steps_is_forwarded_and_counted_as_a_prompt() -> None:
+    """A prompt riding in the steps whose running rows all leave goes on alone, all of its
+    rest at once; that forward counts among the prompts' (`Scheduler.prompt_forwards`), the
+    chunks it rode in the steps do not."""
+    from rag_lookahead.decoding.costs import CostCurve
+
+    model, engine = joining_engine(CostCurve.flat())
+    long_prompt = [(7 * i) % VOCAB for i in range(45)]
+    scheduler = engine.scheduler
+    first = engine.stream([3, 14, 15], max_new_tokens=40)
+    chunks = first.chunks()
+    next(chunks)
+    second = engine.stream(long_prompt, max_new_tokens=12)
+
+    def riding() -> int:
+        return next((c.prefilled for c in scheduler._rows if c.prompt_ids == long_prompt), 0)
+
+    while not 0 < riding() < 45:
+        next(chunks)  # each read drives a step
+    prefilled = riding()
+    chunks.close()  # the running row leaves; the prompt has the steps to itself
+    assert second.complete().token_ids == greedy_reference(model, long_prompt, 12)
+    counted = scheduler.prompt_forwards
+    assert (counted.forwards, counted.tokens) == (2, 3 + 45 - prefilled)
+
+
 def test_a_row_copied_out_of_the_batch_holds_its_tokens_and_outlives_the_row() -> None:
     runner = ModelRunner(tiny_model("llama"))
     prompts = ([3, 14, 15, 9], [2, 7, 1])
