@@ -61,8 +61,11 @@ def test_this_engines_runs_leave_out_their_own_prompt_forwards() -> None:
         figures = methods[name]
         own = figures["prompt_forward_seconds"]
         assert 0 < own < figures["seconds"]
-        expected = figures["new_tokens"] / (figures["seconds"] - own)
-        assert figures["run_decode_tokens_per_s"] == pytest.approx(expected, rel=0.01)
+        # Both times are reported to the millisecond, so on a tiny model the rate is checked
+        # against the interval their rounding allows, not a relative tolerance.
+        rest = figures["seconds"] - own
+        lowest, highest = figures["new_tokens"] / (rest + 0.001), figures["new_tokens"] / (rest - 0.001)
+        assert lowest - 0.001 <= figures["run_decode_tokens_per_s"] <= highest + 0.001
     assert "run_decode_speedup_vs_serialised" in methods["batched"]
     assert "run_decode_tokens_per_s" not in methods["hf_static_batch"]  # not this engine's
 
