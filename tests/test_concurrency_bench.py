@@ -31,6 +31,7 @@ def test_rounds_alternate_the_methods_and_report_the_medians(monkeypatch: pytest
         rounds = figures["rounds"]
         assert len(rounds) == 3
         assert figures["identical_to_greedy"] == figures["answers"] == len(INPUTS)
+        assert figures["divergences"] == []
         for key in ("tokens_per_s", "speedup_vs_serialised", "p95_latency_vs_serialised"):
             assert figures[key] == round(statistics.median(r[key] for r in rounds), 3)
     assert all(r["speedup_vs_serialised"] == 1.0 for r in methods["serialised"]["rounds"])
@@ -39,6 +40,21 @@ def test_rounds_alternate_the_methods_and_report_the_medians(monkeypatch: pytest
     assert best["p95_latency_s"] == min(r["p95_latency_s"] for r in methods["batched"]["rounds"])
     assert best["speedup_vs_serialised"] == round(best["tokens_per_s"] / base["tokens_per_s"], 3)
     assert best["p95_latency_vs_serialised"] == round(best["p95_latency_s"] / base["p95_latency_s"], 3)
+
+
+def test_the_answers_that_differ_are_those_of_the_round_with_fewest_identical() -> None:
+    def round_(identical: int, diverging: list[dict[str, int]]) -> dict[str, dict[str, object]]:
+        return {
+            "m": {
+                "identical_to_greedy": identical,
+                "divergences": diverging,
+                "tokens_per_s": 1.0,
+                "p95_latency_s": 1.0,
+            }
+        }
+
+    runs = [round_(2, []), round_(1, [{"answer": 1, "position": 4}]), round_(2, [])]
+    assert concurrency._medians(runs)["m"]["divergences"] == [{"answer": 1, "position": 4}]  # type: ignore[arg-type]
 
 
 def test_one_round_reports_that_round_alone() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.bench.divergence import describe, divergences
 from rag_lookahead.bench.methods import CONCURRENCY_METHODS
 from rag_lookahead.bench.run import (
     PROMPT_LOOKUP_TOKENS,
@@ -92,6 +93,7 @@ def run_concurrency(
     reference = in_passing_thread(
         lambda: [hf_generate(engine, item.prompt_ids, max_new_tokens) for item in inputs]
     )
+    prompts = [item.prompt_ids for item in inputs]
     prefill = prefill_timer(engine)
     prefill_seconds = in_passing_thread(lambda: sum(prefill(item.prompt_ids) for item in inputs))
     levels: dict[str, Any] = {}
@@ -104,7 +106,10 @@ def run_concurrency(
             for name in order:
                 run = _run_method(engine, name, inputs, arrivals, clients, max_new_tokens)
                 if run is not None:
-                    results[name] = _measures(run, reference, prefill_seconds)
+                    results[name] = {
+                        **_measures(run, reference, prefill_seconds),
+                        "divergences": _diverging(engine, prompts, run.served, reference),
+                    }
             _ratios(results)
             runs.append({name: results[name] for name in methods if name in results})
         results = runs[0] if rounds == 1 else _medians(runs)
@@ -164,6 +169,8 @@ def _medians(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]
         for key, value in each[0].items():
             if key == "identical_to_greedy":
                 figures[key] = min(m[key] for m in each)
+            elif key == "divergences":  # the round whose count of identical answers is reported
+                figures[key] = min(each, key=lambda m: m["identical_to_greedy"])[key]
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 figures[key] = round(statistics.median(m[key] for m in each), 3)
             else:
@@ -363,6 +370,15 @@ def _measures(run: _Run, reference: list[list[int]], prefill: float) -> dict[str
     }
 
 
+def _diverging(
+    engine: LookaheadEngine, prompts: list[list[int]], served: list[Served], reference: list[list[int]]
+) -> list[dict[str, Any]]:
+    """The answers that are not greedy's, each with where it leaves greedy's and ``generate``'s
+    margin there (`divergences`), worked out after the timed run."""
+    answers = [s.tokens for s in served]
+    return in_passing_thread(lambda: divergences(engine, prompts, answers, reference))
+
+
 def quantile(values: list[float], q: float) -> float:
     """The nearest-rank ``q`` quantile of ``values``, sorted ascending."""
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -406,5 +422,7 @@ def format_concurrency(summary: dict[str, Any]) -> str:
                 f"{m['identical_to_greedy']:>4}/{m['answers']:<2}"
                 f"{m.get('speedup_vs_serialised', 0):>9.2f}x{m.get('speedup_vs_hf_static_batch', 0):>9.2f}x"
             )
+        for name, m in level["methods"].items():
+            lines += describe(name, m.get("divergences", ()))
         lines.append("")
     return "\n".join(lines)

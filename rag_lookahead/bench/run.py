@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rag_lookahead.bench.divergence import describe, divergences
 from rag_lookahead.bench.methods import METHODS
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.costs import CostCurve
@@ -211,16 +212,17 @@ def run_benchmark(
             result.new_tokens += len(tokens)
             result.steps += steps
             result.outputs.append(tokens)
-    return _summary(engine, results, len(inputs), max_new_tokens, prefill_seconds)
+    return _summary(engine, results, inputs, max_new_tokens, prefill_seconds)
 
 
 def _summary(
     engine: LookaheadEngine,
     results: dict[str, MethodResult],
-    records: int,
+    inputs: Sequence[BenchInput],
     max_new_tokens: int,
     prefill_seconds: dict[str, float],
 ) -> dict[str, Any]:
+    records, prompts = len(inputs), [item.prompt_ids for item in inputs]
     greedy = results["greedy"]
     greedy_decode = greedy.seconds - prefill_seconds["generate"]
     pld = results.get("prompt_lookup")
@@ -239,6 +241,8 @@ def _summary(
             "speedup_vs_prompt_lookup": round(r.tokens_per_s / pld.tokens_per_s, 3) if pld else None,
             # The same ratio after each method's prompt forward is taken out.
             "decode_speedup_vs_greedy": round(greedy_decode / (r.seconds - prefill), 3),
+            # Answers that are not greedy's: where each leaves it, and generate's margin there.
+            "divergences": divergences(engine, prompts, r.outputs, greedy.outputs),
         }
     return {
         **run_header(engine, records, max_new_tokens),
@@ -272,4 +276,6 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{m['identical_to_greedy']:>4}/{summary['records']:<1}{acc:>9}"
             f"{m['speedup_vs_greedy']:>9.2f}x{pld:>8}{m['decode_speedup_vs_greedy']:>7.2f}x"
         )
+    for name, m in summary["methods"].items():
+        lines += describe(name, m.get("divergences", ()))
     return "\n".join(lines)

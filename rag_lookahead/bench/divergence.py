@@ -1,0 +1,113 @@
+"""Where an answer leaves greedy decoding's, and how near a tie greedy's choice was there.
+
+In fp32 every answer of this engine is greedy's. In bf16 or fp16 a forward over a draft tree
+(or a batch) rounds differently from ``generate``'s one-token forwards, so where two tokens'
+logits nearly tie, the other one can win — for any speculative method. What tells such a
+near-tie from a fault is ``generate``'s own logits at the first token that differs: the margin
+of greedy's token over the answer's there. A near-tie's margin is within the dtype's rounding
+of the logits; a fault's is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rag_lookahead.engine import LookaheadEngine
+
+__all__ = ["describe", "divergence", "divergences", "first_difference"]
+
+
+def first_difference(answer: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first token where ``answer`` and ``reference`` differ (where one is the
+    other's beginning, the shorter's length); ``None`` where they are equal."""
+    for index, (token, expected) in enumerate(zip(answer, reference, strict=False)):
+        if token != expected:
+            return index
+    return None if len(answer) == len(reference) else min(len(answer), len(reference))
+
+
+def divergence(
+    engine: LookaheadEngine, prompt: Sequence[int], answer: Sequence[int], reference: Sequence[int]
+) -> dict[str, Any] | None:
+    """Where ``answer`` first leaves ``reference`` (greedy ``generate``'s answer to ``prompt``),
+    with ``generate``'s logits there: ``margin``, greedy's token's logit minus the answer's,
+    and ``rank``, the answer's token's place in them (2: the runner-up). ``None`` where the
+    two are equal. Margin and rank are ``None`` where the answer ended first, or where
+    ``generate`` asked again did not repeat its answer (then ``repeated`` is false)."""
+    index = first_difference(answer, reference)
+    if index is None:
+        return None
+    token = answer[index] if index < len(answer) else None
+    greedy = reference[index] if index < len(reference) else None
+    found: dict[str, Any] = {
+        "position": index,
+        "greedy_token": greedy,
+        "token": token,
+        "margin": None,
+        "rank": None,
+    }
+    if token is None or greedy is None:
+        return found
+    logits = _greedy_logits(engine, prompt, reference, index)  # [V]
+    if logits is None:
+        return {**found, "repeated": False}
+    found["margin"] = round(float(logits[greedy] - logits[token]), 6)
+    found["rank"] = int((logits > logits[token]).sum()) + 1
+    return found
+
+
+def divergences(
+    engine: LookaheadEngine,
+    prompts: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    references: Sequence[Sequence[int]],
+) -> list[dict[str, Any]]:
+    """`divergence` of every answer that differs from its reference, with its index."""
+    found = []
+    for index, (prompt, answer, reference) in enumerate(zip(prompts, answers, references, strict=True)):
+        where = divergence(engine, prompt, answer, reference)
+        if where is not None:
+            found.append({"answer": index, **where})
+    return found
+
+
+def describe(method: str, found: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per answer of ``method`` that is not greedy's (`divergences`), for a table."""
+    lines = []
+    for where in found:
+        if where["margin"] is None:
+            why = "ended first" if where["token"] is None or where["greedy_token"] is None else "not repeated"
+            lines.append(
+                f"  {method}: answer {where['answer']} leaves greedy's at token {where['position']} ({why})"
+            )
+        else:
+            lines.append(
+                f"  {method}: answer {where['answer']} leaves greedy's at token {where['position']}: "
+                f"generate's margin {where['margin']:.4g}, its choice ranked {where['rank']}"
+            )
+    return lines
+
+
+def _greedy_logits(
+    engine: LookaheadEngine, prompt: Sequence[int], reference: Sequence[int], index: int
+) -> torch.Tensor | None:
+    """``generate``'s logits for greedy's token ``index`` after ``prompt`` as its decoding
+    computed them (the prompt's forward, then one-token forwards), in fp32; ``None`` where
+    ``generate`` did not answer ``reference`` again."""
+    input_ids = torch.tensor([list(prompt)], device=engine.device)
+    with torch.inference_mode():
+        out = engine.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=index + 1,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
+        )
+    if out.sequences[0, len(prompt) :].tolist() != list(reference[: index + 1]):
+        return None  # greedy decoding that does not repeat itself on this device
+    return out.logits[index][0].float()  # [V]
