@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rag_lookahead.bench import divergence as divergence_module
 from rag_lookahead.bench.divergence import describe, divergence, divergences, first_difference
 from rag_lookahead.bench.run import BenchInput, hf_generate, run_benchmark
 from rag_lookahead.testing import tiny_engine
@@ -53,6 +54,8 @@ def test_the_margin_is_generates_own_at_the_first_differing_token() -> None:
     expected = float(logits[reference[index]] - logits[runner_up])
     assert found["margin"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
     assert found["margin"] >= 0
+    assert found["logit"] == pytest.approx(float(logits[reference[index]]), rel=1e-4, abs=1e-5)
+    assert found["spacing"] == pytest.approx(abs(found["logit"]) * torch.finfo(torch.float32).eps, rel=1.0)
 
 
 def test_an_answer_that_ends_first_has_no_margin() -> None:
@@ -80,8 +83,8 @@ def test_only_the_answers_that_differ_are_listed_with_their_index() -> None:
     found = divergences(engine, [PROMPT, PROMPT], [reference, changed], [reference, reference])
     assert [(f["answer"], f["position"]) for f in found] == [(1, 2)]
     assert describe("lookahead", found) == [
-        f"  lookahead: answer 1 leaves greedy's at token 2: generate's margin {found[0]['margin']:.4g}, "
-        f"its choice ranked {found[0]['rank']}"
+        f"  lookahead: answer 1 leaves greedy's at token 2: generate's margin {found[0]['margin']:.4g} "
+        f"(spacing {found[0]['spacing']:.4g}), its choice ranked {found[0]['rank']}"
     ]
 
 
@@ -89,3 +92,13 @@ def test_the_benchmark_lists_none_where_every_answer_is_greedys() -> None:
     summary = run_benchmark(tiny_engine(), [BenchInput(PROMPT)], 6, ["greedy", "lookahead"])
     for figures in summary["methods"].values():
         assert figures["identical_to_greedy"] == 1 and figures["divergences"] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype"),
+    [(20.5, torch.bfloat16), (-20.5, torch.bfloat16), (1.0, torch.float32), (3.0, torch.float16)],
+)
+def test_the_spacing_is_the_dtypes_step_at_the_value(value: float, dtype: torch.dtype) -> None:
+    here = torch.tensor(value, dtype=dtype)
+    away = torch.nextafter(here, torch.tensor(float("inf") if value > 0 else float("-inf"), dtype=dtype))
+    assert divergence_module._spacing(value, dtype) == abs(float(away) - float(here))

@@ -10,6 +10,7 @@ of the logits; a fault's is not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,10 +34,12 @@ def divergence(
     engine: LookaheadEngine, prompt: Sequence[int], answer: Sequence[int], reference: Sequence[int]
 ) -> dict[str, Any] | None:
     """Where ``answer`` first leaves ``reference`` (greedy ``generate``'s answer to ``prompt``),
-    with ``generate``'s logits there: ``margin``, greedy's token's logit minus the answer's,
-    and ``rank``, the answer's token's place in them (2: the runner-up). ``None`` where the
-    two are equal. Margin and rank are ``None`` where the answer ended first, or where
-    ``generate`` asked again did not repeat its answer (then ``repeated`` is false)."""
+    with ``generate``'s logits there: ``margin``, greedy's token's logit minus the answer's;
+    ``rank``, the answer's token's place in them (2: the runner-up); greedy's ``logit`` and the
+    ``spacing`` of the model's dtype at it. A margin of a spacing or two is a near-tie of
+    rounding; 0 at rank 1 is an exact tie, which ``argmax`` breaks by the lower token id.
+    ``None`` where the two are equal. Margin and rank are ``None`` where the answer ended first,
+    or where ``generate`` asked again did not repeat its answer (then ``repeated`` is false)."""
     index = first_difference(answer, reference)
     if index is None:
         return None
@@ -56,7 +59,17 @@ def divergence(
         return {**found, "repeated": False}
     found["margin"] = round(float(logits[greedy] - logits[token]), 6)
     found["rank"] = int((logits > logits[token]).sum()) + 1
+    found["logit"] = round(float(logits[greedy]), 6)
+    found["spacing"] = _spacing(float(logits[greedy]), engine.model.dtype)
     return found
+
+
+def _spacing(value: float, dtype: torch.dtype) -> float:
+    """The gap between ``value`` and the next number of ``dtype`` away from zero: how finely
+    a logit near ``value`` is rounded in that dtype."""
+    if value == 0:
+        return float(torch.finfo(dtype).tiny)
+    return float(torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(value))))
 
 
 def divergences(
@@ -86,7 +99,8 @@ def describe(method: str, found: Sequence[dict[str, Any]]) -> list[str]:
         else:
             lines.append(
                 f"  {method}: answer {where['answer']} leaves greedy's at token {where['position']}: "
-                f"generate's margin {where['margin']:.4g}, its choice ranked {where['rank']}"
+                f"generate's margin {where['margin']:.4g} (spacing {where['spacing']:.4g}), "
+                f"its choice ranked {where['rank']}"
             )
     return lines
 
