@@ -1,11 +1,11 @@
 """Where an answer leaves greedy decoding's, and how near a tie greedy's choice was there.
 
-In fp32 every answer of this engine is greedy's. In bf16 or fp16 a forward over a draft tree
-(or a batch) rounds differently from ``generate``'s one-token forwards, so where two tokens'
-logits nearly tie, the other one can win — for any speculative method. What tells such a
-near-tie from a fault is ``generate``'s own logits at the first token that differs: the margin
-of greedy's token over the answer's there. A near-tie's margin is within the dtype's rounding
-of the logits; a fault's is not.
+A forward over a draft tree (or a batch) rounds differently from ``generate``'s one-token
+forwards — far less in fp32 than in bf16 or fp16 — so where two tokens' logits nearly tie, the
+other one can win, for any speculative method. What tells such a near-tie from a fault is
+``generate``'s own logits at the first token that differs: the margin of greedy's token over
+the answer's there: a near-tie's is a few steps of the dtype at that logit (rounding gathered
+over the layers), a fault's need not be.
 """
 
 from __future__ import annotations
@@ -64,14 +64,6 @@ def divergence(
     return found
 
 
-def _spacing(value: float, dtype: torch.dtype) -> float:
-    """The gap between ``value`` and the next number of ``dtype`` away from zero: how finely
-    a logit near ``value`` is rounded in that dtype."""
-    if value == 0:
-        return float(torch.finfo(dtype).tiny)
-    return float(torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(value))))
-
-
 def divergences(
     engine: LookaheadEngine,
     prompts: Sequence[Sequence[int]],
@@ -109,7 +101,7 @@ def _greedy_logits(
     engine: LookaheadEngine, prompt: Sequence[int], reference: Sequence[int], index: int
 ) -> torch.Tensor | None:
     """``generate``'s logits for greedy's token ``index`` after ``prompt`` as its decoding
-    computed them (the prompt's forward, then one-token forwards), in fp32; ``None`` where
+    computed them (the prompt's forward, then one-token forwards), as fp32; ``None`` where
     ``generate`` did not answer ``reference`` again."""
     input_ids = torch.tensor([list(prompt)], device=engine.device)
     with torch.inference_mode():
@@ -125,3 +117,11 @@ def _greedy_logits(
     if out.sequences[0, len(prompt) :].tolist() != list(reference[: index + 1]):
         return None  # greedy decoding that does not repeat itself on this device
     return out.logits[index][0].float()  # [V]
+
+
+def _spacing(value: float, dtype: torch.dtype) -> float:
+    """The gap between ``value`` and the next number of ``dtype`` away from zero: how finely
+    a logit near ``value`` is rounded in that dtype."""
+    if value == 0:
+        return float(torch.finfo(dtype).tiny)
+    return float(torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(value))))
