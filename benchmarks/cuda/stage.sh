@@ -15,10 +15,12 @@ root=$(git rev-parse --show-toplevel)
 cd "$root"
 grep -qsx '/.gpu/' .git/info/exclude || echo '/.gpu/' >>.git/info/exclude
 rm -rf .gpu && mkdir -p .gpu/stage/smollm2/whl .gpu/stage/smollm2/data .gpu/stage/gemma3
-# The device's Python is 3.12 with torch and an older transformers; these are what it lacks.
+# The device's Python is 3.12 with torch and an older transformers; these are what it lacks
+# (faiss: the benchmark command imports the retrieval layer).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform any -d .gpu/stage/smollm2/whl transformers==5.24.0 gguf==0.19.0 sentencex==1.0.32
+    --platform manylinux_2_27_x86_64 --platform any -d .gpu/stage/smollm2/whl \
+    transformers==5.24.0 gguf==0.19.0 sentencex==1.0.32 faiss-cpu==1.15.1
 cp "$data/dolly_context_qa.jsonl" "$data/llma_msmarco_rag.jsonl" .gpu/stage/smollm2/data/
 python3 - <<'PY'
 from pathlib import Path
