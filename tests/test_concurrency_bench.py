@@ -94,3 +94,24 @@ def test_the_scheduler_counts_the_prompts_it_forwards_alone() -> None:
     counted = engine.scheduler.prompt_forwards
     assert counted.tokens == sum(len(item.prompt_ids) for item in INPUTS)  # no shared beginning
     assert counted.forwards == len(INPUTS) and counted.seconds > 0
+
+
+def test_an_answer_that_is_not_greedys_is_listed_with_where_it_leaves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's own answers, not the reference, are what is compared: one changed after the
+    engine streamed it is counted, listed and described under the table."""
+    stream = concurrency._stream
+
+    def altered(engine, item, max_new_tokens, served):  # type: ignore[no-untyped-def]
+        stream(engine, item, max_new_tokens, served)
+        if item is INPUTS[1]:
+            served.tokens[2] = (served.tokens[2] + 1) % engine.model.config.vocab_size
+
+    monkeypatch.setattr(concurrency, "_stream", altered)
+    summary = run_concurrency(tiny_engine(), INPUTS, 6, [2], ["batched"])
+    figures = summary["concurrency"]["2"]["methods"]["batched"]
+    assert figures["identical_to_greedy"] == len(INPUTS) - 1
+    [found] = figures["divergences"]
+    assert (found["answer"], found["position"]) == (1, 2) and found["rank"] > 1
+    assert "batched: answer 1 leaves greedy's at token 2" in concurrency.format_concurrency(summary)
