@@ -160,10 +160,10 @@ class BatchForward:
         drafts = self._plan(calls, proposals, costs)
         self.width = max(len(d) for d in drafts)
         if batch.rows == 1:  # a call alone: exactly the forward it would have outside a batch
-            started = time.perf_counter()
-            logits, _ = self.runner.forward_step(drafts[0], batch.cache, batch.lengths[0])
-            # Checks a cached cost curve against this forward (planning only; tokens never change).
-            self.runner.costs.observe(len(drafts[0]), time.perf_counter() - started)
+            past, started = batch.lengths[0], time.perf_counter()
+            logits, _ = self.runner.forward_step(drafts[0], batch.cache, past)
+            # Calibrates the cost curve by this forward (planning only; tokens never change).
+            self.runner.costs.observe(len(drafts[0]), time.perf_counter() - started, context=past)
             return drafts, logits.unsqueeze(0)  # [1, T, V]
         batch.prepare()
         inputs = batch_inputs(drafts, batch.lengths, self.runner.device, self.runner.model.dtype)
@@ -229,7 +229,8 @@ class BatchForward:
     def _plan(self, calls: list[Call], proposals: list[StepDraft], costs: Cost | None) -> list[StepDraft]:
         if len(calls) == 1:
             call = calls[0]
-            return [call.planner.plan(proposals[0], call.context_window - len(call.ids))]
+            room, cached = call.context_window - len(call.ids), len(call.ids) - 1  # all but the root
+            return [call.planner.plan(proposals[0], room, cached)]
         # Several rows: side rows stay out (each would widen every row), the plan is joint, by
         # width, against the batch costs as calibrated so far.
         ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]

@@ -174,10 +174,18 @@ class LookaheadEngine(EngineBase):
         """The chat template's variables for every chat prompt (read-only)."""
         return self._facts.template_kwargs
 
-    def encode(self, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    def encode(
+        self,
+        prompt: Prompt,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        special_tokens_in_content: bool = False,
+    ) -> list[int]:
         """``prompt``'s token ids, as a call would see them (see `encode_prompt`), with ``tools``
-        rendered by the chat template."""
-        return self._facts.encode(prompt, tools)
+        rendered by the chat template. Chat messages' special-token text is tokenized as text;
+        ``special_tokens_in_content=True`` gives the ids with it parsed as the template's markup,
+        to pass to a call as token ids."""
+        return self._facts.encode(prompt, tools, special_tokens_in_content)
 
     @property
     def device(self) -> torch.device:
@@ -229,8 +237,9 @@ class LookaheadEngine(EngineBase):
         2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
         Takes seconds on a CPU, once per model, device, dtype and thread count; ``remeasure``
         times them again and replaces the cached ones (after a measurement on a busy machine,
-        say). A cached curve that the forwards run on a CPU find too slow is measured again by
-        itself, once, before a later call starts (`CurveCheck`). Also probes
+        say). On a CPU the forwards run calibrate the curve, by draft size and context; a
+        cached curve they find too slow (or steeper than they are) is forgotten on disk, for the
+        next process to measure, rather than measured while calls wait (`CurveCheck`). Also probes
         whether the model verifies trees, and takes the acceptance statistics stored by earlier
         processes: everything a first answer would otherwise pay for. The forwards run in a
         thread of their own (see `in_passing_thread`), not the caller's."""
@@ -280,8 +289,8 @@ class LookaheadEngine(EngineBase):
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto" and self.cost_curve is None:
             self.measure_costs()
-        elif drafts and self.config.mode == "auto" and self.runner.costs.claim_remeasure():
-            self.measure_costs(remeasure=True)  # once, before this call starts; only plans change
+        elif drafts and self.config.mode == "auto":
+            self.runner.costs.retire_contradicted()  # for the next process to measure; only plans change
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
         sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts and drafter is None else []

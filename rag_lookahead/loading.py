@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from rag_lookahead.models import check_loading_options, check_placement
+from rag_lookahead.models import check_loading_options, check_placement, device_name
 
 if TYPE_CHECKING:
     import torch
@@ -30,8 +30,11 @@ class LoadOptions:
     Attributes:
         model: ``None`` (the default SmolLM2-135M-Instruct), a built-in model's name
             (``"gemma3-270m"``), a local directory or a hub id already in the local cache.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (a `torch.device` is kept as its
-            name); ``None``: the CPU, unless ``model_kwargs`` places the model.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` ... (a `torch.device` is kept
+            as its name); ``None``: the CPU, unless ``model_kwargs`` places the model. A name
+            torch cannot parse (``"tpu"``) is refused when made; one this machine lacks
+            (``"cuda:99"``) when loading, before the weights load (a Ray replica loads where
+            its GPU is).
         dtype: A torch dtype's name (``"bfloat16"``; a `torch.dtype` is kept as its name) or
             ``"auto"``; ``None``: fp32 on the CPU, the checkpoint's dtype elsewhere.
         trust_remote_code: Run model code shipped with the checkpoint (only if you trust it).
@@ -57,8 +60,7 @@ class LoadOptions:
         from rag_lookahead.prompts import check_chat_template_kwargs
 
         _optional_text("model", self.model)
-        device = str(self.device) if _is_torch_device(self.device) else self.device
-        _optional_text("device", device)
+        device = device_name(self.device)
         model_kwargs, tokenizer_kwargs = check_loading_options(self.model_kwargs, self.tokenizer_kwargs)
         for flag in ("trust_remote_code", "progress"):
             if not isinstance(getattr(self, flag), bool):
@@ -121,10 +123,6 @@ def _default(f: Field[Any]) -> Any:
 def _optional_text(name: str, value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
-
-
-def _is_torch_device(value: object) -> bool:
-    return type(value).__module__ == "torch" and type(value).__name__ == "device"
 
 
 def _dtype_name(value: torch.dtype | str | None) -> str | None:

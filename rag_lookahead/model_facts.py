@@ -7,13 +7,14 @@ call starts, so that bad input is a clear error and never reaches the decoding l
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.decoding.constraint import GrammarCompiler, GrammarState
-from rag_lookahead.prompts import Prompt, check_chat_template_kwargs, encode_prompt
+from rag_lookahead.prompts import Prompt, SpecialText, check_chat_template_kwargs, encode_prompt
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.structured.grammar import Grammar
 
@@ -50,9 +51,26 @@ class ModelFacts:
             return ()
         return (eos,) if isinstance(eos, int) else tuple(eos)
 
-    def encode(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+    def encode(
+        self,
+        prompt: Prompt,
+        tools: Sequence[Mapping[str, Any]] | None,
+        special_tokens_in_content: bool = False,
+    ) -> list[int]:
         """``prompt``'s token ids (see `encode_prompt`), with ``tools`` rendered by the chat template."""
-        return encode_prompt(self.tokenizer, prompt, self.template_kwargs, tools)
+        return encode_prompt(
+            self.tokenizer,
+            prompt,
+            self.template_kwargs,
+            tools,
+            special_tokens_in_content=special_tokens_in_content,
+            special_text=self.special_text,
+        )
+
+    @functools.cached_property
+    def special_text(self) -> SpecialText:
+        """The tokenizer's special tokens as text spells them, found once (see `encode_prompt`)."""
+        return SpecialText.of(self.tokenizer)
 
     def tokenize(self, text: str) -> list[int]:
         """A document's token ids, without special tokens."""

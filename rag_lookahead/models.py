@@ -31,10 +31,12 @@ __all__ = [
     "BuiltinModel",
     "builtin_model_dir",
     "builtin_name",
+    "check_device_present",
     "check_loading_options",
     "check_placement",
     "default_cache_dir",
     "default_model_dir",
+    "device_name",
     "is_missing_directory",
     "load_model",
 ]
@@ -257,6 +259,8 @@ _RESERVED = {
 # Where the tokenizer must match the model: taken from model_kwargs unless tokenizer_kwargs
 # names its own (as transformers' `pipeline` does).
 _SHARED_WITH_TOKENIZER = ("revision", "cache_dir")
+# The device types a model may be moved to besides the CPU, as an error lists what is here.
+_ACCELERATORS = ("cuda", "xpu", "mps")
 
 
 def check_loading_options(
@@ -279,6 +283,50 @@ def check_placement(device: object, model_kwargs: Mapping[str, Any]) -> bool:
             "model_kwargs (e.g. {'device_map': 'cuda:0'}) rather than device"
         )
     return placed
+
+
+def device_name(device: object) -> str | None:
+    """``device`` as its name (a `torch.device` too), checked to be one torch can parse: a
+    clear error naming ``device`` otherwise (``"tpu"``, ``"cuda:-1"``); ``None`` stays ``None``.
+
+    Only the name is checked here, not whether this machine has the device: a Ray driver names
+    the GPU its replicas will have (see `check_device_present`, which `load_model` calls).
+    """
+    if device is None:
+        return None
+    if type(device).__module__ == "torch" and type(device).__name__ == "device":
+        return str(device)
+    if not isinstance(device, str) or not device.strip():
+        raise ValueError(f"device must be a non-empty string or None, got {device!r}")
+    import torch
+
+    try:
+        torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(
+            f"device must be a torch device such as 'cpu', 'cuda', 'cuda:1' or 'mps', got {device!r} "
+            f"(torch: {err})"
+        ) from None
+    return device
+
+
+def check_device_present(device: str | torch.device | None) -> None:
+    """A clear error, naming ``device`` and the devices this machine has, when it has no such
+    device (``"cuda"`` on a CPU-only torch, ``"cuda:99"`` beside one GPU, ``"mps"`` off a Mac):
+    asked before the weights load, where moving them there would fail after."""
+    name = device_name(device)
+    if name is None:
+        return
+    import torch
+
+    place = torch.device(name)
+    count = _device_count(place.type)
+    if place.type == "cpu" or (count > 0 and (place.index is None or place.index < count)):
+        return
+    built = place.type != "cuda" or torch.version.cuda or torch.version.hip
+    why = "" if built else " (this torch is built without CUDA)"
+    present = ["cpu", *(f"{kind}:{i}" for kind in _ACCELERATORS for i in range(_device_count(kind)))]
+    raise ValueError(f"device {name!r} is not on this machine{why}; it has: {', '.join(present)}")
 
 
 def load_model(
@@ -316,6 +364,7 @@ def load_model(
 
     model_kw, tokenizer_kw = check_loading_options(model_kwargs, tokenizer_kwargs)
     placed = check_placement(device, model_kw)
+    check_device_present(device)  # before the weights load, not when they are moved
     model_kw["dtype"] = _dtype(dtype, model_kw, device)
     location, local = _resolve(name_or_path, cache_dir, progress)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
@@ -365,6 +414,20 @@ def _dtype(dtype: torch.dtype | str | None, model_kw: dict[str, Any], device: An
             f"dtype must be a torch dtype or its name (e.g. 'bfloat16') or 'auto', got {value!r}"
         )
     return named
+
+
+def _device_count(kind: str) -> int:
+    """How many devices of this type (``"cuda"``, ``"mps"`` ...) torch can use here: 0 when its
+    backend is missing or unavailable. (`torch.accelerator` says the same from torch 2.6 on;
+    the per-backend modules answer on every torch this package supports.)"""
+    import torch
+
+    backend = getattr(torch, kind, None)  # torch.cpu, torch.cuda, torch.mps, torch.xpu ...
+    is_available = getattr(backend, "is_available", None)
+    if not callable(is_available) or not is_available():
+        return 0
+    count = getattr(backend, "device_count", None)
+    return int(count()) if callable(count) else 1
 
 
 def _on_cpu(device: Any, device_map: Any) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from functools import cache
 from typing import Any
 
 import pytest
@@ -14,9 +15,13 @@ from hypothesis import strategies as st
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.adapters.requests import plan_completion
+from rag_lookahead.decoding.constraint import GrammarCompiler
+from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.models import default_model_dir
 from rag_lookahead.structured import Grammar, ToolFormat
 from rag_lookahead.testing import (
+    ASCII_VOCAB,
     SMALL_SCHEMA,
     VOCAB,
     ascii_fast_tokenizer,
@@ -44,6 +49,13 @@ BOUNDS = {  # values whose shortest form is not the first one tried
     },
     "required": ["code", "n", "ok", "tags"],
 }
+RANGE = {  # only "0.6" closes it: "0.5", "0.50", "0.500"... never do
+    "type": "object",
+    "properties": {"f": {"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.6}},
+    "required": ["f"],
+}
+FORTY = [f"k{i}" for i in range(40)]
+INTEGERS = {"type": "object", "properties": {k: {"type": "integer"} for k in FORTY}, "required": FORTY}
 GRAMMARS = {
     name: grammar.closing_in_budget()
     for name, grammar in {
@@ -52,6 +64,7 @@ GRAMMARS = {
         "bounds": Grammar.json_schema(BOUNDS),
         "nested": Grammar.json_schema(nested_person().model_json_schema()),
         "any object": Grammar.json(),
+        "range": Grammar.json_schema(RANGE),
     }.items()
 }
 
@@ -160,3 +173,51 @@ def test_a_forced_call_of_the_tiny_model_parses_in_a_small_budget(budget: int) -
     reply = fmt.parse(completion.text)
     assert completion.stats.finish_reason == "eos" and reply.invalid == ()
     assert [c.name for c in reply.calls] == ["search"] and isinstance(reply.calls[0].arguments["query"], str)
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_a_completion_after_its_own_first_token_is_the_rest_of_it(name: str) -> None:
+    # What keeps a call that takes the completion's tokens in its budget, and what lets the
+    # engine keep the completion instead of seeking it again after each of them.
+    compiler = GrammarCompiler(ascii_fast_tokenizer(), ASCII_VOCAB + 1)
+    state = compiler.state(GRAMMARS[name], [ASCII_VOCAB])
+    matcher, rng = state._matcher, random.Random(name)
+    assert state.closing(64) is not None  # an empty answer completes
+    for _ in range(24):  # along a random answer the grammar allows
+        completion = state.closing(64)
+        if completion is not None and len(completion) > 1:
+            matcher.consume_token(completion[0])
+            assert state.closing(63) == completion[1:]
+            matcher.rollback(1)
+        allowed = state.allowed(DraftTree.root_only(0))[0]  # [V]
+        allowed[ASCII_VOCAB] = False
+        if not allowed.any():
+            break
+        matcher.consume_token(rng.choice(allowed.nonzero()[:, 0].tolist()))
+
+
+@cache
+def _smollm2_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir(), local_files_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("past", [0, 20])
+def test_an_answer_past_256_tokens_ends_complete_from_its_budget_to_close(past: int) -> None:
+    # The default tokenizer spells forty required integers in about 300 tokens: closing once
+    # began looking 256 tokens before the end, by when the model's own values left no room.
+    tokenizer = _smollm2_tokenizer()
+    model = tiny_model("llama", 0, len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    grammar = Grammar.json_schema(INTEGERS).closing_in_budget()
+    plain = LookaheadEngine(model, tokenizer, LookaheadConfig(mode="off"))
+    budget = plain.budget_to_close(grammar) + past
+    assert budget > 256 + past
+    prompt = tokenizer.encode("The forty numbers:")
+    expected = plain.complete(prompt, max_new_tokens=budget, grammar=grammar)
+    assert expected.stats.finish_reason == "eos", expected.text[-80:]
+    assert list(json.loads(expected.text)) == FORTY
+    engine = LookaheadEngine(model, tokenizer, LookaheadConfig(mode="trie", min_query_length=1))
+    assert engine.complete(prompt, max_new_tokens=budget, grammar=grammar).token_ids == expected.token_ids

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import importlib
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie
+from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie, rag_messages
 from rag_lookahead.cli import main
 from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance
 from rag_lookahead.decoding.planner import StepPlanner
@@ -31,10 +32,12 @@ from rag_lookahead.rag import (
     ChunkingConfig,
     Document,
     DocumentIndex,
+    RagPipeline,
     chunking,
     load_documents,
     split_document,
 )
+from rag_lookahead.rag.documents import printable
 from rag_lookahead.rag.embedding import default_embedder_path
 from rag_lookahead.structured import Grammar, ToolFormat, ToolFormatName
 from rag_lookahead.testing import (
@@ -161,6 +164,12 @@ ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exceptio
     ),
     ("generate on 1-D ids", lambda e: e.generate(torch.tensor(PROMPT)), ValueError, "input_ids must be"),
     ("eos past the vocabulary", complete(eos_token_id=[VOCAB + 4]), ValueError, "outside the model's"),
+    (
+        "special_tokens_in_content a string",
+        lambda e: e.encode(PROMPT, special_tokens_in_content="yes"),
+        TypeError,
+        "special_tokens_in_content must be True or False",
+    ),
     ("generate on a list", lambda e: e.generate([PROMPT]), TypeError, "must be a torch.Tensor"),
     (
         "generate on float ids",
@@ -463,23 +472,83 @@ def _index_inside(tmp_path: Path) -> tuple[Path, str]:
     return docs, "idx"
 
 
-# (case, a folder and the name in it that is listed as skipped, words of the reason): not read
+def _undecodable_name(tmp_path: Path) -> tuple[Path, str]:
+    """A file whose name is Latin-1 (``café.txt`` from an old archive): Python names it with a
+    lone surrogate, which no hash, JSON file or terminal takes."""
+    docs = _folder(tmp_path)
+    name = os.fsdecode(b"caf\xe9.txt")
+    try:
+        (docs / name).write_text("Cafe notes.\n")
+    except OSError:  # a file system that takes only UTF-8 names (macOS)
+        pytest.skip("this file system refuses a file name that is not UTF-8")
+    return docs, name
+
+
+# (case, a folder and the name in it that is listed as skipped, words of the reason): not read,
+# and `DocumentIndex.build` and `rag-lookahead index` index the rest and list it
 SKIPPED_ENTRY_CASES: list[tuple[str, Callable[[Path], tuple[Path, str]], str]] = [
     ("a broken link", _broken_link, "a broken link"),
     ("a link loop", _link_loop, "a broken link"),
     ("an index inside the folder it indexes", _index_inside, "a rag-lookahead index"),
+    ("a file name that is not UTF-8", _undecodable_name, "its name is not UTF-8"),
 ]
 
 
 @pytest.mark.parametrize(
     ("case", "make", "words"), SKIPPED_ENTRY_CASES, ids=[c[0] for c in SKIPPED_ENTRY_CASES]
 )
-def test_an_entry_that_is_no_document_is_listed_not_read(tmp_path, case, make, words) -> None:
+def test_an_entry_that_is_no_document_is_listed_not_read(
+    tmp_path, capsys, monkeypatch, hash_embedder, case, make, words
+) -> None:
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: hash_embedder)
     docs, name = make(tmp_path)
     for follow in (False, True):
         documents, skipped = load_documents([docs], follow_symlinks=follow)
         assert [doc.source for doc in documents] == [str(docs / "bees.txt")]
         assert words in {Path(s.source).name: s.reason for s in skipped}.get(name, ""), skipped
+    index, skipped = DocumentIndex.build([docs], hash_embedder)
+    assert list(index.sources) == [str(docs / "bees.txt")] and name in {Path(s.source).name for s in skipped}
+    capsys.readouterr()
+    assert main(["index", str(docs), "--out", str(tmp_path / "out")]) == 0
+    assert f"skipped {printable(str(docs / name))}: {words}" in capsys.readouterr().out
+
+
+# (case, a .jsonl record that is valid JSON but no text, words of why it is skipped): its line is
+# listed as skipped, every other record is indexed (build and update), and the run succeeds
+UNINDEXABLE_RECORD_CASES: list[tuple[str, str, str]] = [
+    (
+        "a lone high surrogate escaped",
+        '{"text": "lone \\ud800 surrogate"}',
+        "field 'text' holds a lone surrogate (U+D800 at character 5)",
+    ),
+    ("a lone low surrogate escaped", '{"text": "tail \\udfff"}', "a lone surrogate (U+DFFF at character 5)"),
+    ("a surrogate pair reversed", '{"text": "\\ude80\\ud83d rocket"}', "(U+DE80 at character 0)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "record", "words"), UNINDEXABLE_RECORD_CASES, ids=[c[0] for c in UNINDEXABLE_RECORD_CASES]
+)
+def test_one_bad_record_never_sinks_an_index_run(
+    tmp_path, capsys, monkeypatch, hash_embedder, case, record, words
+) -> None:
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: hash_embedder)
+    docs = _folder(tmp_path)
+    good = ['{"text": "Wasps make paper."}', '{"text": "Rockets \\ud83d\\ude80 fly."}']  # a pair is text
+    (docs / "notes.jsonl").write_text("\n".join([good[0], record, good[1]]) + "\n")
+    kept = [str(docs / "bees.txt"), f"{docs / 'notes.jsonl'}#1", f"{docs / 'notes.jsonl'}#3"]
+    documents, skipped = load_documents([docs])
+    assert [doc.source for doc in documents] == kept and documents[2].text == "Rockets \U0001f680 fly."
+    assert [s.source for s in skipped] == [f"{docs / 'notes.jsonl'}#2"] and words in skipped[0].reason
+    index, _ = DocumentIndex.build([docs], hash_embedder)
+    assert list(index.sources) == kept
+    out = tmp_path / "out"
+    for run in ("built", "updated"):
+        capsys.readouterr()
+        assert main(["index", str(docs), "--out", str(out), "--embedder", "hash"]) == 0, run
+        said = capsys.readouterr().out
+        assert run in said and f"skipped {docs / 'notes.jsonl'}#2: " in said and words in said
+        assert list(DocumentIndex.load(out, hash_embedder).sources) == kept
 
 
 # (case, markdown whose text is only in headings, words each a chunk must index)
@@ -544,9 +613,35 @@ def test_hostile_sentences_lose_no_character(hash_embedder, monkeypatch, case, t
     assert seen and max(seen) <= chunking._SPLIT_WINDOW
 
 
-def test_a_lone_surrogate_is_refused_clearly(hash_embedder) -> None:
-    with pytest.raises(ValueError, match=r"notes.txt holds a lone surrogate \(U\+D800 at character 3\)"):
-        split_document(Document("notes.txt", "ab \ud800 cd."), ChunkingConfig(), hash_embedder.tokenizer)
+# (case, a Document's source and text made in Python, words of the error): refused when made,
+# naming the document, so nothing is half indexed
+LONE_SURROGATE_DOCUMENT_CASES: list[tuple[str, str, str, str]] = [
+    ("in the text", "notes.txt", "ab \ud800 cd.", "notes.txt holds a lone surrogate (U+D800 at character 3)"),
+    (
+        "a low one at the end",
+        "notes.md",
+        "text \udc80",
+        "notes.md holds a lone surrogate (U+DC80 at character 5)",
+    ),
+    (
+        "in the source: a file name that is not UTF-8",
+        os.fsdecode(b"caf\xe9.txt"),
+        "Cafe notes.",
+        "Document.source 'caf\\udce9.txt' holds a lone surrogate (U+DCE9 at character 3)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "source", "text", "words"),
+    LONE_SURROGATE_DOCUMENT_CASES,
+    ids=[c[0] for c in LONE_SURROGATE_DOCUMENT_CASES],
+)
+def test_a_lone_surrogate_is_refused_clearly(hash_embedder, case, source, text, words) -> None:
+    index = DocumentIndex(hash_embedder)
+    with pytest.raises(ValueError) as refused:
+        index.add([Document("fine.txt", "Fine text."), Document(source, text)])
+    assert words in str(refused.value) and len(index) == 0
 
 
 def test_an_index_cut_by_punctuation_says_it_keeps_its_rule(
@@ -693,6 +788,8 @@ CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
     ("--questions 0", _cli("demo", "--questions", "0"), "--questions: must be a positive integer"),
     ("--questions x", _cli("demo", "--questions", "x"), "--questions: must be an integer"),
     ("measure --threads 0", _cli("measure", "--threads", "0"), "--threads: must be a positive"),
+    ("--device tpu", _cli("ask", "q", "--index", "i", "--device", "tpu"), "device must be a torch device"),
+    ("serve --device cuda:-1", _cli("serve", "--backend", "local", "--device", "cuda:-1"), "'cuda:-1'"),
 ]
 
 
@@ -801,6 +898,49 @@ def test_a_grammar_that_closes_in_budget_ends_well_or_is_cut(case, grammar, budg
     else:
         assert completion.stats.finish_reason in ("eos", "length")
     assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+_FORTY = [f"k{i}" for i in range(40)]
+# (case, grammar, its budget to close) (issue 40): an answer longer than the 256 tokens closing
+# once began to look ahead at (the model's long strings left no room for the keys still due),
+# and a number range that spelling "0"s never closes; each ends complete at that budget and
+# past it, as constrained plain decoding ends it.
+CLOSING_FLOOR_CASES: list[tuple[str, Grammar, int]] = [
+    (
+        "forty required strings, past 256 tokens",
+        Grammar.json_schema(
+            {"type": "object", "properties": {k: {"type": "string"} for k in _FORTY}, "required": _FORTY}
+        ),
+        len(json.dumps(dict.fromkeys(_FORTY, ""))) + 1,  # one byte a token, and <eos>
+    ),
+    (
+        "a number only its maximum closes",
+        Grammar.json_schema(
+            {
+                "type": "object",
+                "properties": {"f": {"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.6}},
+                "required": ["f"],
+            }
+        ),
+        len('{"f": 0.6}') + 1,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "grammar", "floor"), CLOSING_FLOOR_CASES, ids=[c[0] for c in CLOSING_FLOOR_CASES]
+)
+def test_a_budget_to_close_at_any_length_ends_complete(case, grammar, floor) -> None:
+    engine = grammar_engine()
+    plain = LookaheadEngine(engine.model, engine.tokenizer, LookaheadConfig(mode="off"))
+    closing = grammar.closing_in_budget()
+    assert engine.budget_to_close(closing) == floor
+    for budget in (floor, floor + 20):
+        completion = engine.complete(PROMPT, max_new_tokens=budget, grammar=closing)
+        assert completion.stats.finish_reason == "eos", completion.text
+        assert grammar_accepts(closing, completion.text) and json.loads(completion.text)
+        as_plain = plain.complete(PROMPT, max_new_tokens=budget, grammar=closing)
+        assert completion.token_ids == as_plain.token_ids
 
 
 def test_closes_in_budget_is_a_bool() -> None:
@@ -915,3 +1055,35 @@ def test_a_hostile_tool_schema_is_refused(case, parameters, error, words) -> Non
     with pytest.raises(error) as raised:
         ToolFormat.named("hermes").grammar([tool], "f")
     assert words in str(raised.value) and "tool 'f'" in str(raised.value), str(raised.value)
+
+
+# ------------------------------------------------------------------ a conversation's history (issue 40)
+
+# (case, history, error, words of its message): refused before anything is retrieved or encoded.
+HISTORY_CASES: list[tuple[str, object, type[Exception], str]] = [
+    ("an answer of None", [("q", None)], TypeError, "history[0] must be a (question, answer) pair of str"),
+    ("a pair of integers", [(1, 2)], TypeError, "history[0] must be a (question, answer) pair of str"),
+    ("a 1-tuple", [("q",)], ValueError, "history[0] must be a (question, answer) pair, got 1 items"),
+    ("a 3-tuple", [("q", "a", "x")], ValueError, "history[0] must be a (question, answer) pair, got 3 items"),
+    ("a turn as a dict", [{"q": "a"}], TypeError, "history[0] must be a (question, answer) pair"),
+    ("a turn as a 2-letter string", ["qa"], TypeError, "history[0] must be a (question, answer) pair"),
+    ("a later turn", [("q", "a"), ("q", None)], TypeError, "history[1] must be"),
+    ("a bare string", "q and a", TypeError, "history must be a sequence of (question, answer) pairs"),
+    ("a dict", {"q": "a"}, TypeError, "history must be a sequence"),
+    ("a number", 5, TypeError, "history must be a sequence"),
+    ("a generator", (t for t in [("q", "a")]), TypeError, "history must be a sequence"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "history", "error", "words"), HISTORY_CASES, ids=[c[0] for c in HISTORY_CASES]
+)
+def test_a_history_of_the_wrong_shape_is_refused(engine, hash_embedder, case, history, error, words) -> None:
+    # An empty index and a tokenizer without a chat template: any work done would fail otherwise.
+    pipeline = RagPipeline(engine, DocumentIndex(hash_embedder))
+    for call in (pipeline.ask, pipeline.stream):
+        with pytest.raises(error) as raised:
+            call("What is it?", history=history)
+        assert words in str(raised.value), str(raised.value)
+    with pytest.raises(error, match=r"history"):
+        rag_messages("What is it?", "Some context.", history=history)  # type: ignore[arg-type]

@@ -2,7 +2,9 @@
 with random (seeded) arrivals against one server on 127.0.0.1, a third of them misbehaving.
 
 The misbehaving ones disconnect mid-stream, send a schema the grammar library refuses, a body
-over the limit, a wrong API key, or a grammar that dead-ends while generating. Every good
+over the limit, a wrong API key, or a grammar that dead-ends while generating; or, over a raw
+socket, send their headers or their body a byte at a time (cut off by the read timeouts), or
+leave mid-body (quietly: no error is logged). Every good
 request's answer (greedy or seeded-sampled, chat or completion, streamed or not, with
 documents or not) is its solo answer, computed in process beforehand; every bad one gets its
 own error; every stream its client left ended as abandoned; afterwards the server is alive
@@ -13,10 +15,14 @@ resident set (native memory: tensors, caches) within a generous bound.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import logging
 import os
 import random
+import select
+import socket
 import threading
 import time
 import tracemalloc
@@ -34,6 +40,7 @@ from rag_lookahead.http.testing import (
     WAIT_S,
     LiveServer,
     leftovers,
+    logged_errors,
     served_engine,
     wait_until,
 )
@@ -58,7 +65,13 @@ RSS_SLACK_BYTES = 128 << 20
 PROMPTS = [f"Question {i}: who were the Normans, and where did they live?" for i in range(4)]
 DOCUMENTS = ("The Normans were the people who gave their name to Normandy, a region in France.",)
 REFUSED_SCHEMA = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strin"}}}
-BAD = ("disconnect", "refused_schema", "oversized", "wrong_key", "dead_end")
+BAD = (
+    *("disconnect", "refused_schema", "oversized", "wrong_key", "dead_end"),
+    *("slow_headers", "slow_body", "mid_body"),
+)
+READ_TIMEOUT_S = 2.0  # the server's header and body timeouts
+DRIP_GAP_S = 0.05  # between a slow client's bytes: its request would take far longer
+RAW = ("slow_headers", "slow_body", "mid_body")
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,8 @@ def send(http: httpx.Client, ask: Ask) -> Outcome:
     headers = {"Authorization": f"Bearer {KEY}"}
     if ask.bad == "disconnect":
         return leave_mid_stream(http, path, {**payload, "stream": True, "max_tokens": LONG}, headers)
+    if ask.bad in RAW:
+        return send_raw(http.base_url, path, payload, ask.bad)
     if ask.bad == "refused_schema":
         payload["response_format"] = REFUSED_SCHEMA
     elif ask.bad == "oversized":
@@ -187,6 +202,33 @@ def leave_mid_stream(
     return Outcome(200)  # it ended before a piece came: nothing to leave
 
 
+def send_raw(base: httpx.URL, path: str, payload: dict[str, Any], bad: str) -> Outcome:
+    """A slow or broken client over a raw socket: what came back before the server closed."""
+    body = json.dumps(payload).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {base.host}\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    ).encode()
+    with socket.create_connection((base.host, base.port or 80), timeout=WAIT_S) as sock:
+        if bad == "mid_body":
+            sock.sendall(head + b"\r\n" + body[: len(body) // 2])
+            return Outcome(0, error="left")
+        sent, dripped = (b"", head) if bad == "slow_headers" else (head + b"\r\n", body)
+        sock.sendall(sent)
+        for byte in dripped:
+            if select.select([sock], [], [], DRIP_GAP_S)[0]:
+                break  # answered, or closed
+            sock.sendall(bytes([byte]))
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    if not received:
+        return Outcome(0, error="closed")
+    status = int(received.split(b" ", 2)[1])
+    return Outcome(status, error=json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]["message"])
+
+
 def run_load(url: str, asks: list[Ask]) -> list[Outcome | BaseException]:
     """``asks`` sent by `CLIENTS` threads, each taking the next one, pausing, then sending it."""
     outcomes: list[Outcome | BaseException | None] = [None] * len(asks)
@@ -219,7 +261,7 @@ def run_load(url: str, asks: list[Ask]) -> list[Outcome | BaseException]:
 # ---------------------------------------------------------------------------- checks
 
 
-EXPECTED_STATUS = {"refused_schema": 400, "oversized": 413, "wrong_key": 401}
+EXPECTED_STATUS = {"refused_schema": 400, "oversized": 413, "wrong_key": 401, "slow_body": 408}
 
 
 def check(asks: list[Ask], outcomes: list[Outcome | BaseException], answers: dict[Any, str]) -> None:
@@ -233,6 +275,8 @@ def check(asks: list[Ask], outcomes: list[Outcome | BaseException], answers: dic
         elif ask.bad == "dead_end":
             assert outcome.status == (200 if ask.stream else 500), (ask, outcome)
             assert outcome.error is not None and "dead end" in outcome.error, (ask, outcome)
+        elif ask.bad in ("slow_headers", "mid_body"):
+            assert outcome.status == 0, (ask, outcome)  # the connection closed with no answer
         else:
             assert outcome.status == 200, (ask, outcome)
 
@@ -261,7 +305,13 @@ def engine() -> LookaheadEngine:
 def live(engine: LookaheadEngine) -> Iterator[LiveServer]:
     # Running and waiting slots for every client: a good request is never refused (429).
     settings = ServeSettings(
-        model_name=MODEL, api_key=KEY, max_body_bytes=MAX_BODY, max_running=8, max_waiting=CLIENTS
+        model_name=MODEL,
+        api_key=KEY,
+        max_body_bytes=MAX_BODY,
+        max_running=8,
+        max_waiting=CLIENTS,
+        header_timeout_s=READ_TIMEOUT_S,
+        body_timeout_s=READ_TIMEOUT_S,
     )
     server = LiveServer(create_app(engine, settings))
     yield server
@@ -283,9 +333,16 @@ def ended(live: LiveServer) -> list[str | None]:
     return reasons
 
 
+@pytest.fixture
+def errors_logged() -> Iterator[list[logging.LogRecord]]:
+    """What the server logs at ERROR meanwhile (uvicorn's "Exception in ASGI application")."""
+    with logged_errors() as records:
+        yield records
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set from /proc")
 def test_load_with_misbehaving_clients(
-    live: LiveServer, engine: LookaheadEngine, ended: list[str | None]
+    live: LiveServer, engine: LookaheadEngine, ended: list[str | None], errors_logged: list[logging.LogRecord]
 ) -> None:
     rng = random.Random(SEED)
     warm_up, load = schedule(WARM_UP, rng), schedule(REQUESTS, rng)
@@ -313,6 +370,7 @@ def test_load_with_misbehaving_clients(
     assert metric(live.url, "rag_lookahead_requests_running") == 0
     assert metric(live.url, "rag_lookahead_requests_waiting") == 0
     assert httpx.get(f"{live.url}/health", timeout=WAIT_S).json() == {"status": "ok"}
+    assert not errors_logged, [record.getMessage() for record in errors_logged]
     assert heap_after - heap < HEAP_SLACK_BYTES, f"the Python heap grew by {(heap_after - heap) >> 10} KiB"
     grown = (resident_after - resident) >> 20
     assert resident_after - resident < RSS_SLACK_BYTES, f"the resident set grew by {grown} MiB"

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
+import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,13 +23,19 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.http import ServeSettings, create_app
 from rag_lookahead.http.testing import DEAD_END_FORMAT as DEAD_END
-from rag_lookahead.http.testing import WAIT_S, LiveServer, error_of, served_engine, wait_until
+from rag_lookahead.http.testing import (
+    WAIT_S,
+    LiveServer,
+    error_of,
+    logged_errors,
+    served_engine,
+    wait_until,
+)
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model, weather_tool
 
@@ -235,6 +244,81 @@ def test_bad_requests_are_400_naming_the_parameter(client: openai.OpenAI, live: 
     assert_error(httpx.post(url, json={"messages": MESSAGES, "bogus": 1}), 400, "unknown_parameter", "bogus")
 
 
+def deep(levels: int) -> str:
+    """A JSON array nested ``levels`` deep."""
+    return "[" * levels + "]" * levels
+
+
+def schema_nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
+LONE = "\\ud800"  # a lone surrogate as JSON escapes it: valid JSON, no valid text
+# Hostile bodies, raw: (route, body, status, code, param).
+HOSTILE_REQUESTS: list[tuple[str, str, int, str | None, str | None]] = [
+    (CHAT, '{"messages": ' + deep(50_000) + "}", 400, "invalid_json", None),
+    (COMPLETION, '{"prompt": "Hi", "documents": ' + deep(100) + "}", 400, "invalid_json", None),
+    (
+        CHAT,
+        json.dumps(
+            {
+                "messages": MESSAGES,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "d", "schema": schema_nested(400)},
+                },
+            }
+        ),
+        400,
+        "invalid_json",
+        None,
+    ),
+    (COMPLETION, '{"prompt": "Hi", "max_tokens": 1' + "0" * 5000 + "}", 400, "invalid_json", None),
+    (CHAT, '{"messages": [{"role": "user", "content": "a' + LONE + 'b"}]}', 400, None, "messages[0].content"),
+    (
+        CHAT,
+        '{"messages": [{"role": "user", "content": [{"type": "text", "text": "' + LONE + '"}]}]}',
+        400,
+        None,
+        "messages[0].content[0].text",
+    ),
+    (
+        CHAT,
+        '{"messages": [{"role": "user", "content": "Hi", "name": "' + LONE + '"}]}',
+        400,
+        None,
+        "messages[0].name",
+    ),
+    (
+        CHAT,
+        '{"messages": [{"role": "user", "content": "Hi"}], "documents": ["ok", "' + LONE + '"]}',
+        400,
+        None,
+        "documents[1]",
+    ),
+    (COMPLETION, '{"prompt": "Hi ' + LONE + '"}', 400, None, "prompt"),
+    (COMPLETION, '{"prompt": ["' + LONE + '"]}', 400, None, "prompt"),
+    (COMPLETION, '{"prompt": "Hi", "documents": ["' + LONE + '"]}', 400, None, "documents[0]"),
+    (COMPLETION, '{"prompt": "Hi", "stop": ["' + LONE + '"]}', 400, None, "stop"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "code", "param"), HOSTILE_REQUESTS)
+def test_hostile_requests_are_answered_as_the_client_s_error(
+    live: LiveServer, route: str, body: str, status: int, code: str | None, param: str | None
+) -> None:
+    """Past the parser's stack or digit limit, or with text that is no text: a 4xx naming what
+    is wrong (and where, when it is a field), never a 500."""
+    response = httpx.post(f"{live.url}{route}", content=body.encode(), timeout=WAIT_S)
+    error = error_of(response, status)
+    assert (code is None or error["code"] == code) and error["param"] == param, error
+    assert httpx.get(f"{live.url}/health").status_code == 200
+
+
 def test_a_grammar_refused_at_its_start_is_400(client: openai.OpenAI) -> None:
     bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strin"}}}
     with pytest.raises(openai.BadRequestError, match="grammar"):
@@ -436,12 +520,15 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RAG_LOOKAHEAD_API_KEY", KEY)
     argv = ["serve", "--backend", "local", "--model", str(directory), "--port", "8123", "--mode", "trie"]
     limits = ["--max-running", "2", "--max-waiting", "0", "--max-body-bytes", "5000", "--drain-seconds", "7"]
-    assert cli.main([*argv, *limits, "--threads", "3"]) == 0
+    reads = ["--header-timeout-seconds", "3", "--body-timeout-seconds", "4.5", "--keep-alive-seconds", "2"]
+    assert cli.main([*argv, *limits, *reads, "--max-connections", "9", "--threads", "3"]) == 0
     assert (ran["host"], ran["port"], ran["threads"]) == ("127.0.0.1", 8123, 3)
     state = ran["app"].state.lookahead
     settings = state.settings
     assert (settings.max_running, settings.max_waiting, settings.max_body_bytes) == (2, 0, 5000)
     assert settings.drain_s == 7
+    assert (settings.header_timeout_s, settings.body_timeout_s, settings.keep_alive_s) == (3, 4.5, 2)
+    assert settings.max_connections == 9
     assert settings.api_key == KEY and state.model_name == str(directory)
     assert state.engine.config.mode == "trie"
 
@@ -474,12 +561,51 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (["--backend", "ray", "--launch"], "--launch apply only to --backend vllm and sglang, not ray"),
         (["--backend", "vllm", "--model", "m", "--threads", "2"], "--threads apply only"),
         (["--backend", "ray", "--threads", "2"], "--threads apply only to --backend local"),
+        (["--backend", "ray", "--max-connections", "9"], "--max-connections apply only to --backend local"),
+        (["--backend", "ray", "--header-timeout-seconds", "3"], "--header-timeout-seconds apply only"),
+        (["--backend", "ray", "--keep-alive-seconds", "3"], "--keep-alive-seconds apply only"),
+        (
+            ["--backend", "vllm", "--model", "m", "--body-timeout-seconds", "3"],
+            "--body-timeout-seconds apply",
+        ),
     ],
 )
 def test_serve_flags_belong_to_their_backend(argv: list[str], message: str, capsys: Any) -> None:
     from rag_lookahead import cli
 
     assert cli.main(["serve", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable", "message"),
+    [
+        (" key", None, "--api-key must not start or end with a space"),
+        ("key\t", None, "--api-key must be printable ASCII"),
+        ("clé", None, "--api-key must be printable ASCII"),
+        ("k\u00a0ey", None, "--api-key must be printable ASCII"),
+        (None, "key ", "RAG_LOOKAHEAD_API_KEY must not start or end with a space"),
+        (None, "clé", "RAG_LOOKAHEAD_API_KEY must be printable ASCII"),
+    ],
+)
+def test_an_api_key_no_client_can_send_is_refused_at_start(
+    flag: str | None,
+    variable: str | None,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    """httpx and the OpenAI clients send a header's value in ASCII without its surrounding
+    spaces: such a key would never match, so the command refuses it before loading anything."""
+    from rag_lookahead import cli
+    from rag_lookahead.http import run
+
+    monkeypatch.setattr(run, "run_app", lambda app, host, port: None)  # never serve
+    if variable is not None:
+        monkeypatch.setenv("RAG_LOOKAHEAD_API_KEY", variable)
+    argv = ["serve", "--backend", "local", "--model", str(tmp_path / "nowhere")]
+    assert cli.main([*argv, *(["--api-key", flag] if flag is not None else [])]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -501,7 +627,16 @@ def test_an_empty_api_key_variable_is_refused(monkeypatch: pytest.MonkeyPatch, c
         ({"drain_s": -1}, "drain_s"),
         ({"drain_s": float("nan")}, "drain_s"),
         ({"api_key": ""}, "api_key"),
+        ({"api_key": " key"}, "api_key"),
+        ({"api_key": "clé"}, "api_key"),
         ({"model_name": ""}, "model_name"),
+        ({"header_timeout_s": 0}, "header_timeout_s"),
+        ({"body_timeout_s": float("nan")}, "body_timeout_s"),
+        ({"body_timeout_s": "5"}, "body_timeout_s"),
+        ({"keep_alive_s": -1}, "keep_alive_s"),
+        ({"keep_alive_s": 1e9}, "keep_alive_s"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"max_connections": 2.5}, "max_connections"),
     ],
 )
 def test_settings_are_checked(settings: dict[str, Any], message: str) -> None:
@@ -570,42 +705,262 @@ def test_tools_on_a_template_without_them_are_400(client: openai.OpenAI) -> None
     assert info.value.code == "tools_not_supported" and info.value.param == "tools"  # type: ignore[attr-defined]
 
 
+# ---------------------------------------------------------------------------- stopping
+
+
+def stream_lines(url: str, body: dict[str, Any], into: list[str]) -> threading.Thread:
+    """A thread reading the stream ``body`` asks ``url`` for into ``into``, its data lines."""
+
+    def read() -> None:
+        with httpx.stream("POST", url, json=body, timeout=WAIT_S) as response:
+            into.extend(line for line in response.iter_lines() if line.startswith("data:"))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def assert_refused_while_draining(server: LiveServer) -> None:
+    """New requests and /health get 503 over new connections (the listener stays open); the
+    metrics are still scraped."""
+    assert_error(httpx.get(f"{server.url}/health", timeout=WAIT_S), 503, "shutting_down")
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    assert_error(httpx.post(f"{server.url}/v1/completions", json=body, timeout=WAIT_S), 503, "shutting_down")
+    assert_error(httpx.get(f"{server.url}/v1/models", timeout=WAIT_S), 503, "shutting_down")
+    corpus = httpx.post(f"{server.url}/v1/corpora", json={"documents": ["x"]}, timeout=WAIT_S)
+    assert_error(corpus, 503, "shutting_down")
+    assert httpx.get(f"{server.url}/metrics", timeout=WAIT_S).status_code == 200
+
+
 def test_a_stopping_server_drains() -> None:
-    """Told to stop (what SIGTERM does), the server refuses new requests (503) while a stream
-    already running goes on to its end, ``[DONE]`` included, rather than being cut off."""
-    from sse_starlette.sse import AppStatus
-
-    from rag_lookahead.http import DrainingServer
-
+    """Told to stop (SIGTERM), the server keeps listening and answers new requests and /health
+    with 503 while a stream already running goes on to its end, ``[DONE]`` included; then it
+    stops by itself."""
     go = threading.Event()
     engine, streams, gave_up = gated_engine(go)
-    app = create_app(engine, ServeSettings(model_name=MODEL))
-    state = app.state.lookahead
-    server = LiveServer(app)
-    draining = DrainingServer(uvicorn.Config(app), state.admission.close)
+    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL)))
     lines: list[str] = []
     try:
         body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 40, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=WAIT_S) as response:
-            events = (line for line in response.iter_lines() if line.startswith("data:"))
-            lines.append(next(events))
-            draining.handle_exit(15, None)  # SIGTERM: the hook, then uvicorn's (and sse-starlette's)
-            assert state.admission.closing and draining.should_exit
-
-            async def refused() -> None:
-                async with asgi(app) as http:
-                    assert_error(await http.get("/health"), 503, "shutting_down")
-                    assert_error(await http.post("/v1/completions", json=body), 503, "shutting_down")
-
-            asyncio.run(refused())
-            # sse-starlette polls for the stop twice a second: a stream it would cut is cut by
-            # then. Slower, the test passes without proving the drain; it never fails falsely.
-            time.sleep(1.5)
-            go.set()
-            lines.extend(events)
+        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
+        wait_until(lambda: bool(lines))
+        server.server.handle_exit(signal.SIGTERM, None)
+        assert_refused_while_draining(server)
+        go.set()
+        reader.join(WAIT_S)
+        server.thread.join(WAIT_S)  # the drain over, it stops with nobody telling it to
+        assert not server.thread.is_alive()
     finally:
-        AppStatus.should_exit = False  # sse-starlette's flag is process-wide: later servers run
         server.stop()
     assert not gave_up.is_set()
     assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] in ("length", "stop")
     assert streams[0].stats.finish_reason in ("length", "eos")  # ran to its own end
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_what_runs_past_the_drain_is_cut_and_told_so(stream: bool) -> None:
+    """A call still running when the drain ends is cut: a stream's last events are an error
+    (no finish_reason) and ``[DONE]``, so an OpenAI client raises rather than taking the cut
+    answer for whole; a whole reply is a 503."""
+    engine, streams, gave_up = gated_engine()  # no forward past the third until it is cut
+    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL, drain_s=0.2)))
+    outcome: list[Any] = []
+
+    def ask() -> None:
+        try:
+            out = server.client(timeout=WAIT_S).completions.create(
+                model=MODEL, prompt="The Normans", max_tokens=200, stream=stream
+            )
+            outcome.append(list(out) if stream else out)  # type: ignore[call-overload]
+        except openai.APIError as err:
+            outcome.append(err)
+
+    try:
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        wait_until(lambda: bool(streams))
+        server.server.handle_exit(signal.SIGTERM, None)
+        asker.join(WAIT_S)
+        server.thread.join(WAIT_S)
+        assert not server.thread.is_alive()
+    finally:
+        server.stop()
+    assert not gave_up.is_set()
+    (error,) = outcome
+    assert isinstance(error, openai.APIError) and "drain" in error.message, error
+    if not stream:
+        assert isinstance(error, openai.InternalServerError) and error.status_code == 503
+    assert streams[0].stats.finish_reason == "abandoned"
+
+
+def test_a_cut_stream_ends_with_an_error_event_then_done() -> None:
+    """The events as sent: the answer's text so far, an error in OpenAI's shape, ``[DONE]``."""
+    engine, _, _ = gated_engine()
+    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL, drain_s=0)))
+    lines: list[str] = []
+    try:
+        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 200, "stream": True}
+        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
+        wait_until(lambda: bool(lines))
+        server.server.handle_exit(signal.SIGTERM, None)
+        reader.join(WAIT_S)
+    finally:
+        server.stop()
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
+    assert all(json.loads(line[6:])["choices"][0]["finish_reason"] is None for line in lines[:-2])
+
+
+def test_a_second_signal_cuts_at_once() -> None:
+    engine, streams, _ = gated_engine()
+    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL, drain_s=600)))
+    lines: list[str] = []
+    try:
+        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 200, "stream": True}
+        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
+        wait_until(lambda: bool(lines))
+        server.server.handle_exit(signal.SIGINT, None)
+        assert_refused_while_draining(server)
+        server.server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C
+        reader.join(WAIT_S)
+        server.thread.join(WAIT_S)
+        assert not server.thread.is_alive()
+    finally:
+        server.stop()
+    assert lines[-1] == "data: [DONE]" and '"shutting_down"' in lines[-2]
+    assert streams[0].stats.finish_reason == "abandoned"
+
+
+# ---------------------------------------------------------------------------- readiness
+
+
+def test_costs_are_measured_before_the_server_listens(tmp_path: Path) -> None:
+    """With ``mode="auto"`` the forward costs are measured at startup, before uvicorn listens
+    (`LiveServer` returns once it does), as `ask` measures them before answering: no request
+    pays for them."""
+    model = tiny_model("llama", 0, ASCII_VOCAB + 1)
+    engine = LookaheadEngine(model, ascii_fast_tokenizer(), LookaheadConfig(mode="auto"), cache_dir=tmp_path)
+    measured = []
+    measure = engine.measure_costs
+
+    def recording(**kwargs: Any) -> Any:
+        measured.append(kwargs)
+        return measure(**kwargs)
+
+    engine.measure_costs = recording  # type: ignore[method-assign]
+    with LiveServer(create_app(engine, ServeSettings(model_name=MODEL))) as server:
+        assert len(measured) == 1 and engine.cost_curve is not None
+        out = server.client().completions.create(model=MODEL, prompt="The Normans", max_tokens=8)
+        assert out.choices[0].text
+    assert len(measured) == 1  # the request measured nothing
+
+
+# ---------------------------------------------------------------------------- slow and broken clients
+
+SHORT_S = 0.3  # the read timeouts of the slow-client tests: short, for short tests
+GAP_S = 0.02  # between a dripping client's bytes
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+PADDING = b"X-Padding: " + b"a" * 400 + b"\r\n"  # at GAP_S a byte, far past SHORT_S
+BODY = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "documents": ["a" * 400]}).encode()
+WHOLE = HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def received_until_closed(sock: socket.socket, dripped: bytes = b"") -> bytes:
+    """Send ``dripped`` a byte every `GAP_S` until the server answers or closes; then what it
+    sends until it closes the connection (failing if it has not after `WAIT_S`)."""
+    for byte in dripped:
+        if select.select([sock], [], [], GAP_S)[0]:
+            break  # an answer, or the end
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            break
+    sock.settimeout(WAIT_S)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open; it sent {received!r}") from None
+    return received
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[LiveServer]:
+    settings = ServeSettings(model_name=MODEL, header_timeout_s=SHORT_S, body_timeout_s=SHORT_S)
+    with LiveServer(create_app(served_engine(), settings)) as server:
+        yield server
+
+
+# (what is sent at once, what is dripped, how what the server sends back starts)
+SLOW_CLIENTS: list[tuple[bytes, bytes, bytes]] = [
+    (b"", b"", b""),  # connects and sends nothing
+    (b"", HEAD + PADDING, b""),  # headers a byte at a time
+    (HEALTH, HEAD + PADDING, b""),  # the same, as a kept-alive connection's next request
+    (HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY), BODY, b"HTTP/1.1 408"),  # a body a byte at a time
+]
+
+
+def health_answer(sock: socket.socket) -> bytes:
+    """The answer to `HEALTH`, read whole (its body is the last of it)."""
+    received = b""
+    while not received.endswith(b"}"):
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return received
+
+
+@pytest.mark.parametrize(("sent", "dripped", "answer"), SLOW_CLIENTS)
+def test_slow_clients_are_cut_off(guarded: LiveServer, sent: bytes, dripped: bytes, answer: bytes) -> None:
+    """A client that sends its request a byte at a time holds no connection past the read
+    timeouts: the server closes it (a late body answered 408), and answers others meanwhile."""
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=WAIT_S) as sock:
+        sock.sendall(sent)
+        if sent == HEALTH:
+            assert health_answer(sock).startswith(b"HTTP/1.1 200")
+        received = received_until_closed(sock, dripped)
+    assert received.startswith(answer), received
+    if answer == b"HTTP/1.1 408":
+        assert b'"body_timeout"' in received
+    assert httpx.get(f"{guarded.url}/health", timeout=WAIT_S).json() == {"status": "ok"}
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=WAIT_S) as sock:
+        sock.sendall(WHOLE)  # a whole request sent at once is in time
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_connections_past_the_cap_are_refused() -> None:
+    settings = ServeSettings(model_name=MODEL, max_connections=2)
+    with LiveServer(create_app(served_engine(), settings)) as server:
+        held = [socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) for _ in range(2)]
+        try:
+            wait_until(lambda: len(server.server.server_state.connections) == 2)
+            with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as third:
+                refused = received_until_closed(third)
+            assert refused.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in refused
+            held[0].sendall(HEALTH)  # the connections held are served
+            assert health_answer(held[0]).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(lambda: not server.server.server_state.connections)
+        assert httpx.get(f"{server.url}/health", timeout=WAIT_S).status_code == 200
+
+
+def test_a_client_leaving_mid_body_is_no_error(live: LiveServer) -> None:
+    """No "Exception in ASGI application" traceback per client that leaves mid-body: its
+    request ends quietly."""
+    tasks = live.server.server_state.tasks
+    with logged_errors() as records:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", live.port), timeout=WAIT_S) as sock:
+                sock.sendall(HEAD + b"Content-Length: 100000\r\n\r\n" + BODY)
+                wait_until(lambda: bool(tasks))  # the app is reading the body
+            wait_until(lambda: not tasks)
+    assert not records, [record.getMessage() for record in records]
+    assert httpx.get(f"{live.url}/health", timeout=WAIT_S).status_code == 200

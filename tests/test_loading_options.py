@@ -239,6 +239,9 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"dtype": "float33"}, ValueError, "torch dtype"),
     ({"dtype": "__class__"}, ValueError, "torch dtype"),
     ({"device": ""}, ValueError, "device must be"),
+    ({"device": "tpu"}, ValueError, "device must be a torch device .* got 'tpu'"),
+    ({"device": "cuda:-1"}, ValueError, "device must be a torch device .* got 'cuda:-1'"),
+    ({"device": "CUDA"}, ValueError, "device must be a torch device .* got 'CUDA'"),
     ({"trust_remote_code": "yes"}, TypeError, "trust_remote_code must be True or False"),
     ({"progress": 1}, TypeError, "progress must be True or False"),
     ({"model_kwargs": {"device_map": "cpu"}, "device": "cpu"}, ValueError, "not moved"),
@@ -252,3 +255,38 @@ def test_bad_load_options_are_refused_when_made(kwargs, error, message) -> None:
 
     with pytest.raises(error, match=message):
         LoadOptions(**kwargs)
+
+
+def _absent(device: str, present: bool) -> Any:
+    return pytest.param(device, marks=pytest.mark.skipif(present, reason=f"this machine has {device}"))
+
+
+# devices torch can name that this machine lacks: refused before the weights load, naming the
+# device and what the machine has (moving the weights there failed after, with an AssertionError)
+ABSENT_DEVICES = [
+    _absent("cuda", torch.cuda.is_available()),
+    _absent("cuda:99", torch.cuda.device_count() > 99),
+    _absent("mps", torch.backends.mps.is_available()),
+    _absent("xpu:1", hasattr(torch, "xpu") and torch.xpu.device_count() > 1),
+    _absent("meta", False),
+]
+
+
+@pytest.mark.parametrize("device", ABSENT_DEVICES)
+def test_a_device_this_machine_lacks_is_refused_before_the_weights_load(
+    model_dir, monkeypatch, device
+) -> None:
+    import transformers
+
+    def loaded(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loaded)
+    words = f"device {device!r} is not on this machine.*; it has: cpu"
+    with pytest.raises(ValueError, match=words):
+        LookaheadEngine.from_pretrained(model_dir, device=device)
+    with pytest.raises(ValueError, match=words):
+        load_model(model_dir, device=torch.device(device))
+    args = build_parser().parse_args(["ask", "q", "--index", "i", "--model", model_dir, "--device", device])
+    with pytest.raises(ValueError, match=words):
+        make_engine(args)

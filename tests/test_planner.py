@@ -10,6 +10,7 @@ from rag_lookahead.decoding.costs import (
     Calibration,
     CostCurve,
     CostModel,
+    StepCalibration,
     cached_curve,
     measure_curve,
 )
@@ -50,11 +51,13 @@ def test_a_cpu_like_curve_keeps_the_likely_path_only() -> None:
     assert planned.parents == (-1, 0, 1, 0)
 
 
-def test_a_plan_picks_a_cheaper_larger_size_over_a_dearer_smaller_one() -> None:
-    # Measured CPU curves dip (kernel shapes): 3 tokens dearer than 4 here.
+def test_a_dip_in_a_curve_never_makes_the_plan_draft_wider_to_save_time() -> None:
+    # Measured CPU curves dip (a kernel shape, or a load that hindered the smaller sizes): 3
+    # tokens timed dearer than 4 here. Fitted monotone, 4 tokens cost what 3 do.
     curve = CostCurve((1, 2, 3, 4, 5, 6), (1.0, 1.7, 2.2, 1.4, 3.0, 3.0))
+    assert curve.seconds == (1.0, 1.7, 2.2, 2.2, 3.0, 3.0)
     planned = plan_draft(TREE, no_exploring(), curve)
-    assert len(planned) == 4  # the root and 3 drafts, at 1.4, not 1 or 2 drafts at 1.7 and 2.2
+    assert len(planned) == 1  # not the root and 3 drafts at the dip's 1.4
 
 
 # The default Jacobi window: 4 columns x 3 levels, offsets 1..6 after the root.
@@ -79,6 +82,27 @@ def test_the_window_rides_along_in_auto_only_where_it_is_nearly_free() -> None:
     flat_plan = StepPlanner(LookaheadConfig(), CostModel(nearly_flat)).plan(StepDraft(chain, SIDE), FAR)
     assert flat_plan.side == SIDE
     assert StepPlanner(LookaheadConfig(), CostModel(cpu_like)).plan(StepDraft(chain, SIDE), FAR).side is None
+
+
+def test_a_long_context_makes_the_plan_draft_narrower() -> None:
+    # The curve is timed after a short context; after a long one every drafted token attends
+    # to all of it, so the steps' own timings there find wide steps dearer, relatively.
+    chain = DraftTree(tuple(range(16)), tuple(range(-1, 15)), "trie", (1.0,) + (0.9,) * 15)
+    curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.1, 1.2, 1.4, 1.8))
+    costs = CostModel(curve, calibration=StepCalibration())
+    planner = StepPlanner(LookaheadConfig(), costs)
+    planner.acceptance = no_exploring()
+    dearer = {1: 1.1, 2: 1.5, 5: 2.0, 12: 2.6}  # observed over the curve's price, by width
+    for tokens, ratio in dearer.items():
+        for _ in range(3):
+            costs.observe(tokens, curve(tokens), context=300)  # as timed
+            costs.observe(tokens, curve(tokens) * ratio, context=1500)
+    short, long = (len(planner.plan(StepDraft(chain), FAR, context)) for context in (300, 1500))
+    assert short == len(plan_draft(chain, no_exploring(), curve)) == 4
+    assert long == 1
+    # An unseen longer context class is priced from the nearest seen one.
+    assert len(planner.plan(StepDraft(chain), FAR, 6000)) == 1
+    assert costs.priced(1500).seconds == pytest.approx((1.1, 1.65, 2.4, 3.64, 4.68))
 
 
 def test_side_rows_never_reach_past_the_context_window() -> None:
@@ -133,8 +157,8 @@ def test_cost_curve_interpolates_and_validates() -> None:
         CostCurve((1, 4), (1.0, 0.0))
 
 
-def test_measured_curves_keep_every_size_as_measured() -> None:
-    # A larger forward may really be cheaper (CPU matrix kernels favour some shapes): kept as is.
+def test_measured_curves_keep_each_size_s_least_time_fitted_monotone() -> None:
+    # A larger forward timed cheaper than a smaller one is priced as the smaller one.
     times = {
         1: [1.0, 1.1, 0.9],
         2: [3.0, 9.0, 3.1],
@@ -150,8 +174,9 @@ def test_measured_curves_keep_every_size_as_measured() -> None:
 
     curve = measure_curve(forward, max_tokens=5, repeats=3)
     assert curve.sizes == (1, 2, 3, 4, 5)
-    # Injected numbers, no clock involved: each size's least time, the 9.0 outlier ignored.
-    assert curve.seconds == (0.9, 3.0, 2.0, 2.4, 4.0)
+    # Injected numbers, no clock involved: each size's least time, the 9.0 outlier ignored,
+    # and sizes 3 and 4 (least 2.0 and 2.4) priced as size 2.
+    assert curve.seconds == (0.9, 3.0, 3.0, 3.0, 4.0) and not curve.loaded
     assert calls[5:10] == [1, 2, 3, 4, 5]  # rounds interleave the sizes
 
 

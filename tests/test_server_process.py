@@ -1,9 +1,13 @@
-"""`running_server`: a server as a child process, waited for and stopped (no vLLM needed)."""
+"""`running_server`: a server as a child process, waited for and stopped (no vLLM needed); and
+the local server (`run_app`) as one, told to stop by a real SIGTERM."""
 
 from __future__ import annotations
 
+import json
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,3 +80,56 @@ def test_a_server_that_never_answers_is_an_error_with_its_log(
         pass
     if "status" in match:
         assert "bad flag" in str(caught.value)
+
+
+# The local server over the tiny engine, whose forwards past the third wait until the file
+# argv[2] exists (a bounded wait): a stream runs for as long as the test wants.
+LOCAL_SERVER = """
+import os, sys, time
+from rag_lookahead.http import ServeSettings, create_app, run_app
+from rag_lookahead.http.testing import WAIT_S, served_engine
+port, gate = int(sys.argv[1]), sys.argv[2]
+engine = served_engine()
+forward, calls = engine.runner.forward, [0]
+def gated(*args, **kwargs):
+    calls[0] += 1
+    deadline = time.monotonic() + WAIT_S
+    while calls[0] > 3 and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return forward(*args, **kwargs)
+engine.runner.forward = gated
+run_app(create_app(engine, ServeSettings(model_name="tiny", drain_s=WAIT_S)), "127.0.0.1", port)
+"""
+
+
+def test_sigterm_drains_the_local_server_which_then_exits_0(tmp_path: Path) -> None:
+    """On SIGTERM the server still listens, answering new requests and /health with 503,
+    while the stream running goes on to its ``[DONE]``; then the process exits 0 (not -15)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    port, gate = _free_port(), tmp_path / "go"
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-c", LOCAL_SERVER, str(port), str(gate)]
+    lines: list[str] = []
+
+    def read() -> None:
+        body = {"model": "tiny", "prompt": "The Normans", "max_tokens": 40, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            lines.extend(line for line in response.iter_lines() if line.startswith("data:"))
+
+    with running_server(command, url, tmp_path / "server.log", start_timeout=300) as process:
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not lines and time.monotonic() < deadline:  # the stream has begun
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        health = httpx.get(f"{url}/health", timeout=60)
+        assert health.status_code == 503 and health.json()["error"]["code"] == "shutting_down"
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi"}, timeout=60)
+        assert refused.status_code == 503
+        gate.touch()
+        reader.join(60)
+        assert process.wait(60) == 0, (tmp_path / "server.log").read_text()
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] in ("length", "stop")

@@ -32,6 +32,7 @@ __all__ = [
     "CallKind",
     "CallPlan",
     "ToolPlan",
+    "checked_text",
     "plan_body",
     "plan_chat",
     "plan_completion",
@@ -219,6 +220,33 @@ def _messages(value: object) -> list[dict[str, Any]]:
     return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
 
 
+def checked_text(text: str, where: str) -> str:
+    """``text``, once it is text: JSON may escape a lone surrogate (``"\\ud800"``), which no
+    tokenizer takes; a `RequestError` naming ``where`` then."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(
+                f"{where} is not valid Unicode text (a lone surrogate, such as \\ud800)", where
+            ) from None
+    return text
+
+
+def _checked_strings(value: object, where: str) -> None:
+    """Every string inside ``value`` (keys too) checked by `checked_text`, as ``where``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            checked_text(item, where)
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
 def _message(message: object, where: str) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         raise RequestError(f"{where} is a message object, got {type(message).__name__}", where)
@@ -239,6 +267,7 @@ def _message(message: object, where: str) -> dict[str, Any]:
                 raise RequestError(f"only a {allowed} message has {key}", f"{where}.{key}")
             if key != "tool_calls" and not isinstance(given[key], str):
                 raise RequestError(f"{where}.{key} is a string", f"{where}.{key}")
+            _checked_strings(given[key], f"{where}.{key}")
             out[key] = given[key]
     if "tool_calls" in out:
         try:
@@ -253,7 +282,7 @@ def _content(value: object, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return checked_text(value, where)
     if isinstance(value, (bytes, Mapping)) or not isinstance(value, Sequence):
         raise RequestError(f"{where} is a string or a list of text parts", where)
     texts = []
@@ -265,7 +294,7 @@ def _content(value: object, where: str) -> str:
                 f"{where}[{j}]",
                 "unsupported_content",
             )
-        texts.append(part["text"])
+        texts.append(checked_text(part["text"], f"{where}[{j}].text"))
     return "".join(texts)
 
 
@@ -277,7 +306,7 @@ def _prompt(value: object) -> str | tuple[int, ...]:
     if isinstance(value, str):
         if not value:
             raise RequestError("prompt is empty", "prompt")
-        return value
+        return checked_text(value, "prompt")
     if (
         isinstance(value, list)
         and value
@@ -294,7 +323,7 @@ def _documents(value: object) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
         raise RequestError("documents are a list of strings", "documents")
-    return tuple(value)
+    return tuple(checked_text(text, f"documents[{i}]") for i, text in enumerate(value))
 
 
 def _corpus(value: object) -> str | None:
@@ -404,7 +433,7 @@ def _stops(value: object) -> tuple[str, ...]:
         raise RequestError("stop is a non-empty string or a list of them", "stop")
     if len(stops) > MAX_STOP_STRINGS:
         raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
-    return tuple(stops)
+    return tuple(checked_text(stop, "stop") for stop in stops)
 
 
 def _check_n(value: object) -> None:
@@ -458,6 +487,7 @@ def _response_format(value: object) -> Grammar | None:
 
 
 def _tool_plan(tools: object, choice: object, engine: Engine | None) -> ToolPlan:
+    _checked_strings(tools, "tools")
     try:
         checked = check_tools(tools if tools is not None else [])  # type: ignore[arg-type]
     except (TypeError, ValueError) as err:

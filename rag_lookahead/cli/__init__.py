@@ -21,7 +21,7 @@ from rag_lookahead import __version__
 from rag_lookahead.bench.methods import CONCURRENCY_METHODS, METHODS
 from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS
-from rag_lookahead.cli.settings import chunking_config, lookahead_config, retrieval_config
+from rag_lookahead.cli.settings import chunking_config, load_options, lookahead_config, retrieval_config
 from rag_lookahead.cli.values import (
     client_counts,
     cosine,
@@ -51,7 +51,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--device",
         default=None,
-        help="cpu, cuda, cuda:1 ... (default: cpu, unless --model-kwargs has a device_map)",
+        help="cpu, cuda, cuda:1, mps ... (default: cpu, unless --model-kwargs has a device_map)",
     )
     group.add_argument(
         "--dtype",
@@ -142,6 +142,8 @@ def _check_settings(args: argparse.Namespace) -> None:
         retrieval_config(args)
     if hasattr(args, "chunk_size"):
         chunking_config(args)
+    if getattr(args, "device", None) is not None:  # a --device torch cannot parse ("tpu")
+        load_options(args)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -421,8 +423,40 @@ def build_parser() -> argparse.ArgumentParser:
         dest="drain_s",
         type=non_negative_float,
         default=None,
-        help="on SIGTERM or Ctrl-C, seconds running requests get to finish while new ones get 503 "
+        help="on SIGTERM or Ctrl-C, seconds running requests get to finish while new ones (and "
+        "/health) get 503; what still runs then is cut, a stream ending with an error event "
         f"(default: {served.drain_s:g})",
+    )
+    local.add_argument(
+        "--header-timeout-seconds",
+        dest="header_timeout_s",
+        type=positive_float,
+        default=None,
+        help="seconds a request's headers may take to arrive, from its first byte (a new "
+        f"connection's: from its opening); slower, the connection is closed (default: "
+        f"{served.header_timeout_s:g}; local only)",
+    )
+    local.add_argument(
+        "--body-timeout-seconds",
+        dest="body_timeout_s",
+        type=positive_float,
+        default=None,
+        help="seconds a request's body may take to arrive once its headers are in; slower is 408 "
+        f"(default: {served.body_timeout_s:g})",
+    )
+    local.add_argument(
+        "--keep-alive-seconds",
+        dest="keep_alive_s",
+        type=positive_float,
+        default=None,
+        help=f"seconds an idle connection stays open (default: {served.keep_alive_s:g}; local only)",
+    )
+    local.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=None,
+        help=f"most connections open at once; more are answered 503 and closed (default: "
+        f"{served.max_connections}; local only)",
     )
     local.add_argument(
         "--corpus-ttl-seconds",

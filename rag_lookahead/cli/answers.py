@@ -52,7 +52,7 @@ def run_index(args: argparse.Namespace) -> int:
     with _locked(out):
         index, skipped = _index_paths(args, out, config)
         for item in skipped:
-            print(f"skipped {item.source}: {item.reason}")
+            print(f"skipped {item}")  # printable, even for a file name that is not UTF-8
         index.save(out)
     return 0
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.http.settings import ServeSettings
+from rag_lookahead.http.settings import ServeSettings, check_api_key
 from rag_lookahead.server.launch import BACKENDS, server_command
 
 if TYPE_CHECKING:
@@ -27,11 +27,23 @@ SERVE_BACKENDS = ("local", "ray", *BACKENDS)
 API_KEY_VARIABLE = "RAG_LOOKAHEAD_API_KEY"
 
 _CORPUS_FLAGS = ("corpus_ttl_s", "max_corpora", "max_corpus_bytes")
-_SETTINGS = ("max_running", "max_waiting", "max_body_bytes", "drain_s", *_CORPUS_FLAGS)
+# What uvicorn's connections take (`run_app`): Ray Serve's proxy holds the connections there.
+_CONNECTION_FLAGS = ("header_timeout_s", "keep_alive_s", "max_connections")
+_SETTINGS = (
+    *("max_running", "max_waiting", "max_body_bytes", "drain_s", "body_timeout_s"),
+    *_CORPUS_FLAGS,
+    *_CONNECTION_FLAGS,
+)
 _LOCAL_FLAGS = ("api_key", *_SETTINGS, "mode", "device", "dtype", "threads")
 _RAY_FLAGS = ("replicas", "ray_address")
 # Flags whose name is not their setting's.
-_FLAGS = {"drain_s": "--drain-seconds", "corpus_ttl_s": "--corpus-ttl-seconds"}
+_FLAGS = {
+    "drain_s": "--drain-seconds",
+    "corpus_ttl_s": "--corpus-ttl-seconds",
+    "header_timeout_s": "--header-timeout-seconds",
+    "body_timeout_s": "--body-timeout-seconds",
+    "keep_alive_s": "--keep-alive-seconds",
+}
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
 
 
@@ -39,8 +51,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.backend in ("local", "ray"):
         _refuse(args, _REMOTE_FLAGS, "vllm and sglang")
         if args.backend == "ray":
-            # Replicas refuse corpora (http/replica.py) and take their CPUs from Ray.
-            _refuse(args, (*_CORPUS_FLAGS, "threads"), "local")
+            # Replicas refuse corpora (http/replica.py) and take their CPUs from Ray; Ray's
+            # proxy, not uvicorn, holds the connections.
+            _refuse(args, (*_CORPUS_FLAGS, *_CONNECTION_FLAGS, "threads"), "local")
             return _run_ray(args)
         _refuse(args, _RAY_FLAGS, "ray")
         return _run_local(args)
@@ -144,11 +157,15 @@ def _announce(args: argparse.Namespace, settings: ServeSettings) -> None:
 
 
 def _api_key(flag: str | None) -> str | None:
+    """The key from the flag, else the variable: refused at once when no client could send it."""
     if flag is not None:
+        check_api_key(flag, "--api-key")
         return flag
     value = os.environ.get(API_KEY_VARIABLE)
     if value is not None and not value.strip():
         raise ValueError(f"{API_KEY_VARIABLE} is set but empty: unset it, or give it the key")
+    if value is not None:
+        check_api_key(value, API_KEY_VARIABLE)
     return value
 
 

@@ -14,6 +14,21 @@ left after it; else the node takes the next token of the completion of its own p
 depend on the node's prefix and its tokens left alone (a node at depth d has d fewer), as
 plain decoding's choice does, so the output stays the one constrained plain decoding gives.
 
+Every node is checked, however many tokens are left: a check skipped while many are left
+lets the model open what cannot close in time (a completion longer than the distance at which
+checks begin), so a budget that holds the empty answer's completion could still be cut. What
+keeps that affordable is that a completion is a function of the matcher's state alone, and
+after its first token it is the rest of itself: the completion of each node's prefix is kept
+(across steps too), so a token that follows it (as the forced keys and separators do)
+costs no search, and any other token one search from the state after it. A search stops at
+the tokens left and at a cap (the empty answer's completion, sought once at the call's first
+step, plus `_CLOSING_SLACK`), so its cost grows with the schema, never with
+``max_new_tokens``. The cap does not weaken the promise: the empty
+answer's completion fits under it, and a node that keeps the model's token only where the
+completion after it fits under both passes that on to the next node (induction on the
+depth); past the cap, a rare text (an optional object that requires more keys than that)
+is closed early rather than searched for without bound.
+
 llguidance was chosen over xgrammar and outlines-core by `benchmarks/grammar_choice.py`: every
 schema shape of the set compiles and enforces, rollback and forced tokens are built in, the
 masks cost microseconds against a forward's milliseconds, and it is one MIT wheel with no
@@ -48,9 +63,15 @@ _CLOSERS: tuple[str, ...] = ("}}", "]}", "}]", "}", "]", ",", "0", '""', '"', "t
 _CLOSERS += ("t", "n", "f", ".", "a", " ")  # where the ones above take more than a token
 _STRING_ENDS = ('"}', '"]', '"')
 _IN_TEXT = "a"  # allowed inside a free string, and nowhere a JSON value begins
-# A completion longer than this many tokens is not sought: looking for one costs a few
-# matcher steps per token, paid for every emitted token once the tokens left come this close.
-_CLOSING_REACH = 256
+# These end a value or a string, and one of them allowed after a token means that a value may
+# end there: a completion prefers such a token, so that it does not spell a number or a
+# patterned string on and on (`0.5000...` under an exclusive minimum of 0.5) when another
+# token would end it.
+_VALUE_ENDS = ("}}", "]}", "}]", "}", "]", ",", *_STRING_ENDS)
+# Where no closer ends a value, this many of the lowest tokens the grammar allows are tried.
+_SCANNED = 64
+# A completion is sought up to this many tokens past the empty answer's (see the docstring).
+_CLOSING_SLACK = 256
 
 
 def to_lark(grammar: Grammar) -> str:
@@ -122,21 +143,25 @@ class GrammarCompiler:
     def _closers(self, eos: tuple[int, ...]) -> Closers:
         """The one-token spellings of `_CLOSERS` (and of `_STRING_ENDS`, `_IN_TEXT`)."""
         view = self._view(eos)
-        texts = (*_STRING_ENDS, *_CLOSERS, _IN_TEXT)
+        texts = (*_STRING_ENDS, *_CLOSERS, *_VALUE_ENDS, _IN_TEXT)
         single = {c: ids[0] for c in texts if len(ids := view.greedy_tokenize(c)) == 1}
         outside = tuple(dict.fromkeys(single[c] for c in _CLOSERS if c in single))
         inside = tuple(dict.fromkeys(single[c] for c in (*_STRING_ENDS, *_CLOSERS) if c in single))
-        return Closers(inside, outside, single.get(_IN_TEXT))
+        ends = tuple(dict.fromkeys(single[c] for c in _VALUE_ENDS if c in single))
+        return Closers(inside, outside, single.get(_IN_TEXT), ends, single.get(" "))
 
 
 @dataclass(frozen=True)
 class Closers:
     """The tokens a completion tries where the grammar forces nothing, in order: ``inside`` a
-    string (where ``in_text`` is allowed) and ``outside`` one."""
+    string (where ``in_text`` is allowed) and ``outside`` one; ``ends``: those that end a value
+    or a string (see `_VALUE_ENDS`); ``space``: the space, taken without looking further."""
 
     inside: tuple[int, ...]
     outside: tuple[int, ...]
     in_text: int | None
+    ends: tuple[int, ...] = ()
+    space: int | None = None
 
 
 class GrammarState:
@@ -154,6 +179,12 @@ class GrammarState:
         self._fill = llguidance.torch.fill_next_token_bitmask
         self._words = (vocab_size + 31) // 32
         self._closers = closers
+        # Closing in budget: the longest completion sought (set at the call's first step), the
+        # completion of the text so far where known, and the last path `within_budget` chose
+        # with the completion after each of its tokens (where known), for `advance` to keep.
+        self._cap: int | None = None
+        self._known: tuple[int, ...] | None = None
+        self._chosen: tuple[list[int], list[tuple[int, ...] | None]] = ([], [])
 
     def check(self, context_window: int | None) -> None:
         """Refuse, before any work, a grammar that can only give an empty answer or none that
@@ -218,6 +249,14 @@ class GrammarState:
                     f"the grammar reached a dead end: it allowed token {token} but cannot continue "
                     f"after it ({self._error()}); the tokenizer may not spell what the grammar needs"
                 )
+        if tokens:
+            self._known = self._known_after(list(tokens))
+
+    def _known_after(self, tokens: list[int]) -> tuple[int, ...] | None:
+        """The completion after ``tokens`` if they begin the path `within_budget` chose last."""
+        path, after = self._chosen
+        self._chosen = ([], [])
+        return after[len(tokens) - 1] if tokens == path[: len(tokens)] else None
 
     def finish(self, tokens: Sequence[int]) -> None:
         """Take a last step's ``tokens``, which end on an end-of-sequence token: the text must
@@ -235,32 +274,46 @@ class GrammarState:
         longer be completed in the tokens left becomes the next token of the completion of
         its node's prefix (where one fits). ``room``: the tokens the call may still emit."""
         chosen = list(chosen)
-        if self._closers is None or room - max(tree.depths) - 1 > _CLOSING_REACH:
-            return chosen  # (even the deepest node has room for any completion sought)
-        node, depth = 0, 0
+        if self._closers is None:
+            return chosen
+        if self._cap is None:  # the call's first step: the empty answer's completion
+            self._known = self._closing(room)
+            self._cap = (len(self._known) if self._known is not None else 0) + _CLOSING_SLACK
+        node, depth, known = 0, 0, self._known
+        path: list[int] = []
+        after: list[tuple[int, ...] | None] = []
         try:
             while True:
-                left = room - depth  # this node's own token included
-                if left - 1 <= _CLOSING_REACH:
-                    chosen[node] = self._fitting(chosen[node], left)
+                # This node's own token included; `known`: the completion of its prefix.
+                chosen[node], known = self._fitting(chosen[node], room - depth, known)
+                path.append(chosen[node])
+                after.append(known)
                 child = tree.child(node, chosen[node])
                 if child is None:
-                    return chosen
+                    break
                 self._matcher.consume_token(tree.tokens[child])
                 node, depth = child, depth + 1
         finally:
             if depth:
                 self._matcher.rollback(depth)
+        self._chosen = (path, after)
+        return chosen
 
     def closing(self, limit: int) -> list[int] | None:
         """The tokens that complete the text so far, the end-of-sequence token last, if they
         are at most ``limit`` (the matcher stands where it stood on return).
 
         Step by step: a token the grammar forces; else, of the `Closers` it allows, one that
-        completes the text at once, or the first; else the first token it allows. Not always
-        the shortest, but a function of the matcher's state alone: after its first token, the
-        completion is the rest of it, so a call that takes it keeps its place in the budget.
+        completes the text at once, else one after which a value may end; else the lowest
+        allowed token (of `_SCANNED`) after which one may; else the first closer allowed, or the
+        lowest token allowed. Not always the shortest, but a function of the matcher's state
+        alone: after its first token, the completion is the rest of it, so a call that takes
+        it keeps its place in the budget.
         """
+        closing = self._closing(limit)
+        return None if closing is None else list(closing)
+
+    def _closing(self, limit: int) -> tuple[int, ...] | None:
         matcher = self._matcher
         tokens: list[int] = []
         try:
@@ -271,22 +324,40 @@ class GrammarState:
                 if token is None or matcher.try_consume_tokens([token]) != 1:
                     return None
                 tokens.append(token)
-            return None if len(tokens) + 1 > limit else [*tokens, self._eos[0]]
+            return None if len(tokens) + 1 > limit else (*tokens, self._eos[0])
         finally:
             if tokens:
                 matcher.rollback(len(tokens))
 
-    def _fitting(self, token: int, left: int) -> int:
-        """``token`` if the text after it can be completed in ``left - 1`` tokens, else the
-        completion's next token (``token`` still where no completion fits in ``left``)."""
-        if token in self._eos or self._matcher.try_consume_tokens([token]) != 1:
-            return token
+    def _fitting(
+        self, token: int, left: int, known: tuple[int, ...] | None
+    ) -> tuple[int, tuple[int, ...] | None]:
+        """``token`` if the text after it can be completed in ``left - 1`` tokens (and the cap),
+        else the next token of ``known`` (the completion of the node's prefix, sought here when
+        not known) where that fits in ``left``; with the completion after the token returned
+        (where known)."""
+        assert self._cap is not None
+        if token in self._eos:
+            return token, None
+        fits = min(left - 1, self._cap)
+        # The completion after its own first token is the rest of it: no search.
+        after = known[1:] if known and known[0] == token else self._closing_after(token, fits)
+        if after is not None and len(after) <= fits:
+            return token, after
+        if known is None:
+            known = self._closing(fits + 1)
+        if known is not None and len(known) <= fits + 1:
+            return known[0], known[1:]
+        return token, after
+
+    def _closing_after(self, token: int, limit: int) -> tuple[int, ...] | None:
+        """The completion after ``token``, if it is at most ``limit`` tokens."""
+        if self._matcher.try_consume_tokens([token]) != 1:
+            return None
         try:
-            fits = self.closing(left - 1) is not None
+            return self._closing(limit)
         finally:
             self._matcher.rollback(1)
-        closing = None if fits else self.closing(left)
-        return closing[0] if closing is not None else token
 
     def _closing_step(self) -> int | None:
         matcher, closers = self._matcher, self._closers
@@ -295,15 +366,35 @@ class GrammarState:
         if forced:
             return int(forced[0])
         inside = closers.in_text is not None and self._admits(closers.in_text)
-        allowed: list[int] = []
-        for token in closers.inside if inside else closers.outside:
-            if matcher.try_consume_tokens([token]) == 1:
-                complete = matcher.is_accepting()
-                matcher.rollback(1)
-                if complete:
-                    return token
-                allowed.append(token)
-        return allowed[0] if allowed else self._first_allowed()
+        tried = closers.inside if inside else closers.outside
+        ranked = [(self._progress(token), token) for token in tried]
+        progress, token = max(ranked, key=lambda pair: pair[0], default=(-1, 0))
+        if progress > 0:  # the first that completes the text, else the first that ends a value
+            return token
+        first = next((token for progress, token in ranked if progress == 0), None)
+        if first is not None and first == closers.space:
+            return first  # the layout's space: it goes on to a key or a value
+        lowest = self._lowest_allowed()
+        ending = next((t for t in lowest if t not in tried and self._progress(t) > 0), None)
+        if ending is not None:
+            return ending
+        return first if first is not None else next(iter(lowest), None)
+
+    def _progress(self, token: int) -> int:
+        """Where ``token`` takes the text: -1 refused, 0 allowed, 1 to the end of a value or
+        string (it is one of `Closers.ends`, or one of them is allowed after it), 2 to a
+        complete text."""
+        matcher, closers = self._matcher, self._closers
+        assert closers is not None
+        if matcher.try_consume_tokens([token]) != 1:
+            return -1
+        try:
+            if matcher.is_accepting():
+                return 2
+            ends = token in closers.ends or any(self._admits(end) for end in closers.ends)
+            return 1 if ends else 0
+        finally:
+            matcher.rollback(1)
 
     def _admits(self, token: int) -> bool:
         if self._matcher.try_consume_tokens([token]) != 1:
@@ -311,12 +402,11 @@ class GrammarState:
         self._matcher.rollback(1)
         return True
 
-    def _first_allowed(self) -> int | None:
-        """The lowest token the grammar allows next, other than the end of sequence."""
+    def _lowest_allowed(self) -> list[int]:
+        """The lowest `_SCANNED` tokens the grammar allows next, other than the end of sequence."""
         allowed = self.allowed(DraftTree.root_only(0))[0]  # [V]
         allowed[self._eos] = False
-        ids = allowed.nonzero()
-        return int(ids[0]) if len(ids) else None
+        return allowed.nonzero()[:_SCANNED, 0].tolist()
 
     def _error(self) -> str:
         return _first_line(self._matcher.get_error()) or "no error given"

@@ -1,15 +1,22 @@
-"""What a forward pass costs: measured once per (model, device, dtype, threads), cached on disk.
+"""What a forward pass costs: measured once per (model, device, dtype, threads), cached on disk,
+and corrected by the forwards really run.
 
 On a CPU a forward over 8 new tokens costs about twice one over a single token; on a GPU the
-curve is nearly flat for dozens of tokens. The draft budget is chosen against this curve.
+curve is nearly flat for dozens of tokens. The draft budget is chosen against this curve, as
+the steps' own timings calibrate it (`StepCalibration`): by width, and by the context they
+attend to, which the curve (timed after a short one) does not see.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,30 +33,52 @@ __all__ = [
     "CostCurve",
     "CostModel",
     "CurveCheck",
+    "StepCalibration",
     "cached_curve",
     "curve_key",
+    "forget_curve",
     "measure_curve",
     "model_digest",
     "settled",
 ]
 
 FORMAT = "rag-lookahead-costs"
-VERSION = 3  # 1: sparse sizes, forced non-decreasing; 2: medians of three, kept however spread
+# 1: sparse sizes, forced non-decreasing; 2: medians of three, kept however spread; 3: least
+# times, kept as measured (a v3 file does not say whether a load shared its cores: measured again)
+VERSION = 4
 MAX_AGE_SECONDS = 30 * 24 * 3600
+# A curve measured while other work shared the cores is kept this long only: a later process,
+# on a machine that may be quiet by then, measures its own.
+LOADED_MAX_AGE_SECONDS = 3600
 
 
 @dataclass(frozen=True)
 class CostCurve:
-    """Forward seconds for ``sizes[i]`` new tokens over a cache, interpolated in between."""
+    """Forward seconds for ``sizes[i]`` new tokens over a cache, interpolated in between.
+
+    The seconds are fitted monotone on construction (measured, read back or given alike): each
+    is the most of its own and every smaller size's, a running maximum from the left. A forward
+    over more tokens does a smaller one's work and more; a size timed cheaper than a smaller
+    one is a kernel shape or a load that hindered the smaller sizes, and the plan must not draft
+    wider to save time on it. Pricing the larger size up, never the smaller ones down, errs
+    toward drafting less: the direction that cannot make ``auto`` slower than plain decoding
+    (the forwards really run correct the rest, `StepCalibration`). ``loaded`` marks a curve
+    measured while other work shared the cores: cached briefly (`LOADED_MAX_AGE_SECONDS`) and
+    checked against the forwards run (`CurveCheck`).
+    """
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
+    loaded: bool = False
 
     def __post_init__(self) -> None:
         if not self.sizes or len(self.sizes) != len(self.seconds) or self.sizes[0] != 1:
             raise ValueError("a cost curve needs matching sizes and seconds, starting at size 1")
-        if list(self.sizes) != sorted(set(self.sizes)) or min(self.seconds) <= 0:
-            raise ValueError("cost curve sizes must increase and seconds be positive")
+        if list(self.sizes) != sorted(set(self.sizes)):
+            raise ValueError("cost curve sizes must increase")
+        if not all(math.isfinite(s) and s > 0 for s in self.seconds):
+            raise ValueError("cost curve seconds must be finite and positive")
+        object.__setattr__(self, "seconds", tuple(itertools.accumulate(map(float, self.seconds), max)))
 
     def __call__(self, tokens: int) -> float:
         """Seconds for a forward over ``tokens`` new tokens (linear beyond the last point)."""
@@ -105,24 +134,49 @@ class CostModel:
 
     curve: CostCurve | None = None  # one row, by new tokens
     batch: BatchCosts | None = None  # several rows, by width
-    # Watches a curve read from the disk cache against the forwards really timed (None: a
-    # curve measured in this process or given, trusted as it is).
+    # Watches a curve read from the disk cache, or measured under a load, against the forwards
+    # really timed (None: a curve measured quietly in this process, or given).
     check: CurveCheck | None = None
+    # The curve as one row's steps find it, by width and context (None: the curve as it is,
+    # where a forward's time is not known when it returns, or for a curve given).
+    calibration: StepCalibration | None = None
+    # Forgets the checked curve on disk (`forget_curve`; None: nothing stored to forget).
+    forget: Callable[[], object] | None = field(default=None, repr=False, compare=False)
     _claim: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def claim_remeasure(self) -> bool:
-        """Whether the forwards run so far say the cached curve is wrong, so that it should be
-        measured again; true for one caller only (the check ends with it)."""
+    def retire_contradicted(self) -> bool:
+        """Whether the forwards run so far contradict the checked curve in a way only measuring
+        it again mends (`CurveCheck`); then, for one caller only (the check ends with it), the
+        curve is forgotten on disk, so that the next process measures its own. This one plans
+        by the curve as its forwards calibrate it: no call waits for a measurement, and one
+        taken now, while calls run, would be a loaded one."""
         with self._claim:
             if self.check is None or not self.check.stale():
                 return False
-            self.check = None
-            return True
+            self.check, forget = None, self.forget
+        if forget is not None:
+            forget()
+        return True
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """One forward over ``tokens`` new tokens took ``seconds`` (for `CurveCheck`)."""
-        if self.check is not None and self.curve is not None:
-            self.check.record(self.curve(tokens), seconds)
+    def observe(self, tokens: int, seconds: float, *, context: int) -> None:
+        """One row's forward over ``tokens`` new tokens after ``context`` cached ones took
+        ``seconds`` (for `CurveCheck` and `StepCalibration`)."""
+        curve, check, calibration = self.curve, self.check, self.calibration
+        if curve is None:
+            return
+        predicted = curve(tokens)
+        if check is not None:
+            check.record(predicted, seconds, tokens=tokens, context=context)
+        if calibration is not None:
+            calibration.record(tokens, context, predicted, seconds)
+
+    def priced(self, context: int) -> CostCurve | None:
+        """One row's forward seconds by new tokens after ``context`` cached ones: the curve as
+        the steps timed so far calibrate it (still monotone), or as it is."""
+        curve, calibration = self.curve, self.calibration
+        if curve is None or calibration is None:
+            return curve
+        return calibration.apply(curve, context)
 
     def batched(self) -> Callable[[int, int], float] | None:
         """Seconds of a batched forward by rows and width: as measured, else one row's curve
@@ -154,12 +208,7 @@ class Calibration:
         self._ratios: dict[tuple[int, int], float] = {}
 
     def factor(self, rows: int, width: int) -> float:
-        wanted = width.bit_length()
-        ratio = self._ratios.get((rows, wanted))
-        if ratio is not None:
-            return ratio
-        seen = [(abs(c - wanted), -c, abs(n - rows), -n, r) for (n, c), r in self._ratios.items()]
-        return min(seen)[-1] if seen else 1.0  # (ties: the wider class, then more rows)
+        return _nearest(self._ratios, rows, width.bit_length())
 
     @staticmethod
     def class_ends(size: int, least: int = 1) -> list[int]:
@@ -176,31 +225,108 @@ class Calibration:
         self._ratios[key] = ratio if old is None else old + self.weight * (ratio - old)
 
 
-class CurveCheck:
-    """Whether a cached cost curve is too slow for the forwards really run now.
+class StepCalibration:
+    """How much one row's forwards really cost over what its curve says, learned from the
+    steps' own timings, by context class (0, 1, 2-3, ... 512-1023, 1024-2047 cached tokens) and
+    width class (as `Calibration`'s).
 
-    A curve measured while other work shared the cores is too slow, and often too steep, for
-    the quiet machine that reads it back later. Real forwards hold longer contexts than the
-    measured ones, so they should cost at least what the curve says: when, over ``samples``
-    forwards, even the slower half ran in under ``ratio`` of the curve's time, the curve was
-    measured under a load that has gone. Forwards slower than the curve prove nothing (a load
-    now, or a long context), so they never call for a measurement: that would measure a load.
+    The curve was timed after a short context, perhaps while other work shared the cores: its
+    level can be several times off in either direction, and its shape too (a load that hindered
+    some sizes more than others), and after a long context each drafted token attends to all of
+    it, so a wide step costs relatively more than the curve says. The ratio observed / predicted
+    of each cell corrects all three, both ways. A cell counts from its ``least``-th timing, at
+    the median of its last ``window``: one forward hindered by other work moves no price, so no
+    price is stuck on one bad timing. Until then it takes the nearest counted cell's ratio (the
+    nearest width class, then the nearest context class, as `Calibration` does), and with none
+    counted the curve stands as it is. Thread-safe.
     """
 
-    def __init__(self, samples: int = 16, ratio: float = 0.6) -> None:
-        if samples < 1 or not 0 < ratio < 1:
-            raise ValueError("a curve check needs samples >= 1 and a ratio in (0, 1)")
+    def __init__(self, window: int = 15, least: int = 3) -> None:
+        if window < 1 or not 1 <= least <= window:
+            raise ValueError("a step calibration needs window >= 1 and least in [1, window]")
+        self.window = window
+        self.least = least
+        self._timings: dict[tuple[int, int], deque[float]] = {}
+        self._ratios: dict[tuple[int, int], float] = {}  # the counted cells' medians
+        self._lock = threading.Lock()
+
+    def record(self, tokens: int, context: int, predicted: float, observed: float) -> None:
+        """A forward over ``tokens`` after ``context`` cached tokens took ``observed`` seconds,
+        where the curve said ``predicted``."""
+        if predicted <= 0 or not math.isfinite(observed) or observed <= 0:
+            return
+        key = (context.bit_length(), tokens.bit_length())
+        with self._lock:
+            timings = self._timings.setdefault(key, deque(maxlen=self.window))
+            timings.append(observed / predicted)
+            if len(timings) >= self.least:
+                self._ratios[key] = statistics.median(timings)
+
+    def factor(self, tokens: int, context: int) -> float:
+        """What the curve's price of ``tokens`` after ``context`` cached tokens is multiplied by."""
+        with self._lock:
+            return _nearest(self._ratios, context.bit_length(), tokens.bit_length())
+
+    def apply(self, curve: CostCurve, context: int) -> CostCurve:
+        """``curve`` as calibrated after ``context`` cached tokens (fitted monotone again: each
+        width class has its own ratio, and a wide one learned lower than a narrow one must not
+        make the plan draft wider to save time)."""
+        classes = {size.bit_length(): size for size in curve.sizes}  # one lookup per class
+        ratios = {k: self.factor(size, context) for k, size in classes.items()}
+        seconds = tuple(s * ratios[n.bit_length()] for n, s in zip(curve.sizes, curve.seconds, strict=True))
+        return CostCurve(curve.sizes, seconds, curve.loaded)
+
+
+class CurveCheck:
+    """Whether the forwards really run contradict a cost curve in a way that only measuring it
+    again mends (a curve read from the disk cache, or measured while other work ran).
+
+    Forwards after at least the measured ``context`` (shorter ones are not compared) should
+    cost at least what the curve says, and wide ones relatively more: every drafted token
+    attends to the whole context. So the curve was measured under a load that has gone when,
+    over ``samples`` forwards, even the slower half ran in under ``ratio`` of the curve's time
+    (all of them, or those of one width class after one context class), or when a wider class
+    ran, against the curve, in under ``ratio`` of a narrower one's time (the curve steeper than
+    the forwards) over as long a context. Forwards slower than the curve, or relatively dearer
+    wide, prove nothing the curve could mend (a load now, or a long context): they never call
+    for a measurement, which would measure a load; `StepCalibration` prices them. Thread-safe.
+    """
+
+    def __init__(self, samples: int = 16, ratio: float = 0.6, context: int = 0) -> None:
+        if samples < 1 or not 0 < ratio < 1 or context < 0:
+            raise ValueError("a curve check needs samples >= 1, a ratio in (0, 1) and a context >= 0")
         self.samples = samples
         self.ratio = ratio
-        self._ratios: list[float] = []
+        self.context = context
+        self._ratios: list[float] = []  # the first forwards, whatever their width
+        self._cells: dict[tuple[int, int], list[float]] = {}  # by context and width class
+        self._lock = threading.Lock()  # recorded by the decoding loop, asked by a new call
 
-    def record(self, predicted: float, observed: float) -> None:
-        if len(self._ratios) < self.samples and predicted > 0:
-            self._ratios.append(observed / predicted)
+    def record(self, predicted: float, observed: float, *, tokens: int = 1, context: int = 0) -> None:
+        if predicted <= 0 or context < self.context:
+            return
+        ratio = observed / predicted
+        with self._lock:
+            if len(self._ratios) < self.samples:
+                self._ratios.append(ratio)
+            cell = self._cells.setdefault((context.bit_length(), tokens.bit_length()), [])
+            if len(cell) < self.samples:
+                cell.append(ratio)
 
     def stale(self) -> bool:
-        ratios = sorted(self._ratios)
-        return len(ratios) >= self.samples and ratios[len(ratios) // 2] < self.ratio
+        with self._lock:
+            first = list(self._ratios)
+            cells = {key: _slower_half(r) for key, r in self._cells.items() if len(r) >= self.samples}
+        if len(first) >= self.samples and _slower_half(first) < self.ratio:
+            return True
+        if any(level < self.ratio for level in cells.values()):
+            return True
+        return any(  # within one context class: a wider class cheaper, against the curve
+            wide < self.ratio * narrow
+            for (context, width), narrow in cells.items()
+            for (other, wider), wide in cells.items()
+            if other == context and wider > width
+        )
 
 
 def measure_curve(
@@ -214,13 +340,12 @@ def measure_curve(
 ) -> CostCurve:
     """Time ``forward(k)`` (seconds of one forward over k new tokens) for every k up to ``max_tokens``.
 
-    Every size is measured, and kept as measured even where it is cheaper than a smaller one: on
-    a CPU the matrix kernels favour some shapes, and the planner should use those. Rounds run
-    over all sizes in turn, and each size keeps the least of its times: other work on the
-    machine only ever adds time, so the least is the nearest to the forward's own cost. A size
-    whose two least times still differ by more than ``tolerance`` was never timed unhindered
-    twice: it is timed again, round after round, up to ``max_rounds`` rounds in all. ``bar``, a
-    `tqdm` bar, counts the forwards.
+    Every size is measured (the curve fits them monotone, `CostCurve`). Rounds run over all
+    sizes in turn, and each size keeps the least of its times: other work on the machine only
+    ever adds time, so the least is the nearest to the forward's own cost. A size whose two
+    least times still differ by more than ``tolerance`` was never timed unhindered twice: it is
+    timed again, round after round, up to ``max_rounds`` rounds in all; if one still has not
+    settled then, the curve is marked ``loaded``. ``bar``, a `tqdm` bar, counts the forwards.
     """
     if repeats < 2 or max_rounds < repeats:
         raise ValueError("measure_curve needs at least 2 repeats and max_rounds >= repeats")
@@ -242,7 +367,8 @@ def measure_curve(
         for k in timed:
             runs[k - 1].append(forward(k))
             _tick(bar)
-    return CostCurve(tuple(sizes), tuple(min(r) for r in runs))
+    loaded = not all(settled(r, tolerance) for r in runs)
+    return CostCurve(tuple(sizes), tuple(min(r) for r in runs), loaded)
 
 
 def settled(times: Sequence[float], tolerance: float) -> bool:
@@ -294,8 +420,7 @@ def cached_curve(
     """The curve stored for ``key`` under ``directory``, measured and stored if missing, stale
     or ``remeasure`` is set; while another process measures it, this one waits for its curve
     (saying ``waiting`` on standard error, if given)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    path = directory / f"costs-v{VERSION}-{digest}.json"  # another version's file is left alone
+    path = _curve_path(directory, key)
     asked = time.time()
     curve = None if remeasure else _read(path, key)
     if curve is not None:
@@ -311,20 +436,45 @@ def cached_curve(
     return curve
 
 
+def forget_curve(directory: Path, key: dict[str, Any], curve: CostCurve) -> bool:
+    """Remove the curve stored for ``key`` under ``directory`` if it is still ``curve`` (not
+    one another process measured since), so that the next process measures its own; whether it
+    was removed. Without waiting for the lock of a process measuring it: that one replaces it."""
+    path = _curve_path(directory, key)
+    if _read(path, key) != curve:
+        return False
+    try:
+        path.unlink()
+    except OSError:
+        return False  # a read-only cache: the check of the next process reading it finds it again
+    return True
+
+
+def _curve_path(directory: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return directory / f"costs-v{VERSION}-{digest}.json"  # another version's file is left alone
+
+
 def _read(path: Path, key: dict[str, Any], since: float | None = None) -> CostCurve | None:
-    """The curve at ``path`` if it is for ``key``, fresh, and measured at ``since`` or later."""
+    """The curve at ``path`` if it is for ``key``, fresh (a curve measured under a load only
+    for `LOADED_MAX_AGE_SECONDS`), and measured at ``since`` or later."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        measured_at = float(data["measured_at"])
-        fresh = time.time() - measured_at < MAX_AGE_SECONDS and (since is None or measured_at >= since)
+        measured_at, loaded = float(data["measured_at"]), data.get("loaded", False)
+        if not isinstance(loaded, bool):
+            return None
+        age = time.time() - measured_at
+        fresh = 0 <= age < (LOADED_MAX_AGE_SECONDS if loaded else MAX_AGE_SECONDS)
         if (
             data.get("format") != FORMAT
             or data.get("version") != VERSION
             or data.get("key") != key
             or not fresh
+            or (since is not None and measured_at < since)
         ):
             return None
-        return CostCurve(tuple(int(s) for s in data["sizes"]), tuple(float(s) for s in data["seconds"]))
+        sizes, seconds = tuple(int(s) for s in data["sizes"]), tuple(float(s) for s in data["seconds"])
+        return CostCurve(sizes, seconds, loaded)  # fitted monotone, whatever the file holds
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: measure again
 
@@ -335,6 +485,7 @@ def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
         "version": VERSION,
         "key": key,
         "measured_at": time.time(),
+        "loaded": curve.loaded,
         "sizes": list(curve.sizes),
         "seconds": list(curve.seconds),
     }
@@ -343,3 +494,19 @@ def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
         atomic_write(path, json.dumps(payload, indent=1))
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time
+
+
+def _nearest(ratios: dict[tuple[int, int], float], group: int, wanted: int) -> float:
+    """The ratio of cell (``group``, width class ``wanted``), else of the nearest width class
+    seen, from the nearest group among those (ties: the wider class, then the larger group);
+    1.0 with none seen."""
+    ratio = ratios.get((group, wanted))
+    if ratio is not None:
+        return ratio
+    seen = [(abs(c - wanted), -c, abs(n - group), -n, r) for (n, c), r in ratios.items()]
+    return min(seen)[-1] if seen else 1.0
+
+
+def _slower_half(ratios: Sequence[float]) -> float:
+    """The least of the slower half of ``ratios`` (their median, the upper one of an even count)."""
+    return sorted(ratios)[len(ratios) // 2]

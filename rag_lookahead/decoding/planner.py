@@ -192,9 +192,10 @@ class _Store:
 class StepPlanner:
     """What each step verifies: all of the draft, or in ``mode="auto"`` the part that pays.
 
-    ``mode="auto"`` needs the forward cost curve (`cost_curve`), set once it is measured.
-    Thread-safe: calls of one engine plan and learn concurrently. Its variants (`with_config`)
-    learn into the same statistics, which persist on disk once `load_acceptance` was called.
+    ``mode="auto"`` needs the forward cost curve (`cost_curve`), set once it is measured, and
+    plans against it as the steps' own timings calibrate it (`CostModel.priced`). Thread-safe:
+    calls of one engine plan and learn concurrently. Its variants (`with_config`) learn into
+    the same statistics, which persist on disk once `load_acceptance` was called.
     """
 
     def __init__(self, config: LookaheadConfig, costs: CostModel | None = None) -> None:
@@ -247,32 +248,32 @@ class StepPlanner:
         with self._lock:
             return rank_draft(draft.tree, self.acceptance, fixed=self.config.mode != "auto")
 
-    def plan(self, draft: StepDraft, room: int) -> StepDraft:
-        """The part of ``draft`` to forward this step; ``room`` positions are left in the context."""
-        tree = draft.tree
+    def plan(self, draft: StepDraft, room: int, context: int = 0) -> StepDraft:
+        """The part of ``draft`` to forward this step after ``context`` cached tokens (what
+        its price depends on); ``room`` positions are left in the context."""
+        tree, side = draft.tree, draft.side
+        if self.config.mode != "auto":
+            return StepDraft(tree, side if side is None or max(side.offsets) < room else None)
+        if len(tree) == 1 and side is None:
+            return draft
+        cost = self._curve(context)
         with self._lock:
-            if self.config.mode == "auto" and len(tree) > 1:
-                tree = plan_draft(tree, self.acceptance, self._curve())
-            side = draft.side
-            # A side row past the context window, or a window that does not pay, stays out.
-            if side is not None and (
-                max(side.offsets) >= room or not self._window_pays(len(tree), len(side))
-            ):
-                side = None
+            if len(tree) > 1:
+                tree = plan_draft(tree, self.acceptance, cost)
+        # A side row past the context window, or a window that does not pay, stays out: it
+        # rides along only where it is nearly free (a GPU, not a CPU), as its n-grams rarely
+        # repay more.
+        if side is not None and (
+            max(side.offsets) >= room or cost(len(tree) + len(side)) > _WINDOW_OVERHEAD * cost(len(tree))
+        ):
+            side = None
         return StepDraft(tree, side)
 
-    def _window_pays(self, tree_size: int, rows: int) -> bool:
-        """Whether side rows ride along with a tree of ``tree_size`` tokens."""
-        if self.config.mode != "auto":
-            return True
-        cost = self._curve()
-        # Only where it is nearly free (a GPU, not a CPU): its n-grams rarely repay more.
-        return cost(tree_size + rows) <= _WINDOW_OVERHEAD * cost(tree_size)
-
-    def _curve(self) -> CostCurve:
-        if self.cost_curve is None:
+    def _curve(self, context: int) -> CostCurve:
+        cost = self.costs.priced(context)
+        if cost is None:
             raise RuntimeError("mode='auto' plans against a cost curve: call engine.measure_costs() first")
-        return self.cost_curve
+        return cost
 
     def learn(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
         """Record what the model accepted of a verified tree."""

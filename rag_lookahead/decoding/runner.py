@@ -6,6 +6,7 @@ The engine decides what to run; this module runs it over a KV cache — the prom
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import threading
@@ -25,13 +26,16 @@ from rag_lookahead.decoding.costs import (
     CostCurve,
     CostModel,
     CurveCheck,
+    StepCalibration,
     cached_curve,
     curve_key,
+    forget_curve,
     measure_curve,
 )
 from rag_lookahead.decoding.kernels import linear_used, onednn_linear
 from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.decoding.layer_masks import LayerMasks
+from rag_lookahead.decoding.load import watch_load
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
@@ -157,7 +161,9 @@ class ModelRunner:
     ) -> CostCurve:
         """Forward seconds by size up to ``max_tokens``: cached on disk (unless ``remeasure``),
         else measured now (with a progress bar if ``progress``); `costs` holds them from now on.
-        A curve read from the disk is checked against the forwards run on a CPU (`CurveCheck`)."""
+        On a CPU the forwards run calibrate the curve (`StepCalibration`), and a curve read from
+        the disk or measured under a load is checked against them (`CurveCheck`), and forgotten
+        on disk if they contradict it (`CostModel.retire_contradicted`)."""
         from rag_lookahead.models import default_cache_dir
 
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
@@ -169,13 +175,18 @@ class ModelRunner:
 
         def measure() -> CostCurve:
             measured.append(True)
-            with progress_bar(progress, "measuring forward costs (once)", unit="forward") as bar:
-                return measure_curve(self.chain_timer(context), max_tokens, bar=bar)
+            return _watched(progress, "measuring forward costs (once)", self.chain_timer(context), max_tokens)
 
         curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
-        self.costs.curve = curve
+        if curve == self.costs.curve and not measured:
+            return curve  # read back again (another variant): what was learned of it stands
         # Only where a forward's time is known when it returns: a GPU's would need a sync.
-        self.costs.check = CurveCheck() if not measured and self.device.type == "cpu" else None
+        timed = self.device.type == "cpu"
+        self.costs.curve = curve
+        self.costs.calibration = StepCalibration() if timed else None  # a new curve, learned afresh
+        trusted = measured and not curve.loaded
+        self.costs.check = CurveCheck(context=context) if timed and not trusted else None
+        self.costs.forget = functools.partial(forget_curve, directory, key, curve)
         return curve
 
     def measure_batch_costs(
@@ -209,8 +220,8 @@ class ModelRunner:
         return self.costs.batch
 
     def _measure_batch(self, rows: int, max_width: int, progress: bool) -> CostCurve:
-        with progress_bar(progress, f"measuring costs of {rows}-row batches (once)", unit="forward") as bar:
-            return measure_curve(self._batch_timer(rows), max_width, bar=bar)
+        what = f"measuring costs of {rows}-row batches (once)"
+        return _watched(progress, what, self._batch_timer(rows), max_width)
 
     def _batch_timer(self, rows: int) -> Callable[[int], float]:
         """Seconds of one batched forward of ``rows`` rows, each a chain of ``width`` tokens."""
@@ -253,6 +264,15 @@ class ModelRunner:
             return elapsed
 
         return seconds
+
+
+def _watched(progress: bool, what: str, forward: Callable[[int], float], max_tokens: int) -> CostCurve:
+    """The curve of ``forward`` up to ``max_tokens``, measured with a progress bar saying
+    ``what``: marked ``loaded`` if other work shared the cores meanwhile (by the system's load,
+    or by sizes whose times never settled), so that the disk keeps it briefly."""
+    with watch_load() as seen, progress_bar(progress, what, unit="forward") as bar:
+        curve = measure_curve(forward, max_tokens, bar=bar)
+    return dataclasses.replace(curve, loaded=True) if seen[0].busy else curve
 
 
 def _waiting(progress: bool) -> str | None:

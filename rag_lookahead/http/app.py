@@ -20,21 +20,20 @@ from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from rag_lookahead.adapters import CallPlan, ReplyHeader, plan_chat, plan_completion
+from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.http.admission import Admission
-from rag_lookahead.http.bodies import json_body
+from rag_lookahead.http.bodies import BodyDeadline, json_body
 from rag_lookahead.http.calls import Caller
 from rag_lookahead.http.corpora import Corpora
 from rag_lookahead.http.corpus_routes import corpus_routes
-from rag_lookahead.http.errors import ApiError, install_handlers
+from rag_lookahead.http.errors import CLIENT_CLOSED, ApiError, install_handlers
 from rag_lookahead.http.metrics import ServerMetrics
 from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.interface import Engine
 
-__all__ = ["ServerState", "create_app"]
+__all__ = ["ServerState", "create_app", "measure_before_serving"]
 
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# nginx's status for a request its client closed before the answer: logged, never received.
-_CLIENT_CLOSED = 499
 # How often unused corpora are looked for, as a share of their TTL (and its bounds, in seconds):
 # a corpus outlives its TTL by at most this much. Each corpus route also looks first.
 _SWEEP_SHARE, _SWEEP_MIN_S, _SWEEP_MAX_S = 0.25, 0.05, 30.0
@@ -59,12 +58,15 @@ class ServerState:
 def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``: ``GET /v1/models``, ``POST
     /v1/chat/completions``, ``POST /v1/completions``, the corpus routes (``/v1/corpora``),
-    ``GET /metrics`` and ``GET /health``."""
+    ``GET /metrics`` and ``GET /health``. Its startup (before a server listens) measures what
+    the engine's first call would (`measure_before_serving`)."""
     settings = settings or ServeSettings()
     state = _state(engine, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Before the server listens (uvicorn, Ray Serve): no request pays for it.
+        await anyio.to_thread.run_sync(measure_before_serving, engine)
         sweeper = asyncio.create_task(_sweep_forever(state.corpora))
         try:
             yield
@@ -77,18 +79,33 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
 
     app = FastAPI(title="rag-lookahead", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lookahead = state
+    app.add_middleware(BodyDeadline, seconds=settings.body_timeout_s)
     install_handlers(app)
     authorized = [Depends(_authorizer(settings.api_key))]
-    app.include_router(_api_routes(state), dependencies=authorized)
-    app.include_router(corpus_routes(state.corpora, settings.max_body_bytes), dependencies=authorized)
+    # While the server stops, every new request is 503 but a scrape of its metrics.
+    serving = [*authorized, Depends(_serving(state.admission))]
+    app.include_router(_api_routes(state), dependencies=serving)
+    app.include_router(corpus_routes(state.corpora, settings.max_body_bytes), dependencies=serving)
+    app.include_router(_metrics_route(state.metrics), dependencies=authorized)
 
-    @app.get("/health")
+    @app.get("/health", dependencies=[Depends(_serving(state.admission))])
     async def health() -> JSONResponse:
-        if state.admission.closing:
-            raise ApiError(503, "the server is shutting down", code="shutting_down")
         return JSONResponse({"status": "ok"})
 
     return app
+
+
+def measure_before_serving(engine: Engine) -> None:
+    """Measure what a ``mode="auto"`` engine's first call would otherwise measure (its forward
+    costs, or read them from the cache), as `ask`, `chat` and `demo` do before answering; with
+    a progress bar where the engine shows one. Nothing for other engines, or once measured."""
+    if (
+        isinstance(engine, LookaheadEngine)
+        and engine.config.mode == "auto"
+        and engine.cost_curve is None
+        and engine.tree_verification
+    ):
+        engine.measure_costs()
 
 
 def _state(engine: Engine, settings: ServeSettings) -> ServerState:
@@ -142,9 +159,15 @@ def _api_routes(state: ServerState) -> APIRouter:
         body = await json_body(request, state.settings.max_body_bytes)
         return await _answer(state, request, plan_completion(body, state.settings.defaults), started)
 
+    return router
+
+
+def _metrics_route(metrics: ServerMetrics) -> APIRouter:
+    router = APIRouter()
+
     @router.get("/metrics")
-    async def metrics() -> Response:
-        return Response(state.metrics.exposition(), media_type=_METRICS_TYPE)
+    async def exposition() -> Response:
+        return Response(metrics.exposition(), media_type=_METRICS_TYPE)
 
     return router
 
@@ -155,7 +178,7 @@ async def _answer(state: ServerState, request: Request, plan: CallPlan, started:
     header = ReplyHeader.new(plan.kind, state.model_name)
     if not plan.stream:
         whole = await _unless_disconnected(request, state.caller.whole(plan, header, started))
-        return JSONResponse(whole) if whole is not None else Response(status_code=_CLIENT_CLOSED)
+        return JSONResponse(whole) if whole is not None else Response(status_code=CLIENT_CLOSED)
     call = await state.caller.open(plan, started)
     # The events' own cleanup closes the call; the background task closes it too when the
     # client left before the events were ever read.
@@ -206,6 +229,16 @@ def _check_model(state: ServerState, name: str) -> None:
             code="model_not_found",
             param="model",
         )
+
+
+def _serving(admission: Admission) -> Callable[[], None]:
+    """A dependency that refuses a request (503) once the server is stopping."""
+
+    def serving() -> None:
+        if admission.closing:
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+
+    return serving
 
 
 def _authorizer(api_key: str | None) -> Callable[[Request], None]:

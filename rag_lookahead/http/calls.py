@@ -1,6 +1,8 @@
 """One request's engine call: opened in a worker thread, read without blocking the loop,
 and closed from the loop when its client goes (the call ends, its branches leave the trie).
-A call naming a corpus holds it from before it waits for a slot until it is closed."""
+A call naming a corpus holds it from before it waits for a slot until it is closed. When a
+stopping server's drain runs out (`Caller.stop`), the calls still open are cut, and each
+request is told so: a stream by an error event before ``[DONE]``, a whole reply by a 503."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from rag_lookahead.streaming.stream import StreamChunk, TextStream
 __all__ = ["Caller", "OpenCall"]
 
 DONE = "[DONE]"
+_CUT = "the server stopped before this answer ended: its drain time ran out (retry the request)"
 
 
 class OpenCall:
@@ -36,14 +39,28 @@ class OpenCall:
         lease: CorpusLease | None,
         metrics: ServerMetrics,
         started: float,
+        registry: set[OpenCall] | None = None,
     ) -> None:
         self.stream = stream
         self._slot = slot
         self._lease = lease
         self._metrics = metrics
         self._started = started
+        self._registry = registry if registry is not None else set()
+        self._registry.add(self)
         self._first = True
         self._closed = False
+        self._cut = False
+
+    @property
+    def cut(self) -> bool:
+        """Whether the server cut the call (`cut_short`) before it ended by itself."""
+        return self._cut and self.stream.stats.finish_reason == "abandoned"
+
+    async def cut_short(self) -> None:
+        """End the call now, as the server stops: its reader tells its client (`cut`)."""
+        self._cut = True
+        await self.close()
 
     async def pieces(self) -> AsyncIterator[StreamChunk]:
         """The call's chunks as they are decided (timing its first text)."""
@@ -58,6 +75,7 @@ class OpenCall:
         if self._closed:
             return
         self._closed = True
+        self._registry.discard(self)
         # Shielded: a disconnect cancels the task that closes.
         with anyio.CancelScope(shield=True):
             try:
@@ -78,6 +96,14 @@ class Caller:
         self._admission = admission
         self._corpora = corpora
         self._metrics = metrics
+        self._open: set[OpenCall] = set()
+        self._stopped = False
+
+    async def stop(self) -> None:
+        """Cut every open call (a stopping server's drain ran out), and refuse new ones (503)."""
+        self._stopped = True
+        for call in list(self._open):
+            await call.cut_short()
 
     async def open(self, plan: CallPlan, started: float) -> OpenCall:
         """Hold the plan's corpus (404 if there is none by that id), wait for a running slot,
@@ -88,6 +114,9 @@ class Caller:
             lease = await anyio.to_thread.run_sync(self._corpora.lease, plan.corpus)
         try:
             slot = await self._admission.enter()
+            if self._stopped:  # it waited for its slot while the server stopped
+                slot.release()
+                raise ApiError(503, "the server is shutting down", code="shutting_down")
         except BaseException:
             await _release(lease)
             raise
@@ -104,10 +133,14 @@ class Caller:
             if isinstance(err, (TypeError, ValueError)):
                 raise ApiError(400, str(err), code="invalid_request") from None
             raise
-        return OpenCall(stream, slot, lease, self._metrics, started)
+        call = OpenCall(stream, slot, lease, self._metrics, started, self._open)
+        if self._stopped:  # it started while the server cut the others
+            await call.cut_short()
+        return call
 
     async def whole(self, plan: CallPlan, header: ReplyHeader, started: float) -> dict[str, Any]:
-        """The whole reply; a call that fails while generating is HTTP 500 with its error."""
+        """The whole reply; a call that fails while generating is HTTP 500 with its error, one
+        the server cut as it stopped is 503."""
         call = await self.open(plan, started)
         try:
             text = "".join([piece.text async for piece in call.pieces()])
@@ -115,13 +148,16 @@ class Caller:
             raise ApiError(500, f"generation failed: {err}", code="generation_failed") from None
         finally:
             await call.close()
+        if call.cut:
+            raise ApiError(503, _CUT, code="shutting_down")
         return reply(plan, header, text, call.stream.stats, call.stream.logprobs)
 
     async def events(
         self, call: OpenCall, plan: CallPlan, header: ReplyHeader
     ) -> AsyncIterator[dict[str, str]]:
-        """The reply's server-sent events, ``[DONE]`` last; a call that fails while generating
-        sends an error event (the headers are gone by then) and ``[DONE]``."""
+        """The reply's server-sent events, ``[DONE]`` last; a call that fails while generating,
+        or that the server cut as it stopped, sends an error event instead of its end (the
+        headers are gone by then), then ``[DONE]``: no client takes a cut answer for whole."""
         out = ReplyStream(plan, header)
         try:
             try:
@@ -130,8 +166,11 @@ class Caller:
                 async for piece in call.pieces():
                     for chunk in out.add(piece.text, piece.logprobs):
                         yield _event(chunk)
-                for chunk in out.end(call.stream.stats):
-                    yield _event(chunk)
+                if call.cut:
+                    yield _event(error_body(503, _CUT, "shutting_down"))
+                else:
+                    for chunk in out.end(call.stream.stats):
+                        yield _event(chunk)
             except Exception as err:
                 yield _event(error_body(500, f"generation failed: {err}", "generation_failed"))
             yield {"data": DONE}

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from rag_lookahead.adapters import RequestError
+from rag_lookahead.adapters.requests import checked_text
 from rag_lookahead.http.bodies import json_body
 from rag_lookahead.http.corpora import Corpora
 
@@ -70,11 +71,7 @@ def _documents(value: object) -> list[str]:
     for i, text in enumerate(value):
         if not isinstance(text, str):
             raise RequestError(f"documents[{i}] is a string, got {type(text).__name__}", f"documents[{i}]")
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:  # JSON may escape a lone surrogate: no tokenizer takes it
-                raise RequestError(f"documents[{i}] is not valid Unicode text", f"documents[{i}]") from None
+        checked_text(text, f"documents[{i}]")
     return value
 
 

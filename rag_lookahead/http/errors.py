@@ -11,7 +11,10 @@ from starlette.exceptions import HTTPException
 
 from rag_lookahead.adapters import RequestError
 
-__all__ = ["ApiError", "error_body", "install_handlers"]
+__all__ = ["CLIENT_CLOSED", "ApiError", "error_body", "install_handlers"]
+
+# nginx's status for a request its client closed before the answer: logged, never received.
+CLIENT_CLOSED = 499
 
 # OpenAI's error types by status.
 _TYPES = {
@@ -19,6 +22,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",

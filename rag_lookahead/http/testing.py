@@ -7,6 +7,7 @@ in-process engine the server tests serve; `leftovers` says what a settled server
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -14,12 +15,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.http.app import create_app
+from rag_lookahead.http.run import DrainingServer, server_config
 from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
@@ -37,6 +37,7 @@ __all__ = [
     "ScopedCalls",
     "error_of",
     "leftovers",
+    "logged_errors",
     "recording_documents",
     "served_engine",
     "settled_server",
@@ -53,17 +54,22 @@ DEAD_END_FORMAT = {
 
 
 class LiveServer:
-    """uvicorn serving ``app`` on a free 127.0.0.1 port, in a background thread."""
+    """``app`` (from `create_app`) on a free 127.0.0.1 port, in a background thread, served as
+    `run_app` serves it (`DrainingServer`, `server_config`): ``server.handle_exit(signal.SIGTERM,
+    None)`` drains it as the signal would; `stop` stops it at once."""
 
     def __init__(self, app: Any) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.app = app
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.port = int(sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = server_config(app, "127.0.0.1", self.port, log_level="warning")
+        self.server = DrainingServer(config, app.state.lookahead)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        wait_until(lambda: self.server.started)
+        wait_until(lambda: self.server.started or not self.thread.is_alive())
+        assert self.server.started, "the server did not start"
 
     @property
     def base_url(self) -> str:
@@ -94,6 +100,30 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     error: dict[str, Any] = response.json()["error"]
     assert set(error) == {"message", "type", "code", "param"} and error["message"]
     return error
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def logged_errors() -> Iterator[list[logging.LogRecord]]:
+    """What the server logs at ERROR or above within the block (uvicorn's "Exception in ASGI
+    application" among them), in a list filled as it comes."""
+    handler = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "rag_lookahead")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float = WAIT_S) -> None:

@@ -49,7 +49,6 @@ _BLOCK_CHARS = 100_000
 # (and any closing quotes or brackets, which fall between two sentences) before whitespace, or at
 # a blank line.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*\n")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 # English abbreviations; the full stops of other scripts (CJK, Devanagari, ...) end sentences too.
 _LANGUAGE = "en"
@@ -191,20 +190,13 @@ def split_document(doc: Document, config: ChunkingConfig, tokenizer: Any) -> lis
 
     Args:
         doc: The document; one whose source ends in ``.md`` or ``.markdown`` is read as markdown.
+            (It holds no lone surrogate, which neither sentencex nor a tokenizer takes:
+            `Document` refuses one.)
         config: Chunk size, overlap and unit.
         tokenizer: A Hugging Face *fast* tokenizer (it must return offset mappings), normally
             the embedder's own, so a chunk's length is what the embedder will see.
-
-    Raises:
-        ValueError: The text holds a lone surrogate (a JSON record may escape one).
     """
     text = doc.text
-    surrogate = _SURROGATE.search(text)
-    if surrogate:  # JSON may escape one; neither sentencex nor a tokenizer takes it
-        raise ValueError(
-            f"{doc.source} holds a lone surrogate (U+{ord(surrogate.group()):04X} at character "
-            f"{surrogate.start()}), which is no Unicode text; fix or drop it"
-        )
     sections = _markdown_sections(text) if is_markdown(doc.source) else [_plain_section(text)]
     chunks: list[Chunk] = []
     for section in sections:

@@ -1,8 +1,9 @@
 """Reading a corpus from disk: ``.txt``, ``.md`` and ``.jsonl`` files, or folders of them.
 
-Unreadable inputs (empty, binary, not UTF-8, a broken JSON line) are reported as `Skipped`
-rather than raised, so one bad file never stops indexing a folder; mistakes in what the caller
-named (a missing path, an unsupported file) raise, because they are not about the data.
+Unreadable inputs (empty, binary, not UTF-8, a broken JSON line, a record whose text escapes a
+lone surrogate, a file whose name is not UTF-8) are reported as `Skipped` rather than raised, so
+one bad file or record never stops indexing a folder; mistakes in what the caller named (a
+missing path, an unsupported file) raise, because they are not about the data.
 
 A folder is read only within itself: a file or folder in it that is a symbolic link to somewhere
 outside (another project, ``/etc/passwd``) is skipped with the reason, unless ``follow_symlinks``
@@ -16,17 +17,20 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SUPPORTED_SUFFIXES", "Document", "Skipped", "load_documents"]
+__all__ = ["SUPPORTED_SUFFIXES", "Document", "Skipped", "load_documents", "printable"]
 
 SUPPORTED_SUFFIXES = (".jsonl", ".md", ".txt")
 # The same heuristic as git and grep: text files practically never hold a NUL byte.
 _BINARY_PROBE = 8192
 # What a rag-lookahead index directory (or a save's scratch copy of one) holds.
 _INDEX_FILES = ("index.faiss", "chunks.jsonl")
+# Half of a UTF-16 pair, alone: no Unicode text, so no encoder, tokenizer or hash takes it.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class Document:
     Attributes:
         source: The file path, or ``path#line`` (1-based) for a record of a ``.jsonl`` file.
         text: The text exactly as read (chunk offsets point into it).
+
+    Raises:
+        ValueError: Either is not a string, the source is empty, or either holds a lone
+            surrogate (a JSON ``\\ud800`` escape, a file name not in UTF-8), which is no Unicode
+            text: the error names the document, before anything is indexed.
     """
 
     source: str
@@ -46,6 +55,10 @@ class Document:
             raise ValueError(f"Document.source must be a non-empty string, got {self.source!r}")
         if not isinstance(self.text, str):
             raise ValueError(f"Document.text must be a string, got {type(self.text).__name__}")
+        if found := _lone_surrogate(self.source):
+            raise ValueError(f"Document.source {self.source!r} holds {found}; fix or drop it")
+        if found := _lone_surrogate(self.text):
+            raise ValueError(f"{self.source} holds {found}, which is no Unicode text; fix or drop it")
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,10 @@ class Skipped:
     def __post_init__(self) -> None:
         if not self.source or not self.reason:
             raise ValueError("Skipped needs a source and a reason")
+
+    def __str__(self) -> str:
+        """``source: reason``, printable (a file name that is not UTF-8 shows its bytes escaped)."""
+        return printable(f"{self.source}: {self.reason}")
 
 
 def load_documents(
@@ -97,10 +114,33 @@ def load_documents(
         if resolved in seen:
             continue
         seen.add(resolved)
+        if _lone_surrogate(str(file)):  # os.fsdecode maps each undecodable byte to one
+            skipped.append(Skipped(str(file), "its name is not UTF-8 (rename it)"))
+            continue
         loaded, bad = _read_file(file, text_field)
         documents.extend(loaded)
         skipped.extend(bad)
     return documents, skipped
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """Where `text` holds a lone surrogate, in words (``"a lone surrogate (U+D800 at character
+    5)"``); ``None`` when it holds none."""
+    found = None if text.isascii() else _SURROGATE.search(text)
+    if found is None:
+        return None
+    return f"a lone surrogate (U+{ord(found.group()):04X} at character {found.start()})"
+
+
+def printable(text: str) -> str:
+    """`text` with every lone surrogate written as an escape, so that it can be printed: a byte
+    of a file name that is not UTF-8 as ``\\xe9`` (the byte `os.fsdecode` mapped), another as
+    ``\\ud800``."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def is_supported(path: Path) -> bool:
@@ -232,6 +272,8 @@ def _record_text(line: str, text_field: str) -> str:
         raise ValueError(f"field {text_field!r} is {type(text).__name__}, not a string")
     if not text.strip():
         raise ValueError("empty")
+    if found := _lone_surrogate(text):  # a JSON escape (\\ud800) that no UTF-8 file could hold
+        raise ValueError(f"field {text_field!r} holds {found}, which is no Unicode text")
     return text
 
 

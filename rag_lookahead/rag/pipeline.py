@@ -9,7 +9,7 @@ in the trie and help later questions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
-from rag_lookahead.prompts import RAG_SYSTEM, rag_messages
+from rag_lookahead.prompts import RAG_SYSTEM, check_history, rag_messages
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
 from rag_lookahead.rag.retrieval import RetrievalConfig
@@ -171,10 +171,12 @@ class RagPipeline:
         """Retrieve, and build the prompt through the chat template within the token budget.
 
         ``history``'s oldest turns are dropped (with a note) while the prompt with the best
-        source would not fit: the sources come before the conversation.
+        source would not fit: the sources come before the conversation. A history of anything
+        but ``(question, answer)`` pairs of strings is an error before anything is retrieved.
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
+        history = check_history(history)
         hits = self.retrieve(question)
         budget = self._budget(max_new_tokens)
         turns, notes = self._fit_history(question, hits[:1], history, budget)
@@ -225,10 +227,16 @@ class RagPipeline:
     def _fit_history(
         self, question: str, best: list[Hit], history: History, budget: int | None
     ) -> tuple[History, list[str]]:
-        """The latest turns of ``history`` that fit ``budget`` with the question and ``best``."""
-        kept = list(history)
-        while kept and budget is not None and self._measure(question, best, kept) > budget:
-            kept.pop(0)
+        """The latest turns of ``history`` that fit ``budget`` with the question and ``best``:
+        the prompt the oldest turns dropped one at a time would leave, found in O(log n)
+        prompts no longer than twice the one kept (a turn less never lengthens a prompt)."""
+        if budget is None:
+            return history, []
+
+        def fits(count: int) -> bool:
+            return self._measure(question, best, history[len(history) - count :]) <= budget
+
+        kept = history[len(history) - _most_that_fit(len(history), fits) :]
         dropped = len(history) - len(kept)
         if not dropped:
             return kept, []
@@ -280,6 +288,25 @@ class RagPipeline:
             if keep < 1:
                 return None
         return None
+
+
+def _most_that_fit(count: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``1..count`` with ``fits(n)`` (0 if none), for a ``fits`` true up to
+    some ``n`` and false after it: doubling ``n`` from 1, then halving the gap, so that it asks
+    about O(log n) values, none past twice the answer."""
+    if count < 1:
+        return 0
+    fitting, n = 0, 1
+    while n < count and fits(n):
+        fitting, n = n, 2 * n
+    if n >= count:
+        if fits(count):
+            return count
+        n = count
+    while n - fitting > 1:  # fits(fitting) (or fitting is 0) and not fits(n)
+        middle = (fitting + n) // 2
+        fitting, n = (middle, n) if fits(middle) else (fitting, middle)
+    return fitting
 
 
 def _prefix(hit: Hit, end: int) -> Hit:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.interface import EngineBase, check_scope
-from rag_lookahead.prompts import Prompt, encode_prompt
+from rag_lookahead.prompts import Prompt, SpecialText, encode_prompt
 from rag_lookahead.scope import document_texts
 from rag_lookahead.server.call import ReadLimits, ServerCall
 from rag_lookahead.server.config import ServerConfig, ServerKind
@@ -134,7 +134,12 @@ class ServerEngine(EngineBase):
             raise NotImplementedError(_NO_TOOLS)
         if self._tokenizer is None:
             raise ValueError("this server engine has no tokenizer: pass ServerEngine(tokenizer=MODEL_DIR)")
-        return encode_prompt(self._tokenizer, prompt)
+        return encode_prompt(self._tokenizer, prompt, special_text=self._special_text)
+
+    @functools.cached_property
+    def _special_text(self) -> SpecialText:
+        """The tokenizer's special tokens, found once (message text spelling one stays text)."""
+        return SpecialText.of(self._tokenizer)
 
     @property
     def client(self) -> Any:
