@@ -14,7 +14,7 @@ size (verifying the whole known run is optimal when the curve is subadditive: tw
 forwards never cost less than one larger, as on every measured curve here); greedy
 verification accepts it and the model's own next token.
 
-    python -m rag_lookahead.bench.replay record --data llma_msmarco_rag.jsonl --limit 20 \
+    python benchmarks/replay.py record --data llma_msmarco_rag.jsonl --limit 20 \
         --threads 1 --out llma.json
     python benchmarks/hindsight.py llma.json --curve ~/.cache/rag-lookahead/costs/costs-*.json
 """
@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.bench.replay import load_curve
+from replay import load_curve
+
 from rag_lookahead.decoding.costs import CostCurve
 
 __all__ = ["bound", "longest_copy"]

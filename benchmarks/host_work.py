@@ -8,7 +8,7 @@ text): the host work, in wall time and in the driving thread's CPU time (which w
 the CPU or for the GIL leaves out). Both come from the same run, so their ratio holds under
 load better than the absolute milliseconds do. ``--profile`` adds the host functions that cost most (the
 forward's own calls left out). Also reported, to hold against the batch replay's prices
-(`rag_lookahead.bench.batch_replay`): the tokens a row gained per full step, and the forward's
+(`benchmarks/batch_replay.py`): the tokens a row gained per full step, and the forward's
 median time by its width (tokens per row).
 
     python benchmarks/host_work.py --data dolly_context_qa.jsonl              # SmolLM2

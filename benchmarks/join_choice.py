@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rag_lookahead.batch_forward import BatchForward, Cost
 from rag_lookahead.cli import main
-from rag_lookahead.scheduler import Scheduler
+from rag_lookahead.engine.executor import BatchForward, Cost
+from rag_lookahead.engine.scheduler import Scheduler
 
 KINDS = {
     "decode": (BatchForward, "_decode"),

@@ -10,7 +10,7 @@ call's drafter (its prompt into the trie) for the first dolly prompts.
         --widths 1,2,3,4,6,8,12,16 --grid-only --json grid.json
 
 ``--json`` writes the grid (rows by tokens per row, milliseconds) in the form the batch replay
-reads (``python -m rag_lookahead.bench.replay batch ... --grid grid.json``).
+reads (``python benchmarks/replay.py batch ... --grid grid.json``).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def grid_json(
     ms: list[list[float]],
     rounds: int,
 ) -> dict[str, object]:
-    """The grid as `rag_lookahead.bench.batch_replay.load_grid` reads it, with its settings."""
+    """The grid as `benchmarks/batch_replay.py.load_grid` reads it, with its settings."""
     return {
         "format": "rag-lookahead-step-grid",
         "model": str(getattr(engine.model.config, "_name_or_path", "")),

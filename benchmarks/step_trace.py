@@ -35,15 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead import batch_forward as batching
-from rag_lookahead import scheduler as scheduling
-from rag_lookahead.batch_forward import BatchForward
-from rag_lookahead.bench.batch_replay import CostGrid, load_grid
+from batch_replay import CostGrid, load_grid
+
 from rag_lookahead.cli import main
 from rag_lookahead.decoding.batch import BatchCache
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.scheduler import Scheduler
+from rag_lookahead.engine import executor as batching
+from rag_lookahead.engine import scheduler as scheduling
+from rag_lookahead.engine.executor import BatchForward
+from rag_lookahead.engine.scheduler import Scheduler
 
 DECODE = ("batch", "fused", "row", "plain")
 # Host work is reported by phase (each phase's own time: neither the forwards nor the phases

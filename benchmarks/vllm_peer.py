@@ -54,9 +54,9 @@ from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import default_model_dir
 from rag_lookahead.prompts import encode_prompt
-from rag_lookahead.server import ServerEngine, SpeculationCounters
-from rag_lookahead.server.config import ServerKind
-from rag_lookahead.server.process import running_server
+from rag_lookahead.remote import ServerEngine, SpeculationCounters
+from rag_lookahead.remote.config import ServerKind
+from rag_lookahead.remote.process import running_server
 
 # The speculative settings: `rag-lookahead serve`'s ngram ones, and suffix decoding's defaults.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

@@ -42,7 +42,7 @@ from langchain_rag_lookahead import ChatLookahead, LookaheadRetriever, with_retr
 from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.rag import ChunkingConfig, DocumentIndex, SentenceTransformerEmbedder
 from rag_lookahead.rag import Document as SourceDocument
-from rag_lookahead.server import KINDS, ServerEngine
+from rag_lookahead.remote import KINDS, ServerEngine
 
 PROMPT = ChatPromptTemplate.from_messages(
     [

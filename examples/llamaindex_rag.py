@@ -42,7 +42,7 @@ import rag_lookahead
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine, LookaheadRetriever
 from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
 from rag_lookahead.rag import Document, DocumentIndex, SentenceTransformerEmbedder
-from rag_lookahead.server import KINDS, ServerEngine
+from rag_lookahead.remote import KINDS, ServerEngine
 
 
 class StatsRecorder(BaseEventHandler):

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from rag_lookahead.decoding.tree import DraftTree, StepDraft
     from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafter
     from rag_lookahead.engine import LookaheadEngine
+    from rag_lookahead.engine.scope import DocumentScope
     from rag_lookahead.loading import LoadOptions
     from rag_lookahead.models import DEFAULT_MODEL, load_model
     from rag_lookahead.prompts import rag_messages
-    from rag_lookahead.scope import DocumentScope
     from rag_lookahead.streaming.logprobs import TokenLogprob
     from rag_lookahead.streaming.stats import DecodeStats
     from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
@@ -72,7 +72,7 @@ _exported = lazy_attributes(
         "DEFAULT_MODEL": "rag_lookahead.models",
         "load_model": "rag_lookahead.models",
         "rag_messages": "rag_lookahead.prompts",
-        "DocumentScope": "rag_lookahead.scope",
+        "DocumentScope": "rag_lookahead.engine.scope",
         "DecodeStats": "rag_lookahead.streaming.stats",
         "Completion": "rag_lookahead.streaming.stream",
         "StreamChunk": "rag_lookahead.streaming.stream",

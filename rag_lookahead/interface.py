@@ -1,6 +1,6 @@
 """What an engine is to the code that drives it: the pipeline and the integrations.
 
-`LookaheadEngine` (one process) and `rag_lookahead.server.ServerEngine` (a vLLM, SGLang or other
+`LookaheadEngine` (one process) and `rag_lookahead.remote.ServerEngine` (a vLLM, SGLang or other
 OpenAI-compatible server) both have this surface, so `RagPipeline` and the LangChain and
 LlamaIndex adapters take either through ``engine=`` without knowing which it is. Both derive
 from `EngineBase`, which gives them what is the same: `complete` over `stream`.

@@ -57,7 +57,7 @@ def test_a_planner_saves_what_it_learned_and_the_next_one_starts_from_it(tmp_pat
 def test_an_engine_probes_at_setup_and_keeps_its_statistics_under_its_cache_dir(
     tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr("rag_lookahead.engine._SAVE_EVERY", 1)  # write at every call's start
+    monkeypatch.setattr("rag_lookahead.engine.lookahead._SAVE_EVERY", 1)  # write at every call's start
     import rag_lookahead.decoding.runner as runner_module
 
     probes = []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rag_lookahead import GenerationParams
-from rag_lookahead.adapters import (
+from rag_lookahead.protocol import (
     MAX_STOP_STRINGS,
     OPTION_KEYS,
     CallPlan,

@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rag_lookahead.bench.batch_replay import (
+# The replay tools are lab tools beside the benchmark scripts, not part of the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from batch_replay import (
     BATCH_POLICIES,
     CostGrid,
     batch_bounds,
@@ -17,6 +21,7 @@ from rag_lookahead.bench.batch_replay import (
     price_batch,
     reshaped,
 )
+
 from rag_lookahead.config import LookaheadConfig
 
 CONFIG = LookaheadConfig(mode="auto")
@@ -171,7 +176,8 @@ def test_the_path_policy_accepts_what_the_oracle_does_for_fewer_verified_tokens(
     # One stream (`replay`): "path" verifies only the accepted part of each draft, so it takes
     # the oracle's tokens per forward at no greater price; on a curve that rises with the size,
     # a strictly better rate whenever a draft held something rejected.
-    from rag_lookahead.bench.replay import replay
+    from replay import replay
+
     from rag_lookahead.decoding.costs import CostCurve
 
     answers = recorded([40, 60, 30], copy=True)

@@ -442,8 +442,8 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     rest of its prompt goes on apart, from a copy of its row, and so does the next join."""
     import types
 
-    from rag_lookahead import batch_forward
     from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.engine import executor as batch_forward
 
     model, engine = joining_engine(CostCurve.flat(), max_tokens_per_forward=64)
     scheduler, clock = engine.scheduler, [0.0]
@@ -618,8 +618,8 @@ def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> 
 def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None:
     """Batch curves are measured a few tokens wide; a joining prompt's chunk widens every row
     far past that, where the extrapolated curve alone would price the step too low."""
-    from rag_lookahead.batch_forward import BatchForward
     from rag_lookahead.decoding.costs import BatchCosts, CostCurve
+    from rag_lookahead.engine.executor import BatchForward
 
     runner = ModelRunner(tiny_model("llama"))
     runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
@@ -635,7 +635,7 @@ def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None
 def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() -> None:
     """Each width class is calibrated apart: a wider class timed lower than a narrower one must
     not make drafting wider look like a saving."""
-    from rag_lookahead.batch_forward import BatchForward
+    from rag_lookahead.engine.executor import BatchForward
 
     forward = BatchForward(ModelRunner(tiny_model("llama")), 256)
 
@@ -655,8 +655,8 @@ def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() ->
 def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
     """The prompts' chunks calibrate each class of sizes apart: one slow short chunk must not
     price it above every longer one (a join would then look free beside it)."""
-    from rag_lookahead.batch_forward import BatchForward
     from rag_lookahead.decoding.costs import Calibration, CostCurve
+    from rag_lookahead.engine.executor import BatchForward
 
     assert Calibration.class_ends(231, 30) == [31, 63, 127, 231]
     assert Calibration.class_ends(33) == [1, 3, 7, 15, 31, 33]
@@ -678,8 +678,8 @@ def test_a_chunk_apart_is_sized_on_the_measured_curve_not_on_a_class_timed_slow(
     """Each class of chunk sizes learns its own ratio: one timed in a slow moment must not
     make the scheduler cut prompts into smaller chunks (dearer per token, and more steps
     before the call decodes)."""
-    from rag_lookahead.batch_forward import BatchForward
     from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.engine.executor import BatchForward
 
     runner = ModelRunner(tiny_model("llama"))
     runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))

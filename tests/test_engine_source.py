@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from rag_lookahead import DEFAULT_MODEL, LoadOptions, LookaheadConfig
-from rag_lookahead.adapters import EngineSource, plain_engine, within_deadline
-from rag_lookahead.server import ServerEngine
+from rag_lookahead.protocol import EngineSource, plain_engine, within_deadline
+from rag_lookahead.remote import ServerEngine
 from rag_lookahead.testing import read_past_deadline, tiny_engine
 
 SERVER = "http://127.0.0.1:9/v1"

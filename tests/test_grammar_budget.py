@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
-from rag_lookahead.adapters.requests import plan_completion
 from rag_lookahead.decoding.constraint import GrammarCompiler
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.models import default_model_dir
+from rag_lookahead.protocol.requests import plan_completion
 from rag_lookahead.structured import Grammar, ToolFormat
 from rag_lookahead.testing import (
     ASCII_VOCAB,

@@ -25,15 +25,15 @@ from transformers import AutoTokenizer
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.corpora import Corpora
-from rag_lookahead.http.errors import ApiError
-from rag_lookahead.http.metrics import ServerMetrics
-from rag_lookahead.http.testing import LiveServer, error_of, wait_until
 from rag_lookahead.rag import DEFAULT_EMBEDDER, DocumentIndex, RagPipeline, RetrievalConfig
 from rag_lookahead.rag.embedding import default_embedder_path
-from rag_lookahead.server import ServerEngine
+from rag_lookahead.remote import ServerEngine
+from rag_lookahead.serve import ServeSettings, create_app
+from rag_lookahead.serve.corpora import Corpora
+from rag_lookahead.serve.errors import ApiError
+from rag_lookahead.serve.metrics import ServerMetrics
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
+from rag_lookahead.testing.local_server import LiveServer, error_of, wait_until
 
 MODEL = "tiny"
 KEY = "test-key"
@@ -426,7 +426,7 @@ def test_settings_for_corpora_are_checked() -> None:
 
 def test_serve_takes_the_corpus_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from rag_lookahead import cli
-    from rag_lookahead.http import run
+    from rag_lookahead.serve import run
 
     ran: dict[str, Any] = {}
     monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app))

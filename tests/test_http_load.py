@@ -34,8 +34,9 @@ import httpx
 import pytest
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import (
+from rag_lookahead.serve import ServeSettings, create_app
+from rag_lookahead.streaming.stats import DecodeStats
+from rag_lookahead.testing.local_server import (
     DEAD_END_FORMAT,
     WAIT_S,
     LiveServer,
@@ -44,7 +45,6 @@ from rag_lookahead.http.testing import (
     served_engine,
     wait_until,
 )
-from rag_lookahead.streaming.stats import DecodeStats
 
 REQUESTS = 200
 WARM_UP = 48  # requests of the same mix before the memory baseline

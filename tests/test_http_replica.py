@@ -1,4 +1,4 @@
-"""What a replica of the server serves (`rag_lookahead.http.replica`), in process and without
+"""What a replica of the server serves (`rag_lookahead.serve.replica`), in process and without
 Ray: its answers name it, corpus routes are refused in OpenAI's error shape, its loading
 options are checked where they are made. The replicas themselves, under Ray Serve, are
 tested by ``make test-ray`` (tests_ray/)."""
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from rag_lookahead import LookaheadConfig
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.replica import CORPORA_REFUSED, REPLICA_HEADER, EngineLoad, replica_app
+from rag_lookahead.serve import ServeSettings, create_app
+from rag_lookahead.serve.replica import CORPORA_REFUSED, REPLICA_HEADER, EngineLoad, replica_app
 from rag_lookahead.testing import tiny_engine
 
 MODEL = "tiny"
@@ -94,6 +94,6 @@ def test_serve_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch, 
     from rag_lookahead import cli
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as where the ray extra is not installed
-    monkeypatch.delitem(sys.modules, "rag_lookahead.http.ray_serve", raising=False)
+    monkeypatch.delitem(sys.modules, "rag_lookahead.serve.ray_serve", raising=False)
     assert cli.main(["serve", "--backend", "ray", "--replicas", "2"]) == 2
     assert "pip install 'rag-lookahead[ray,serve]'" in capsys.readouterr().err

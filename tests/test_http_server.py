@@ -26,9 +26,11 @@ import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import DEAD_END_FORMAT as DEAD_END
-from rag_lookahead.http.testing import (
+from rag_lookahead.serve import ServeSettings, create_app
+from rag_lookahead.streaming.stream import TextStream
+from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model, weather_tool
+from rag_lookahead.testing.local_server import DEAD_END_FORMAT as DEAD_END
+from rag_lookahead.testing.local_server import (
     WAIT_S,
     LiveServer,
     error_of,
@@ -36,8 +38,6 @@ from rag_lookahead.http.testing import (
     served_engine,
     wait_until,
 )
-from rag_lookahead.streaming.stream import TextStream
-from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model, weather_tool
 
 MODEL = "tiny"
 KEY = "test-key"
@@ -513,7 +513,7 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     directory = save_tiny_model(tmp_path / "model")
     ran: dict[str, Any] = {}
-    from rag_lookahead.http import run
+    from rag_lookahead.serve import run
 
     monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app, host=host, port=port))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: ran.update(threads=n))  # not this process's
@@ -599,7 +599,7 @@ def test_an_api_key_no_client_can_send_is_refused_at_start(
     """httpx and the OpenAI clients send a header's value in ASCII without its surrounding
     spaces: such a key would never match, so the command refuses it before loading anything."""
     from rag_lookahead import cli
-    from rag_lookahead.http import run
+    from rag_lookahead.serve import run
 
     monkeypatch.setattr(run, "run_app", lambda app, host, port: None)  # never serve
     if variable is not None:

@@ -221,7 +221,7 @@ def test_load_options_are_one_checked_value_of_plain_values(model_dir) -> None:
     import pickle
 
     from rag_lookahead import LoadOptions
-    from rag_lookahead.http.replica import EngineLoad
+    from rag_lookahead.serve.replica import EngineLoad
 
     options = LoadOptions(model_dir, device=torch.device("cpu"), dtype=torch.bfloat16)
     assert (options.device, options.dtype) == ("cpu", "bfloat16")  # names, not torch objects

@@ -103,7 +103,7 @@ def test_nothing_is_computed_when_they_are_not_asked_for(monkeypatch: pytest.Mon
     def refuse(*_: object) -> None:
         raise AssertionError("log-softmax computed for a call that did not ask")
 
-    monkeypatch.setattr("rag_lookahead.call.raw_logprobs", refuse)
+    monkeypatch.setattr("rag_lookahead.engine.request.raw_logprobs", refuse)
     engine = tiny_engine()
     stream = engine.stream([1, 2, 3], max_new_tokens=8)
     chunks = list(stream.chunks())

@@ -18,14 +18,14 @@ from transformers import AutoTokenizer
 
 from langchain_rag_lookahead import ChatLookahead
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import served_engine
 from rag_lookahead.models import default_model_dir
 from rag_lookahead.prompts import SpecialText
 from rag_lookahead.rag import RagPipeline, RetrievalConfig
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import Hit
+from rag_lookahead.serve import ServeSettings, create_app
 from rag_lookahead.testing import ASCII_VOCAB, greedy_reference, tiny_model
+from rag_lookahead.testing.local_server import served_engine
 
 QUESTION = "How often is a sourdough starter fed?"
 PASSAGE = Hit(Chunk.make("bread.txt", "Feed a sourdough starter once a day.", 0, 36), 0.9, 0.9)

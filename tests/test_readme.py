@@ -1,12 +1,12 @@
 """The README is a user's guide that runs: every Python block in it runs as written (on a tiny
 random model in place of the built-in ones, in a folder with ``docs/`` and ``docs.index``), and
-the few that cannot run here say why in a marker before them (`rag_lookahead.readme_blocks`)."""
+the few that cannot run here say why in a marker before them (`rag_lookahead.testing.readme`)."""
 
 from pathlib import Path
 
 import pytest
 
-from rag_lookahead.readme_blocks import Block, python_blocks, readme_folder, run_block, undefined_names
+from rag_lookahead.testing.readme import Block, python_blocks, readme_folder, run_block, undefined_names
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = python_blocks(ROOT / "README.md")

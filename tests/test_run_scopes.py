@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rag_lookahead.adapters import RunScopes
+from rag_lookahead.protocol import RunScopes
 
 
 class _Scope:

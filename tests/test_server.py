@@ -13,7 +13,7 @@ import pytest
 
 from rag_lookahead import GenerationParams
 from rag_lookahead.interface import Engine
-from rag_lookahead.server import (
+from rag_lookahead.remote import (
     CorpusError,
     CorpusWarning,
     ServerConfig,
@@ -22,10 +22,10 @@ from rag_lookahead.server import (
     ServerTimeout,
     server_command,
 )
-from rag_lookahead.server.metrics import parse_speculation_counters
-from rag_lookahead.server.testing import Answer, Events, Failure, StubServer, stub_server
+from rag_lookahead.remote.metrics import parse_speculation_counters
 from rag_lookahead.structured import Grammar
 from rag_lookahead.testing import tiny_engine
+from rag_lookahead.testing.stub_server import Answer, Events, Failure, StubServer, stub_server
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who won?"}]
 
@@ -330,7 +330,7 @@ def test_sglang_corpus_failures(stub: StubServer) -> None:
 
 
 def test_a_corpus_answer_that_is_not_success_is_an_error(stub: StubServer) -> None:
-    from rag_lookahead.server.corpus import SGLangCorpora
+    from rag_lookahead.remote.corpus import SGLangCorpora
 
     class Client:
         def post(self, url: str, cast_to: Any, body: Any) -> str:

@@ -11,8 +11,8 @@ from transformers import AutoTokenizer
 
 from rag_lookahead.models import default_model_dir
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
-from rag_lookahead.server import ServerEngine
-from rag_lookahead.server.testing import Answer, StubServer, stub_server
+from rag_lookahead.remote import ServerEngine
+from rag_lookahead.testing.stub_server import Answer, StubServer, stub_server
 
 pytestmark = pytest.mark.slow
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"

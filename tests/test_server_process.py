@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_lookahead.server.process import ServerStartError, running_server
+from rag_lookahead.remote.process import ServerStartError, running_server
 
 # A server that answers /health once it has started, and starts a worker that would outlive it.
 SERVER = """
@@ -86,8 +86,8 @@ def test_a_server_that_never_answers_is_an_error_with_its_log(
 # argv[2] exists (a bounded wait): a stream runs for as long as the test wants.
 LOCAL_SERVER = """
 import os, sys, time
-from rag_lookahead.http import ServeSettings, create_app, run_app
-from rag_lookahead.http.testing import WAIT_S, served_engine
+from rag_lookahead.serve import ServeSettings, create_app, run_app
+from rag_lookahead.testing.local_server import WAIT_S, served_engine
 port, gate = int(sys.argv[1]), sys.argv[2]
 engine = served_engine()
 forward, calls = engine.runner.forward, [0]

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from rag_lookahead.prompts import check_chat_template_kwargs, encode_prompt
-from rag_lookahead.server import ServerEngine
+from rag_lookahead.remote import ServerEngine
 from rag_lookahead.structured import (
     Grammar,
     ToolFormat,
@@ -19,7 +19,6 @@ from rag_lookahead.structured import (
 )
 from rag_lookahead.structured.tools import template_messages, tool_choice
 from rag_lookahead.testing import (
-    TINY_CHAT_TEMPLATE,
     ascii_fast_tokenizer,
     grammar_accepts,
     nested_person,
@@ -27,6 +26,7 @@ from rag_lookahead.testing import (
     tiny_tool_engine,
     weather_tool,
 )
+from rag_lookahead.testing.models import TINY_CHAT_TEMPLATE
 
 WEATHER = weather_tool()
 SEARCH = {"name": "search", "description": "Search the corpus.", "parameters": {"type": "object"}}

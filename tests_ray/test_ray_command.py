@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag_lookahead.http.replica import REPLICA_HEADER
+from rag_lookahead.serve.replica import REPLICA_HEADER
 from rag_lookahead.testing import save_tiny_model
 
 _START_S = 600.0  # bounds for what would otherwise hang, never measurements

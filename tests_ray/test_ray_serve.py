@@ -25,9 +25,9 @@ import ray
 from ray import serve
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.http import ServeSettings
-from rag_lookahead.http.ray_serve import APP_NAME, deployment, ray_application
-from rag_lookahead.http.replica import CORPORA_REFUSED, REPLICA_HEADER, EngineLoad
+from rag_lookahead.serve import ServeSettings
+from rag_lookahead.serve.ray_serve import APP_NAME, deployment, ray_application
+from rag_lookahead.serve.replica import CORPORA_REFUSED, REPLICA_HEADER, EngineLoad
 from rag_lookahead.testing import save_tiny_model
 
 MODEL = "tiny"
@@ -266,7 +266,7 @@ def test_a_replica_admits_as_the_server_does() -> None:
 def test_serve_ray_runs_the_replicas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rag-lookahead serve --backend ray` hands `run_ray` the loading options and settings."""
     from rag_lookahead import cli
-    from rag_lookahead.http import ray_serve
+    from rag_lookahead.serve import ray_serve
 
     ran: dict[str, Any] = {}
     monkeypatch.setattr(ray_serve, "run_ray", lambda *args, **kwargs: ran.update(args=args, kwargs=kwargs))

@@ -20,8 +20,8 @@ import pytest
 
 from rag_lookahead import rag_messages
 from rag_lookahead.models import default_model_dir
-from rag_lookahead.server import ServerEngine, server_command
-from rag_lookahead.server.process import ServerStartError, running_server
+from rag_lookahead.remote import ServerEngine, server_command
+from rag_lookahead.remote.process import ServerStartError, running_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import MAX_NEW_TOKENS
 
-from rag_lookahead.server import ServerEngine
+from rag_lookahead.remote import ServerEngine
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 

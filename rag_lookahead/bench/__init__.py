@@ -1,5 +1,5 @@
-"""Benchmarks: methods timed on the same prompts (`run`), their chart (`plot`), and drafting
-policies priced on recorded answers without the model (`replay`).
+"""Benchmarks: methods timed on the same prompts (`run`) and their chart (`plot`). (Drafting
+policies priced on recorded answers without the model: `benchmarks/replay.py`, a lab tool.)
 
 Its names are imported when first used (`rag_lookahead.lazy`).
 """

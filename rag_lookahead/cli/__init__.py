@@ -32,10 +32,10 @@ from rag_lookahead.cli.values import (
     positive_int,
 )
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.http.settings import ServeSettings
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL
 from rag_lookahead.rag.chunking import ChunkingConfig
 from rag_lookahead.rag.retrieval import RETRIEVAL_MODES, RetrievalConfig
+from rag_lookahead.serve.settings import ServeSettings
 
 __all__ = ["build_parser", "main"]
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.http.settings import ServeSettings, check_api_key
-from rag_lookahead.server.launch import BACKENDS, server_command
+from rag_lookahead.remote.launch import BACKENDS, server_command
+from rag_lookahead.serve.settings import ServeSettings, check_api_key
 
 if TYPE_CHECKING:
     from rag_lookahead.interface import Engine
@@ -117,8 +117,8 @@ def _run_local(args: argparse.Namespace) -> int:
 def _run_ray(args: argparse.Namespace) -> int:
     settings = _serve_settings(args)
     try:
-        from rag_lookahead.http.ray_serve import run_ray
-        from rag_lookahead.http.replica import EngineLoad
+        from rag_lookahead.serve.ray_serve import run_ray
+        from rag_lookahead.serve.replica import EngineLoad
     except ImportError as err:
         raise ValueError(
             f"--backend ray needs the ray and serve extras: pip install 'rag-lookahead[ray,serve]' ({err})"
@@ -173,7 +173,7 @@ def _server() -> Callable[[Engine, ServeSettings, str, int], None]:
     """What runs the app until a signal stops it (draining), or a clear error without the
     serve extra."""
     try:
-        from rag_lookahead.http import create_app, run_app
+        from rag_lookahead.serve import create_app, run_app
     except ImportError as err:
         raise ValueError(
             f"--backend local needs the serve extra: pip install 'rag-lookahead[serve]' ({err})"

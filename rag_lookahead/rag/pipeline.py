@@ -110,7 +110,7 @@ class AnswerStream(Iterator[str]):
 
 class RagPipeline:
     """Questions answered from a `DocumentIndex` by a `LookaheadEngine`, or by a server through
-    `rag_lookahead.server.ServerEngine` (given the served model's tokenizer).
+    `rag_lookahead.remote.ServerEngine` (given the served model's tokenizer).
 
     Thread-safe for concurrent questions: the engine serialises model forwards and trie updates,
     and the index is only read.

@@ -2,7 +2,7 @@
 
 Both models are thin adapters over an engine's ``stream`` (a local `LookaheadEngine`, or a
 `ServerEngine` driving a vLLM, SGLang or OpenAI-compatible server): a call's settings and
-LangChain arguments are one request mapping, planned by the core (`rag_lookahead.adapters`, as
+LangChain arguments are one request mapping, planned by the core (`rag_lookahead.protocol`, as
 the HTTP server plans its requests), and `_open` returns the plan and the engine's text pieces
 followed by the call's `DecodeStats`. Everything else is built on that one iterator: each
 model's chunks (`_chunks`), streamed and reported alike for both (`_stream`, `_astream`), and
@@ -26,7 +26,10 @@ from typing_extensions import Self
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
 from rag_lookahead import DecodeStats, LookaheadConfig
-from rag_lookahead.adapters import (
+from rag_lookahead.interface import Engine
+from rag_lookahead.loading import LoadKeywords, LoadOptions
+from rag_lookahead.prompts import Prompt
+from rag_lookahead.protocol import (
     FINISH_REASONS,
     CallKind,
     CallPlan,
@@ -35,16 +38,13 @@ from rag_lookahead.adapters import (
     plan_call,
     within_deadline,
 )
-from rag_lookahead.interface import Engine
-from rag_lookahead.loading import LoadKeywords, LoadOptions
-from rag_lookahead.prompts import Prompt
-from rag_lookahead.server import ServerKind
+from rag_lookahead.remote import ServerKind
 from rag_lookahead.streaming import StreamChunk, aiterate
 
 __all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece", "areported", "reported", "usage"]
 
 #: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
-#: a call's request starts from them (see `rag_lookahead.adapters.OPTION_KEYS` for the rest).
+#: a call's request starts from them (see `rag_lookahead.protocol.OPTION_KEYS` for the rest).
 CALL_OPTIONS = (
     *("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed"),
     *("logprobs", "top_logprobs"),
@@ -78,7 +78,7 @@ class LookaheadSettings(BaseModel):
         default=None,
         exclude=True,
         description="An existing engine to use: a `rag_lookahead.LookaheadEngine` (its model, "
-        "tokenizer, chat template variables and trie) or a `rag_lookahead.server.ServerEngine`; "
+        "tokenizer, chat template variables and trie) or a `rag_lookahead.remote.ServerEngine`; "
         "replaces `model`, the loading options and `base_url`.",
     )
     base_url: str | None = Field(

@@ -1,6 +1,6 @@
 """Tool calls and structured output for `ChatLookahead`.
 
-The core plans a call's tools (`rag_lookahead.adapters`: the chat template renders them, the
+The core plans a call's tools (`rag_lookahead.protocol`: the chat template renders them, the
 model's tool format parses the reply, a grammar forces a call); here LangChain's side:
 ``bind_tools`` arguments, the ``tool_call_chunks`` of a reply and ``with_structured_output``.
 """
@@ -25,7 +25,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from langchain_rag_lookahead._base import Piece, usage
 from rag_lookahead import DecodeStats
-from rag_lookahead.adapters import HeldReply, openai_logprobs
+from rag_lookahead.protocol import HeldReply, openai_logprobs
 from rag_lookahead.streaming import TokenLogprob
 from rag_lookahead.structured import ParsedReply, ToolFormat
 from rag_lookahead.structured import tool_choice as normalised_choice

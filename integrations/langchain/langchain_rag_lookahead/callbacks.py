@@ -30,8 +30,8 @@ from langchain_core.documents import Document
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import ensure_config
 
-from rag_lookahead.adapters import RunScopes
 from rag_lookahead.interface import Engine, Scope
+from rag_lookahead.protocol import RunScopes
 
 __all__ = ["LookaheadCallbackHandler", "RunLink", "run_link", "with_retrieved_documents"]
 

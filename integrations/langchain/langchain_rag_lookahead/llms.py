@@ -13,7 +13,7 @@ from pydantic import ConfigDict
 
 from langchain_rag_lookahead._base import LookaheadSettings, Piece, areported, reported, usage
 from rag_lookahead import DecodeStats
-from rag_lookahead.adapters import openai_logprobs
+from rag_lookahead.protocol import openai_logprobs
 from rag_lookahead.streaming import TokenLogprob
 
 __all__ = ["LookaheadLLM"]

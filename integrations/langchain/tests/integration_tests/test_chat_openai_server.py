@@ -15,13 +15,13 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.http.testing import (
+from rag_lookahead.structured import Grammar
+from rag_lookahead.testing.local_server import (
     LiveServer,
     recording_documents,
     served_engine,
     settled_server,
 )
-from rag_lookahead.structured import Grammar
 
 pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])  # the loopback server only
 

@@ -14,8 +14,8 @@ from langchain_core.messages import HumanMessage
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
 from langchain_rag_lookahead.chat_models import to_chat_messages
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.adapters import RequestError, plan_chat
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.protocol import RequestError, plan_chat
 from rag_lookahead.testing import tiny_engine
 
 N = 40

@@ -10,9 +10,9 @@ import pytest
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadCallbackHandler
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer, ScopedCalls
+from rag_lookahead.serve import ServeSettings, create_app
 from rag_lookahead.testing import tiny_engine
+from rag_lookahead.testing.local_server import LiveServer, ScopedCalls
 from tests.chains import QUESTION, N, answer_and_documents, rag_chain
 
 MODEL = "tiny"

@@ -1,8 +1,8 @@
 """This package's README, and the root README's LangChain blocks, run as written (on a tiny
-random model in place of the built-in ones; `rag_lookahead.readme_blocks`)."""
+random model in place of the built-in ones; `rag_lookahead.testing.readme`)."""
 
 from pathlib import Path
 
-from rag_lookahead.readme_blocks import integration_tests
+from rag_lookahead.testing.readme import integration_tests
 
 TestReadme = integration_tests(Path(__file__).resolve().parents[4], "langchain")

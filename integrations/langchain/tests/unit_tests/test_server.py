@@ -11,8 +11,8 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from langchain_rag_lookahead import ChatLookahead, LookaheadLLM
-from rag_lookahead.server import ServerEngine
-from rag_lookahead.server.testing import Answer, StubServer, stub_server
+from rag_lookahead.remote import ServerEngine
+from rag_lookahead.testing.stub_server import Answer, StubServer, stub_server
 from tests.capabilities import LocalChatModelCapabilities
 
 SERVER = "http://127.0.0.1:9/v1"  # never reached by construction-only tests

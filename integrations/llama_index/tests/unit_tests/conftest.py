@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.server.testing import StubServer, stub_server
 from rag_lookahead.testing import tiny_engine
+from rag_lookahead.testing.stub_server import StubServer, stub_server
 
 
 @pytest.fixture

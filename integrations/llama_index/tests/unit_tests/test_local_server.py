@@ -14,10 +14,10 @@ from llama_index.core.embeddings import MockEmbedding
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.http import ServeSettings, create_app
-from rag_lookahead.http.testing import LiveServer, ScopedCalls
-from rag_lookahead.server import ServerEngine
+from rag_lookahead.remote import ServerEngine
+from rag_lookahead.serve import ServeSettings, create_app
 from rag_lookahead.testing import tiny_engine
+from rag_lookahead.testing.local_server import LiveServer, ScopedCalls
 
 # A server on 127.0.0.1 only: sockets stay off for every other host.
 pytestmark = pytest.mark.allow_hosts(["127.0.0.1"])

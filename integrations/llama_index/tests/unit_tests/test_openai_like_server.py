@@ -15,7 +15,7 @@ from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.http.testing import (
+from rag_lookahead.testing.local_server import (
     LiveServer,
     recording_documents,
     served_engine,

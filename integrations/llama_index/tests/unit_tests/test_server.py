@@ -9,8 +9,8 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
 from llama_index.llms.rag_lookahead import LookaheadLLM, LookaheadQueryEngine
-from rag_lookahead.server import ServerEngine
-from rag_lookahead.server.testing import Answer, StubServer
+from rag_lookahead.remote import ServerEngine
+from rag_lookahead.testing.stub_server import Answer, StubServer
 
 
 def server_llm(stub: StubServer, kind: Any = "vllm", **kwargs: Any) -> LookaheadLLM:

@@ -50,10 +50,10 @@ from llama_index.llms.rag_lookahead.scoping import open_stream
 from llama_index.llms.rag_lookahead.structured import StructuredOutputLLM
 from llama_index.llms.rag_lookahead.tools import last_tool_response, message_dict
 from rag_lookahead import DEFAULT_MODEL, LookaheadConfig, TextStream
-from rag_lookahead.adapters import EngineSource, display_name, plain_engine
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
-from rag_lookahead.server import ServerKind
+from rag_lookahead.protocol import EngineSource, display_name, plain_engine
+from rag_lookahead.remote import ServerKind
 
 __all__ = ["LookaheadLLM"]
 
@@ -72,7 +72,7 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
 
     ``LookaheadLLM()`` loads the embedded SmolLM2-135M-Instruct offline; pass ``engine=`` to
     share a loaded `LookaheadEngine` (several LLMs over one engine share its model, trie and
-    lock, and calls from several threads are safe), or a `rag_lookahead.server.ServerEngine`
+    lock, and calls from several threads are safe), or a `rag_lookahead.remote.ServerEngine`
     to answer on a vLLM or SGLang server. Per call, ``stop=`` (a string or a list; it replaces
     the LLM's ``stop``), ``temperature=``, ``max_new_tokens=`` (or ``max_tokens=``), any other
     `GenerationParams` field, ``documents=`` (texts to draft from) and ``scope=`` (a

@@ -1,7 +1,7 @@
 """A LlamaIndex call's keyword arguments as one OpenAI-style request, planned by the core.
 
 The LLM's own settings and then the call's keyword arguments become the keys of one request
-(``max_tokens``, ``temperature``, ``stop``, ``tools``...), which `rag_lookahead.adapters`
+(``max_tokens``, ``temperature``, ``stop``, ``tools``...), which `rag_lookahead.protocol`
 plans exactly as the HTTP server plans a request: the same accepted values, the same errors,
 temperature 0 as greedy decoding. On top, what LlamaIndex callers pass that no request
 carries: the `GenerationParams` names (``max_new_tokens``, ``stop_strings``, ``do_sample``,
@@ -18,9 +18,9 @@ from typing import Any
 
 from llama_index.llms.rag_lookahead.tools import ToolPlan, openai_tools
 from rag_lookahead import GenerationParams
-from rag_lookahead.adapters import CallPlan, RequestError, plan_call
 from rag_lookahead.interface import Engine, Scope
 from rag_lookahead.prompts import Prompt
+from rag_lookahead.protocol import CallPlan, RequestError, plan_call
 
 __all__ = ["CALL_OPTIONS", "TOOL_OPTIONS", "Call", "Settings", "plan"]
 

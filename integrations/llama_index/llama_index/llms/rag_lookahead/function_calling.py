@@ -18,8 +18,8 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
 
 from llama_index.llms.rag_lookahead.tools import tool_selections
-from rag_lookahead.adapters import RequestError, plan_call
 from rag_lookahead.interface import Engine
+from rag_lookahead.protocol import RequestError, plan_call
 
 __all__ = ["ToolCallingLLM"]
 
@@ -32,7 +32,7 @@ _PROBE_TOOL = {
 
 class ToolCallingLLM(FunctionCallingLLM):
     """A `FunctionCallingLLM` whose `chat` takes ``tools=`` and ``tool_choice=`` as a chat
-    request does (see `rag_lookahead.adapters.plan_call`)."""
+    request does (see `rag_lookahead.protocol.plan_call`)."""
 
     _tools_supported: bool | None = PrivateAttr(default=None)
 

@@ -19,8 +19,8 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 
-from rag_lookahead import DecodeStats, TextStream, TokenLogprob, adapters
-from rag_lookahead.adapters import HeldReply, within_deadline
+from rag_lookahead import DecodeStats, TextStream, TokenLogprob, protocol
+from rag_lookahead.protocol import HeldReply, within_deadline
 from rag_lookahead.streaming import aiterate
 from rag_lookahead.structured import ToolFormat
 
@@ -48,7 +48,7 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
     them), the prompt tokens whose KV entries were reused from an earlier prompt (OpenAI's
     ``prompt_tokens_details.cached_tokens``) and, under ``"lookahead"``, the `DecodeStats`
     fields plus tokens/s, tokens per step and the acceptance rate."""
-    return {**adapters.usage(stats), "lookahead": stats.as_dict()}
+    return {**protocol.usage(stats), "lookahead": stats.as_dict()}
 
 
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")

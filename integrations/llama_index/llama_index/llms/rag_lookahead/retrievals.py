@@ -40,8 +40,8 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import MetadataMode, NodeWithScore
 
 from llama_index.llms.rag_lookahead.generators import aadvanced_in, advanced_in
-from rag_lookahead.adapters import RunScopes
 from rag_lookahead.interface import Engine, Scope
+from rag_lookahead.protocol import RunScopes
 
 __all__ = ["Claim", "RetrievalScopes"]
 

@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 
 from llama_index.llms.rag_lookahead.retrievals import Claim, RetrievalScopes
 from rag_lookahead import TextStream
-from rag_lookahead.adapters import CallPlan
 from rag_lookahead.interface import Engine, Scope, scope_key
+from rag_lookahead.protocol import CallPlan
 
 __all__ = ["ActiveScope", "active_scope", "open_stream", "scope_key", "use_scope"]
 

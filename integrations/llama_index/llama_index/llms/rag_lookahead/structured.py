@@ -28,7 +28,7 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.types import PydanticProgramMode
 
 from rag_lookahead import TextStream
-from rag_lookahead.adapters import within_deadline
+from rag_lookahead.protocol import within_deadline
 from rag_lookahead.streaming import DecodeStats, aiterate
 
 __all__ = [

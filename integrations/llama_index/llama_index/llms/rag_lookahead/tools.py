@@ -1,6 +1,6 @@
 """Tool calls for `LookaheadLLM`: LlamaIndex's side.
 
-The core plans a call's tools (`rag_lookahead.adapters`: the checked tools, the normalised
+The core plans a call's tools (`rag_lookahead.protocol`: the checked tools, the normalised
 ``tool_choice``, the model's tool format and the grammar of a forced call) and streams the
 reply up to where a call may begin (`HeldReply`); here LlamaIndex's side: its tools as
 OpenAI-style dicts, its chat messages with their calls and results, tool calls in responses
@@ -20,7 +20,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
 
 from llama_index.llms.rag_lookahead.responses import chat_response
-from rag_lookahead import adapters
+from rag_lookahead import protocol
 
 __all__ = [
     "ToolPlan",
@@ -33,7 +33,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ToolPlan(adapters.ToolPlan):
+class ToolPlan(protocol.ToolPlan):
     """The core's tool plan of a chat call, and LlamaIndex's ``allow_parallel_tool_calls``.
 
     Attributes:

@@ -1,0 +1,381 @@
+"""The engine: the public calls, each handed to the `Scheduler` that decodes all of them.
+
+Each step reads as five verbs: draft, forward the drafts of every running call in one pass
+over the KV cache, choose the model's token at every node, accept the longest agreeing path,
+keep only that path in the cache. The `ModelRunner` is the only thing that runs the model, and
+the engine knows nothing about where drafts come from: drafters see token ids only.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rag_lookahead.config import GenerationParams, LookaheadConfig
+from rag_lookahead.decoding.constraint import GrammarState
+from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.decoding.planner import StepPlanner
+from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.threads import in_passing_thread
+from rag_lookahead.decoding.verify import TokenChooser
+from rag_lookahead.drafting.compose import call_drafter
+from rag_lookahead.drafting.protocol import Drafter
+from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.engine.model_facts import ModelFacts
+from rag_lookahead.engine.pricing import measure_costs
+from rag_lookahead.engine.request import Call
+from rag_lookahead.engine.scheduler import Scheduler
+from rag_lookahead.engine.scope import DocumentScope, document_texts
+from rag_lookahead.interface import EngineBase, check_scope
+from rag_lookahead.loading import LoadKeywords, LoadOptions
+from rag_lookahead.prompts import Prompt
+from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stream import TextStream
+from rag_lookahead.structured.grammar import Grammar
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["LookaheadEngine"]
+
+# Draft nodes learned between two writes of the acceptance statistics to disk.
+_SAVE_EVERY = 256
+
+
+class LookaheadEngine(EngineBase):
+    """Lossless lookahead decoding for a Hugging Face decoder-only model.
+
+    The engine owns a token trie shared by all calls: each call's prompt and documents are
+    inserted as branches owned by that call and eliminated when it ends, while the model's own
+    outputs stay (pruned under the node cap) and help later calls. Calls from several threads
+    or tasks decode together: up to ``config.max_batch_size`` of them share each forward.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: LookaheadConfig | None = None,
+        trie: TokenTrie | None = None,
+        *,
+        cost_curve: CostCurve | None = None,
+        cache_dir: Path | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        progress: bool = False,
+    ) -> None:
+        """Wrap ``model`` and ``tokenizer``.
+
+        Args:
+            config: Drafting settings (`LookaheadConfig`).
+            trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
+            cost_curve: Forward costs by size, for ``mode="auto"``; when not given, the first
+                call that needs it runs `measure_costs`.
+            cache_dir: Where measured cost curves and acceptance statistics are kept (default:
+                `default_cache_dir`).
+            chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
+                ``{"enable_thinking": False}`` for Qwen3 (see `encode_prompt`).
+            progress: Show a progress bar on standard error, when it is a terminal, while the
+                costs are measured (see `rag_lookahead.progress`).
+        """
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
+        self.model = model
+        self.tokenizer = tokenizer
+        self._facts = ModelFacts(model, tokenizer, chat_template_kwargs)
+        self.config = config or LookaheadConfig()
+        self.trie = trie or _new_trie(self.config)
+        largest = self.trie.largest_token()
+        if largest >= self.vocab_size:
+            raise ValueError(
+                f"the trie holds token id {largest}, outside this model's "
+                f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
+            )
+        self.runner = ModelRunner(model, self.config.cpu_linear)
+        self.runner.costs.curve = cost_curve
+        self.planner = StepPlanner(self.config, self.runner.costs)
+        self.scheduler = _new_scheduler(self.runner, self.config)
+        self._cache_dir = cache_dir
+        self._progress = progress
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | None = None,
+        *,
+        config: LookaheadConfig | None = None,
+        load: LoadOptions | None = None,
+        **loading: Unpack[LoadKeywords],
+    ) -> LookaheadEngine:
+        """Load a model offline and wrap it, with drafting settings ``config``.
+
+        How it loads is ``load`` (`LoadOptions`), or the same options given one by one:
+        ``name_or_path`` (`LoadOptions.model`: ``None`` for the default SmolLM2-135M-Instruct,
+        a built-in model's name such as ``"gemma3-270m"``, a local directory or a hub id
+        already in the local cache), ``device``, ``dtype``, ``trust_remote_code``,
+        ``model_kwargs``, ``tokenizer_kwargs``, ``chat_template_kwargs`` and ``progress``.
+        """
+        from rag_lookahead.models import load_model
+
+        options = LoadOptions.of(load, name_or_path, **loading)  # checked before a long load
+        model, tokenizer = load_model(
+            options.model,
+            device=options.device,
+            dtype=options.dtype,
+            trust_remote_code=options.trust_remote_code,
+            model_kwargs=options.model_kwargs,
+            tokenizer_kwargs=options.tokenizer_kwargs,
+            progress=options.progress,
+        )
+        template_kwargs = options.chat_template_kwargs
+        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs, progress=options.progress)
+
+    def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
+        """This engine with other drafting settings: the same model, runner and trie.
+
+        Variants serve threads side by side: their calls join the same batches, and draft
+        from (and add outputs to) the same trie. Only when ``config`` changes the trie's own
+        settings (``max_query_length``, ``branch_length``, ``max_trie_nodes``) does the variant
+        get a trie of its own, and only when it changes ``max_batch_size``,
+        ``max_tokens_per_forward`` or ``prefix_cache_mb`` does it batch its calls apart (and
+        keep prompt prefixes apart; forwards still take turns). ``cpu_linear`` is the runner's:
+        another one needs another engine (`ValueError`).
+        """
+        if config.cpu_linear != self.config.cpu_linear:
+            raise ValueError(
+                "cpu_linear is chosen once per engine (its forwards and their measured costs): "
+                "build another LookaheadEngine for the other kernel"
+            )
+        other = copy.copy(self)
+        other.config = config
+        other.planner = self.planner.with_config(config)
+        if _trie_settings(config) != _trie_settings(self.config):
+            other.trie = _new_trie(config)
+        if _batch_settings(config) != _batch_settings(self.config):
+            other.scheduler = _new_scheduler(self.runner, config)
+        return other
+
+    @property
+    def supports_plain(self) -> bool:
+        """Always: `plain` is this engine without drafts."""
+        return True
+
+    def plain(self) -> LookaheadEngine:
+        """This engine decoding plainly (``mode="off"``), the reference: see `with_config`."""
+        return self.with_config(replace(self.config, mode="off"))
+
+    @property
+    def chat_template_kwargs(self) -> Mapping[str, Any]:
+        """The chat template's variables for every chat prompt (read-only)."""
+        return self._facts.template_kwargs
+
+    def encode(
+        self,
+        prompt: Prompt,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        special_tokens_in_content: bool = False,
+    ) -> list[int]:
+        """``prompt``'s token ids, as a call would see them (see `encode_prompt`), with ``tools``
+        rendered by the chat template. Chat messages' special-token text is tokenized as text;
+        ``special_tokens_in_content=True`` gives the ids with it parsed as the template's markup,
+        to pass to a call as token ids."""
+        return self._facts.encode(prompt, tools, special_tokens_in_content)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this model can take: its input embedding's rows."""
+        return self._facts.vocab_size
+
+    @property
+    def context_window(self) -> int | None:
+        return self._facts.context_window
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The model's end-of-sequence tokens (generation config first, then tokenizer)."""
+        return self._facts.eos_token_ids
+
+    @property
+    def model_name(self) -> str:
+        """The model's name or path as loaded (its class name when it has none)."""
+        return str(getattr(self.model, "name_or_path", "") or type(self.model).__name__)
+
+    @property
+    def chat(self) -> bool:
+        """Whether the tokenizer has a chat template to format chat messages with."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def drafts_from_documents(self) -> bool:
+        """Whether documents reach the drafts: unless this engine decodes plainly."""
+        return self.config.mode != "off"
+
+    @property
+    def cost_curve(self) -> CostCurve | None:
+        """The forward cost curve ``mode="auto"`` plans with, once measured or given."""
+        return self.planner.cost_curve
+
+    def budget_to_close(self, grammar: Grammar) -> int:
+        """The ``max_new_tokens`` that makes sure of a complete answer under ``grammar`` when it
+        closes in budget (`Grammar.closes_in_budget`): the tokens of the completion such a
+        grammar forces on an empty answer, its end-of-sequence token included. A smaller budget
+        may still end complete (the model's own values can be shorter), or be cut."""
+        return self._facts.budget_to_close(grammar)
+
+    def measure_costs(self, *, remeasure: bool = False) -> CostCurve:
+        """Time forwards of every draft size this config may verify, alone and in batches of
+        2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
+        Takes seconds on a CPU, once per model, device, dtype and thread count; ``remeasure``
+        times them again and replaces the cached ones (after a measurement on a busy machine,
+        say). On a CPU the forwards run calibrate the curve, by draft size and context; a
+        cached curve they find too slow (or steeper than they are) is forgotten on disk, for the
+        next process to measure, rather than measured while calls wait (`CurveCheck`). Also probes
+        whether the model verifies trees, and takes the acceptance statistics stored by earlier
+        processes: everything a first answer would otherwise pay for. The forwards run in a
+        thread of their own (see `in_passing_thread`), not the caller's."""
+        args = (self.runner, self.planner, self.config, self._cache_dir)
+        measure = functools.partial(measure_costs, *args, remeasure=remeasure, progress=self._progress)
+        return in_passing_thread(measure)
+
+    # ------------------------------------------------------------------ public calls
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        documents: Iterable[str] = (),
+        scope: DocumentScope | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        drafter: Drafter | None = None,
+        **overrides: Any,
+    ) -> TextStream:
+        """Generate for ``prompt``, yielding new text as it is decided.
+
+        Args:
+            prompt: Plain text, token ids, or chat messages (formatted by the chat template).
+            params: Token choice and stopping; keyword ``overrides`` replace single fields,
+                e.g. ``max_new_tokens=64``, or ``grammar=Grammar.json_schema(schema)`` to keep
+                every token within a grammar (the answer then ends, at an end-of-sequence
+                token, only where the grammar is complete).
+            documents: Texts this call may draft from besides its prompt (retrieved passages).
+            scope: A `DocumentScope` (from `scope`) whose documents this call may draft from.
+            tools: OpenAI-style function tools the chat template renders into the prompt (see
+                `rag_lookahead.structured.tools`); parse the reply with the model's `ToolFormat`.
+            drafter: Your own `Drafter` for this call, in place of the trie's and Jacobi's (the
+                documents then reach the drafts only through it); the engine closes it when the
+                call ends. Its drafts are verified like any other, so the output is the same.
+        """
+        if drafter is not None and self.config.mode == "off":
+            raise ValueError("a drafter needs an engine that drafts: this one's mode is 'off'")
+        params = (params or GenerationParams()).with_overrides(**overrides)
+        texts = document_texts(documents)
+        prompt_ids = self.encode(prompt, tools=tools)
+        self._facts.check_prompt(prompt_ids)
+        check_scope(scope, self)
+        eos = self._facts.call_eos(params.eos_token_id)
+        grammar = self._facts.grammar_state(params.grammar, eos)
+        batchable = self._batchable()
+        drafts = batchable and self.config.mode != "off"
+        if drafts and self.config.mode == "auto" and self.cost_curve is None:
+            self.measure_costs()
+        elif drafts and self.config.mode == "auto":
+            self.runner.costs.retire_contradicted()  # for the next process to measure; only plans change
+        self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
+        # Tokenized here, in the caller's thread, not in the loop while every other row waits.
+        sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts and drafter is None else []
+        call = Call(
+            prompt_ids=prompt_ids,
+            config=self.config,
+            planner=self.planner,
+            chooser=TokenChooser(params),
+            stopping=self._facts.stopping(params, eos, len(prompt_ids)),
+            recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
+            context_window=self.context_window or 1 << 62,
+            make_drafter=functools.partial(self._drafter, sequences, scope, grammar, drafter)
+            if drafts
+            else None,
+            batchable=batchable,
+            grammar=grammar,
+            top_logprobs=params.top_logprobs if params.logprobs else None,
+        )
+        steps = self.scheduler.chunks(call)
+        stream = TextStream(steps, call.recorder, cancel=functools.partial(self.scheduler.cancel, call))
+        self.scheduler.submit(call)
+        return stream
+
+    def scope(self, documents: Iterable[str] = ()) -> DocumentScope:
+        """Documents for several calls: insert them now, eliminate them when the scope closes.
+
+        Use it as ``with engine.scope(passages) as docs: engine.complete(q, scope=docs)``;
+        calls not given the scope never draft from its documents.
+        """
+        scope = DocumentScope(self.trie, self._tokenize)
+        scope.add(documents)
+        return scope
+
+    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Drop-in for `model.generate`: see `rag_lookahead.generate.generate`."""
+        from rag_lookahead.generate import generate
+
+        return generate(self, input_ids, **kwargs)
+
+    @property
+    def tree_verification(self) -> bool:
+        """Whether this model verifies drafts (else it decodes plainly, as warned once)."""
+        return self._tree_problem() is None
+
+    def _tree_problem(self) -> str | None:
+        return "mode is 'off'" if self.config.mode == "off" else self.runner.tree_problem()
+
+    # ------------------------------------------------------------------ decoding
+
+    def _batchable(self) -> bool:
+        """Whether calls may share the batch (and draft): the model verifies trees. Else each
+        decodes plainly, alone."""
+        return self.runner.tree_problem() is None
+
+    def _drafter(
+        self,
+        sequences: list[list[int]],
+        scope: DocumentScope | None,
+        grammar: GrammarState | None,
+        own: Drafter | None,
+    ) -> Drafter:
+        """The call's drafter (see `call_drafter`): made once its prefill is under way."""
+        return call_drafter(self.config, self.trie, sequences, scope, grammar, own)
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self._facts.tokenize(text)
+
+
+def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:
+    return config.max_query_length, config.branch_length, config.max_trie_nodes
+
+
+def _batch_settings(config: LookaheadConfig) -> tuple[int, int, int]:
+    return config.max_batch_size, config.max_tokens_per_forward, config.prefix_cache_mb
+
+
+def _new_scheduler(runner: ModelRunner, config: LookaheadConfig) -> Scheduler:
+    return Scheduler(
+        runner, config.max_batch_size, config.max_tokens_per_forward, config.prefix_cache_mb << 20
+    )
+
+
+def _new_trie(config: LookaheadConfig) -> TokenTrie:
+    return TokenTrie(
+        max_query_length=config.max_query_length,
+        branch_length=config.branch_length,
+        max_nodes=config.max_trie_nodes,
+    )

@@ -1,0 +1,111 @@
+"""Request bodies: JSON read up to the server's limit, whatever the client claims, within the
+server's time (`BodyDeadline`), and no deeper than `MAX_JSON_DEPTH`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+from fastapi import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rag_lookahead.serve.errors import CLIENT_CLOSED, ApiError
+
+__all__ = ["MAX_JSON_DEPTH", "BodyDeadline", "json_body"]
+
+#: The deepest nesting of arrays and objects a request body may have. No request needs more;
+#: far deeper would exhaust the parser's stack, or a schema compiler's later.
+MAX_JSON_DEPTH = 64
+_log = logging.getLogger(__name__)
+
+
+async def json_body(request: Request, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (413 past it, 400 if it is not
+    JSON or nests deeper than `MAX_JSON_DEPTH`)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:  # a body sent without (or lying about) its length
+                raise _too_large(limit)
+    except ClientDisconnect:
+        # Nobody reads the answer: it is logged here alone, quietly (no traceback).
+        _log.debug("a client left before its request body ended: %s %s", request.method, request.url.path)
+        raise ApiError(CLIENT_CLOSED, "the client left before its request body ended") from None
+    value = _parsed(body)
+    if _too_deep(value, MAX_JSON_DEPTH):
+        raise _not_json(f"it nests arrays and objects deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _parsed(body: bytearray) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _not_json(str(err)) from None
+    except RecursionError:  # the parser's stack: checked before anything else reads the value
+        raise _not_json(f"it nests arrays and objects deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as err:  # an integer past Python's digit limit (sys.get_int_max_str_digits)
+        raise _not_json(f"a number in it is too long ({err})") from None
+
+
+def _too_deep(value: Any, most: int) -> bool:
+    """Whether ``value`` nests lists and dicts more than ``most`` levels (iterative: any depth)."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > most:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _not_json(why: str) -> ApiError:
+    return ApiError(400, f"the request body is not valid JSON: {why}", code="invalid_json")
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+
+
+class BodyDeadline:
+    """ASGI middleware: a request's body must arrive in full within ``seconds`` of its
+    headers, else the request is HTTP 408 and its connection closed, so that a client
+    sending a byte at a time holds no request for long. Plain ASGI (not Starlette's
+    ``BaseHTTPMiddleware``, which would hide a client's disconnect from the app)."""
+
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self._app = app
+        self._seconds = seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        deadline = anyio.current_time() + self._seconds
+        read = False  # the whole body is in: later messages are the client's disconnect
+
+        async def timed() -> Message:
+            nonlocal read
+            if read:
+                return await receive()
+            with anyio.move_on_after(deadline - anyio.current_time()) as waited:
+                message = await receive()
+            if waited.cancelled_caught:
+                raise ApiError(
+                    408,
+                    f"the request body did not arrive within {self._seconds:g} seconds",
+                    code="body_timeout",
+                    headers={"Connection": "close"},  # what may still come is not read
+                )
+            read = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        await self._app(scope, timed, send)
