@@ -325,8 +325,8 @@ class LookaheadEngine(EngineBase):
         return scope
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """Drop-in for `model.generate`: see `rag_lookahead.generate.generate`."""
-        from rag_lookahead.generate import generate
+        """Drop-in for `model.generate`: see `rag_lookahead.engine.generate.generate`."""
+        from rag_lookahead.engine.generate import generate
 
         return generate(self, input_ids, **kwargs)
 
