@@ -1,6 +1,6 @@
 """The 8-client benchmark with the scheduler's join choice forced: `rag-lookahead bench` as is
 (``planned``), with every joining prompt prefilled apart (``apart``), or with the batch priced
-as before the floor of `BatchForward.cost` (``unfloored``: wide fused steps priced from the
+as before the floor of `Pricing.step_seconds` (``unfloored``: wide fused steps priced from the
 batch curves extrapolated alone). Alternate the variants and compare their batched tok/s.
 
     python benchmarks/join_choice.py apart bench --data llma_msmarco_rag.jsonl --limit 16 \\
@@ -21,48 +21,49 @@ from collections.abc import Callable
 from typing import Any
 
 from rag_lookahead.cli import main
-from rag_lookahead.engine.executor import BatchForward, Cost
+from rag_lookahead.engine.pricing import Pricing
+from rag_lookahead.engine.request import CallStatus
 from rag_lookahead.engine.scheduler import Scheduler
 
-KINDS = {
-    "decode": (BatchForward, "_decode"),
-    "fused": (BatchForward, "_fused"),
-    "apart": (Scheduler, "_prefill"),
-}
+KINDS = ("decode", "fused", "apart")
 
 
-def _unfloored(self: BatchForward) -> Cost | None:
-    curve, batched = self.runner.costs.curve, self.runner.costs.batched()
-    if curve is None or batched is None:
-        return None
-    return lambda rows, width: (
-        curve(width) if rows == 1 else batched(rows, width) * self.calibration.factor(rows, width)
-    )
+def _unfloored(self: Pricing, rows: int, width: int) -> float:
+    curve, batched = self.costs.curve, self.costs.batched()
+    assert curve is not None and batched is not None
+    return curve(width) if rows == 1 else batched(rows, width) * self.calibration.factor(rows, width)
 
 
-def _never(self: BatchForward, decode_rows: int, remaining: int) -> bool:
+def _never(self: Pricing, decode_rows: int, remaining: int) -> bool:
     return False
 
 
 VARIANTS: dict[str, Callable[[], None]] = {
     "planned": lambda: None,
-    "apart": lambda: setattr(BatchForward, "fuses", _never),
-    "unfloored": lambda: setattr(BatchForward, "cost", _unfloored),
+    "apart": lambda: setattr(Pricing, "should_fuse", _never),
+    "unfloored": lambda: setattr(Pricing, "step_seconds", _unfloored),
 }
 
 
 def time_kinds() -> dict[str, list[float]]:
-    """Seconds of each phase by kind (`KINDS`), timed from now on, in every engine."""
+    """Seconds of each phase by kind (`KINDS`), timed from now on, in every engine: a batch
+    step is ``fused`` when a row in it still prefills its prompt."""
     spent: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for kind, (owner, name) in KINDS.items():
-        setattr(owner, name, _timed(getattr(owner, name), spent[kind]))
+
+    def step_kind(scheduler: Scheduler, calls: list[Any]) -> str:
+        return "fused" if any(c.status is CallStatus.PREFILLING for c in calls) else "decode"
+
+    Scheduler._batch_step = _timed(Scheduler._batch_step, spent, step_kind)  # type: ignore[method-assign]
+    Scheduler._prefill = _timed(Scheduler._prefill, spent, lambda *_: "apart")  # type: ignore[method-assign]
     return spent
 
 
-def _timed(method: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+def _timed(
+    method: Callable[..., Any], spent: dict[str, list[float]], kind: Callable[..., str]
+) -> Callable[..., Any]:
     @functools.wraps(method)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
+        into, started = spent[kind(*args, **kwargs)], time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:

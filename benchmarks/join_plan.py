@@ -24,7 +24,7 @@ import torch
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.planner import fused_prefill, separate_prefill
-from rag_lookahead.engine.executor import BatchForward
+from rag_lookahead.engine.pricing import Pricing
 
 
 def main() -> None:
@@ -39,15 +39,14 @@ def main() -> None:
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
     engine.measure_costs()
     limit = engine.config.max_tokens_per_forward
-    forward = BatchForward(engine.runner, limit)
+    pricing = Pricing(engine.runner.costs, limit)
     # The scheduler calibrates prompts' chunks by the prompts it forwards alone: one here.
     prompt = torch.tensor([[(7 * i + 3) % 1000 for i in range(args.prompt)]])
     started = time.perf_counter()
     engine.runner.forward(prompt, new_tree_cache(), last_only=True)
     seconds = time.perf_counter() - started if args.prompt_ms is None else args.prompt_ms / 1000
-    forward.observe_prompt(args.prompt, seconds)
-    cost, alone = forward.cost(), forward.alone()
-    assert cost is not None and alone is not None
+    pricing.observe_prompt(args.prompt, seconds)
+    cost, alone = pricing.step_seconds, pricing.prefill_seconds
     chunks = math.ceil(args.prompt / limit)
     print(f"before: {chunks} chunks of {limit} apart, each a {1000 * alone(limit):.0f} ms wait")
     print(

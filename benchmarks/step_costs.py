@@ -32,6 +32,7 @@ from rag_lookahead.decoding.batch import BatchCache, batch_inputs
 from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.drafting.compose import call_drafter
 
 
 def median_ms(run: Callable[[], object], repeats: int = 7) -> float:
@@ -143,7 +144,7 @@ def main() -> None:
 
 def _drafter_made(engine: LookaheadEngine, prompt: list[int]) -> Callable[[], None]:
     """Make (and close) the drafter of a call of ``prompt``: its prompt into the trie and out."""
-    return lambda: engine._drafter([prompt], None, None, None).close()
+    return lambda: call_drafter(engine.config, engine.trie, [prompt], None, None, None).close()
 
 
 def _numbers(text: str) -> tuple[int, ...]:

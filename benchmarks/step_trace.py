@@ -41,9 +41,9 @@ from rag_lookahead.cli import main
 from rag_lookahead.decoding.batch import BatchCache
 from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.engine import executor as batching
+from rag_lookahead.engine import pricing as batching
 from rag_lookahead.engine import scheduler as scheduling
-from rag_lookahead.engine.executor import BatchForward
+from rag_lookahead.engine.pricing import Pricing
 from rag_lookahead.engine.scheduler import Scheduler
 
 DECODE = ("batch", "fused", "row", "plain")
@@ -54,9 +54,11 @@ PHASES = (
         Scheduler,
         (
             "_retire_cancelled",
-            "_leave_dear_steps",
+            "_unfuse_costly_prefills",
             "_fuse_joining",
             "_batch_step",
+            "_plan",
+            "_update",
             "_alone_step",
             "_prefill",
             "_first_token",
@@ -65,7 +67,7 @@ PHASES = (
         ),
     ),
     (BatchCache, ("add_row", "keep_accepted", "row_copy", "prepare")),
-    (BatchForward, ("_plan",)),
+    (Pricing, ("plan_drafts",)),
     (PrefixCache, ("lookup", "store")),
     (scheduling, ("propose", "verify", "release")),
 )
@@ -270,11 +272,11 @@ class Tracer:
 
     def _release(self, method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
-        def release(scheduler: Scheduler, call: Any, tokens: list[int]) -> Any:
+        def release(scheduler: Scheduler, call: Any, verdict: Any) -> Any:
             run = self._run(scheduler)
             if run.forwards:
-                run.forwards[-1].tokens += len(tokens)
-            return method(scheduler, call, tokens)
+                run.forwards[-1].tokens += len(verdict.tokens)
+            return method(scheduler, call, verdict)
 
         return release
 

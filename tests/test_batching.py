@@ -618,15 +618,14 @@ def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> 
 def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None:
     """Batch curves are measured a few tokens wide; a joining prompt's chunk widens every row
     far past that, where the extrapolated curve alone would price the step too low."""
-    from rag_lookahead.decoding.costs import BatchCosts, CostCurve
-    from rag_lookahead.engine.executor import BatchForward
+    from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
+    from rag_lookahead.engine.pricing import Pricing
 
-    runner = ModelRunner(tiny_model("llama"))
-    runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
-    runner.costs.batch = BatchCosts(((2, CostCurve((1, 2, 4), (1.5, 1.5, 1.5))),))
-    forward = BatchForward(runner, 256)
-    cost, alone = forward.cost(), forward.alone()
-    assert cost is not None and alone is not None
+    costs = CostModel(
+        CostCurve((1, 2, 4), (1.0, 1.1, 1.2)), BatchCosts(((2, CostCurve((1, 2, 4), (1.5, 1.5, 1.5))),))
+    )
+    pricing = Pricing(costs, 256)
+    cost, alone = pricing.step_seconds, pricing.prefill_seconds
     assert cost(2, 1) == pytest.approx(1.5)  # narrow: the batch curve as measured
     assert alone(64) > 1.5
     assert cost(2, 32) == pytest.approx(alone(64))  # wide: at least its 64 tokens alone
@@ -635,19 +634,21 @@ def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None
 def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() -> None:
     """Each width class is calibrated apart: a wider class timed lower than a narrower one must
     not make drafting wider look like a saving."""
-    from rag_lookahead.engine.executor import BatchForward
-
-    forward = BatchForward(ModelRunner(tiny_model("llama")), 256)
+    from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
+    from rag_lookahead.engine.pricing import Pricing
 
     def linear(rows: int, width: int) -> float:
         return 1.0 + 0.1 * rows * width
 
-    forward.calibration.record(4, 5, linear(4, 5), 3 * linear(4, 5))  # widths 4-7: 3x dearer
-    seconds = forward._by_width(linear, 4, 12)
+    widths = tuple(range(1, 13))
+    batch = BatchCosts(((4, CostCurve(widths, tuple(linear(4, w) for w in widths))),))
+    pricing = Pricing(CostModel(CostCurve((1, 2), (1.0, 1.1)), batch), 256)
+    pricing.calibration.record(4, 5, linear(4, 5), 3 * linear(4, 5))  # widths 4-7: 3x dearer
+    seconds = pricing._by_width(4, 12)
     assert seconds(7) == pytest.approx(3 * linear(4, 7))
     assert seconds(8) == pytest.approx(3 * linear(4, 8))  # (8-15 take the nearest class seen)
-    forward.calibration.record(4, 8, linear(4, 8), linear(4, 8))  # widths 8-15: as measured
-    seconds = forward._by_width(linear, 4, 12)
+    pricing.calibration.record(4, 8, linear(4, 8), linear(4, 8))  # widths 8-15: as measured
+    seconds = pricing._by_width(4, 12)
     assert [seconds(w) for w in (7, 8, 12)] == [pytest.approx(3 * linear(4, 7))] * 3
     assert all(seconds(w) <= seconds(w + 1) for w in range(1, 12))
 
@@ -655,19 +656,16 @@ def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() ->
 def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
     """The prompts' chunks calibrate each class of sizes apart: one slow short chunk must not
     price it above every longer one (a join would then look free beside it)."""
-    from rag_lookahead.decoding.costs import Calibration, CostCurve
-    from rag_lookahead.engine.executor import BatchForward
+    from rag_lookahead.decoding.costs import Calibration, CostCurve, CostModel
+    from rag_lookahead.engine.pricing import Pricing
 
     assert Calibration.class_ends(231, 30) == [31, 63, 127, 231]
     assert Calibration.class_ends(33) == [1, 3, 7, 15, 31, 33]
     assert Calibration.class_ends(7, 4) == [7] and Calibration.class_ends(8, 4) == [7, 8]
-    runner = ModelRunner(tiny_model("llama"))
-    runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
-    forward = BatchForward(runner, 256)
-    forward.observe_prompt(40, 1.2 + 5 * 36 * 0.05)  # 32-63 tokens: 5x the curve
-    forward.observe_prompt(200, 1.2 + 0.5 * 196 * 0.05)  # 128-255: half of it
-    alone = forward.alone()
-    assert alone is not None
+    pricing = Pricing(CostModel(CostCurve((1, 2, 4), (1.0, 1.1, 1.2))), 256)
+    pricing.observe_prompt(40, 1.2 + 5 * 36 * 0.05)  # 32-63 tokens: 5x the curve
+    pricing.observe_prompt(200, 1.2 + 0.5 * 196 * 0.05)  # 128-255: half of it
+    alone = pricing.prefill_seconds
     assert alone(63) == pytest.approx(1.2 + 5 * 59 * 0.05)
     assert alone(200) == alone(63) and alone(255) == alone(63)
     sizes = range(1, 300)
@@ -678,17 +676,15 @@ def test_a_chunk_apart_is_sized_on_the_measured_curve_not_on_a_class_timed_slow(
     """Each class of chunk sizes learns its own ratio: one timed in a slow moment must not
     make the scheduler cut prompts into smaller chunks (dearer per token, and more steps
     before the call decodes)."""
-    from rag_lookahead.decoding.costs import CostCurve
-    from rag_lookahead.engine.executor import BatchForward
+    from rag_lookahead.decoding.costs import CostCurve, CostModel
+    from rag_lookahead.engine.pricing import Pricing
 
-    runner = ModelRunner(tiny_model("llama"))
-    runner.costs.curve = CostCurve((1, 2, 4), (1.0, 1.1, 1.2))
-    forward = BatchForward(runner, 256)
-    assert forward.chunk(1000, 4) == 256
-    forward.observe_prompt(100, 1.2 + 96 * 0.05)  # 64-127 tokens: as the curve says
-    forward.observe_prompt(200, 1.2 + 4 * 196 * 0.05)  # 128-255 tokens: 4x the curve
-    forward.observe_prompt(256, 1.2 + 4 * 252 * 0.05)  # 256-511 tokens: 4x the curve
-    alone = forward.alone()
-    assert alone is not None and 127 / alone(127) > 256 / alone(256)  # calibrated: 127 pays best
-    assert forward.chunk(1000, 4) == 256
-    assert forward.chunk(90, 4) == 90  # the rest of a prompt
+    pricing = Pricing(CostModel(CostCurve((1, 2, 4), (1.0, 1.1, 1.2))), 256)
+    assert pricing.prefill_chunk(1000, 4) == 256
+    pricing.observe_prompt(100, 1.2 + 96 * 0.05)  # 64-127 tokens: as the curve says
+    pricing.observe_prompt(200, 1.2 + 4 * 196 * 0.05)  # 128-255 tokens: 4x the curve
+    pricing.observe_prompt(256, 1.2 + 4 * 252 * 0.05)  # 256-511 tokens: 4x the curve
+    alone = pricing.prefill_seconds
+    assert 127 / alone(127) > 256 / alone(256)  # calibrated: 127 pays best
+    assert pricing.prefill_chunk(1000, 4) == 256
+    assert pricing.prefill_chunk(90, 4) == 90  # the rest of a prompt

@@ -7,12 +7,13 @@ greedy, seeded-sampled and constrained neighbours share the batch with it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.streaming.stream import Completion, TextStream
 from rag_lookahead.structured import Grammar
@@ -88,19 +89,47 @@ def test_a_grammar_that_dead_ends_ends_its_call_alone() -> None:
     assert_neighbours_unchanged(engine, neighbours, alone)
 
 
+class BrokenDrafter:
+    """Drafts the root alone (the model's own token), until its ``fails_at``-th proposal."""
+
+    def __init__(self, fails_at: int) -> None:
+        self.left = fails_at
+        self.closed = False
+
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        self.left -= 1
+        if self.left <= 0:
+            raise LookupError("the drafter broke")
+        return StepDraft(DraftTree.root_only(context[-1]))
+
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def test_a_drafter_that_fails_ends_its_call_alone() -> None:
     alone = solo()
     engine = engine_for()
-    build = engine._drafter
+    broken = BrokenDrafter(fails_at=1)
+    neighbours, failed = beside_neighbours(
+        engine, lambda: engine.stream(FAILING_PROMPT, max_new_tokens=N, drafter=broken)
+    )
+    assert isinstance(failed, LookupError), failed
+    assert broken.closed
+    assert_neighbours_unchanged(engine, neighbours, alone)
 
-    def drafter(sequences: list[list[int]], scope: Any, grammar: Any, own: Any) -> Any:
-        made = build(sequences, scope, grammar, own)
-        if sequences[0] == FAILING_PROMPT:
-            made.propose = _raises(LookupError("the drafter broke"))
-        return made
 
-    engine._drafter = drafter  # type: ignore[method-assign]
-    neighbours, failed = beside_neighbours(engine, lambda: engine.stream(FAILING_PROMPT, max_new_tokens=N))
+def test_a_first_row_whose_drafter_fails_leaves_the_others_rows_in_order() -> None:
+    """The failing call is the batch's first row, and fails once the neighbours step beside
+    it: the rows after it move into its place, and each keeps its own cache and answer."""
+    alone = solo()
+    engine = engine_for()
+    broken = BrokenDrafter(fails_at=8)
+    first = engine.stream(FAILING_PROMPT, max_new_tokens=N, drafter=broken)
+    next(first.chunks(), None)  # the failing call is row 0
+    neighbours, failed = beside_neighbours(engine, lambda: first)
     assert isinstance(failed, LookupError), failed
     assert_neighbours_unchanged(engine, neighbours, alone)
 

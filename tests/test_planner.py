@@ -310,4 +310,4 @@ def test_a_variant_made_before_a_measurement_plans_with_it() -> None:
     curve = CostCurve((1, 4), (1.0, 1.5))
     engine.runner.costs.curve = curve  # as measure_costs() leaves it
     assert variant.cost_curve is curve and variant.planner.cost_curve is curve
-    assert engine.scheduler.runner.costs.batched() is not None  # the batch plans with it too
+    assert engine.runner.costs.batched() is not None  # the batch plans with it too

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.runner import ModelRunner
@@ -301,8 +300,10 @@ class LookaheadEngine(EngineBase):
             chooser=TokenChooser(params),
             stopping=self._facts.stopping(params, eos, len(prompt_ids)),
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
-            context_window=self.context_window or 1 << 62,
-            make_drafter=functools.partial(self._drafter, sequences, scope, grammar, drafter)
+            # The trie takes the call's texts once its prefill is under way.
+            make_drafter=functools.partial(
+                call_drafter, self.config, self.trie, sequences, scope, grammar, drafter
+            )
             if drafts
             else None,
             batchable=batchable,
@@ -344,16 +345,6 @@ class LookaheadEngine(EngineBase):
         """Whether calls may share the batch (and draft): the model verifies trees. Else each
         decodes plainly, alone."""
         return self.runner.tree_problem() is None
-
-    def _drafter(
-        self,
-        sequences: list[list[int]],
-        scope: DocumentScope | None,
-        grammar: GrammarState | None,
-        own: Drafter | None,
-    ) -> Drafter:
-        """The call's drafter (see `call_drafter`): made once its prefill is under way."""
-        return call_drafter(self.config, self.trie, sequences, scope, grammar, own)
 
     def _tokenize(self, text: str) -> list[int]:
         return self._facts.tokenize(text)

@@ -1,22 +1,212 @@
-"""The one-off measurement a ``mode="auto"`` engine plans with: forward costs by draft size
-(alone and in batches), whether the model verifies trees, and the acceptance statistics that
-earlier processes stored (see `LookaheadEngine.measure_costs`)."""
+"""What forwards cost, in one object the scheduler asks: how much of each draft a step pays
+for, when a joining prompt rides in the running rows' steps, how big a chunk goes apart; and
+the one-off measurement a ``mode="auto"`` engine plans with (`measure_costs`).
+
+The costs are the runner's `CostModel` (measured once, or read from the disk cache) as the
+steps' own timings calibrate them (`observe`): batched steps per row count and width class,
+prompts' chunks forwarded alone per size class, one row's steps by draft size and context.
+"""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve, model_digest
-from rag_lookahead.decoding.planner import StepPlanner
+from rag_lookahead.decoding.costs import Calibration, CostCurve, CostModel, model_digest
+from rag_lookahead.decoding.planner import StepPlanner, fused_prefill, plan_batch, separate_prefill
 from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.engine.request import Call
+from rag_lookahead.engine.step import StepPlan
 from rag_lookahead.models import default_cache_dir
 
-__all__ = ["measure_costs"]
+__all__ = ["Pricing", "PromptForwards", "measure_costs"]
 
 # The widest draft per row that batch costs are measured for (wider is extrapolated): in a
 # batch the spare compute is shared, and on a CPU a few tokens per row already use it up.
 _BATCH_WIDTH = 6
+
+
+@dataclass(frozen=True)
+class PromptForwards:
+    """The prompts' forwards run alone so far (a chunk apart, or a prompt that had the batch
+    to itself): how many, their tokens and their seconds. A chunk riding in the batch's steps
+    is not among them (its forward is the running rows' too)."""
+
+    forwards: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+class Pricing:
+    """The batch's forward costs on one model, as calibrated by the forwards so far.
+
+    Until the costs are measured (`measured`) nothing is priced: drafts are verified whole,
+    joining prompts are prefilled apart, in chunks of ``max_tokens_per_forward``.
+    """
+
+    def __init__(self, costs: CostModel, max_tokens_per_forward: int) -> None:
+        self.costs = costs  # the runner's, shared with every planner of the model
+        self.max_tokens_per_forward = max_tokens_per_forward
+        self.calibration = Calibration()  # batched steps, by rows and width class
+        # The one-row curve is measured for drafts, a few tokens wide, and only extrapolated
+        # to a prompt's chunks: how much steeper or flatter the prompts forwarded alone find
+        # it past its last measured size.
+        self.prompts = Calibration()
+        self.width = 1  # the running rows' drafts in the last step: what a join plans against
+        self.prompt_forwards = PromptForwards()  # replaced, never changed: readable from any thread
+        # Each size class's calibrated end, for the curve it was priced on.
+        self._prefill_curve: CostCurve | None = None
+        self._prefill_classes: dict[int, float] = {}
+
+    @property
+    def measured(self) -> bool:
+        return self.costs.curve is not None and self.costs.batched() is not None
+
+    # ------------------------------------------------------------------ prices
+
+    def step_seconds(self, rows: int, width: int) -> float:
+        """Seconds of a forward of ``rows`` rows ``width`` wide (once `measured`).
+
+        The batch curves are measured a few tokens wide and extrapolated past that, where a
+        joining prompt's chunk widens every row; a batch is never priced below its tokens in
+        one row forwarded alone (`prefill_seconds`), which is what its linear layers cost at
+        least."""
+        curve, batched = self._curve(), self.costs.batched()
+        assert batched is not None, "priced before the costs were measured"
+        if rows == 1:
+            return curve(width)
+        calibrated = batched(rows, width) * self.calibration.factor(rows, width)
+        return max(calibrated, self.prefill_seconds(rows * width))
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """Seconds of a prompt's chunk of ``tokens`` forwarded alone, as calibrated so far:
+        never less for more tokens (each class of sizes learns its own ratio)."""
+        curve = self._curve()
+        last = curve.sizes[-1]
+        if tokens <= last:
+            return curve(tokens)
+        return max(self._class_end(curve, size) for size in Calibration.class_ends(tokens, last + 1))
+
+    def row_share(self, decode_rows: int) -> float:
+        """What a step loses by a call not decoding in it yet: a row's share of its cost (a
+        plain step's, for calls decoding outside the batch)."""
+        if not self.measured:
+            return 0.0
+        if decode_rows == 0:
+            return self.step_seconds(1, 1)
+        return self.step_seconds(decode_rows, self.width) / decode_rows
+
+    # ------------------------------------------------------------------ decisions
+
+    def should_fuse(self, decode_rows: int, remaining: int) -> bool:
+        """Whether a prompt of ``remaining`` tokens to prefill costs the ``decode_rows``
+        running rows less in their steps' forwards than forwarded apart between them."""
+        if not self.measured or decode_rows == 0:
+            return False
+        limit, share = self.max_tokens_per_forward, self.row_share(decode_rows)
+        fused = fused_prefill(
+            [remaining], decode_rows, self.width, self.step_seconds, limit, share, self._curve()
+        )
+        return fused.rate >= separate_prefill(remaining, self.prefill_seconds, limit, share).rate
+
+    def prefill_chunk(self, remaining: int, decode_rows: int) -> int:
+        """The chunk of a prompt of ``remaining`` tokens to forward apart, between two steps
+        of the ``decode_rows`` running rows.
+
+        Sized on the one-row curve as measured: on the calibrated one, a larger class timed in
+        a slow moment would make smaller chunks look cheaper per token, and smaller chunks cost
+        more per token and keep the call out of the batch for more steps."""
+        curve = self.costs.curve
+        if curve is None:
+            return min(remaining, self.max_tokens_per_forward)
+        share = self.row_share(decode_rows)
+        return separate_prefill(remaining, curve, self.max_tokens_per_forward, share).tokens
+
+    def fused_chunk(self, remaining: Sequence[int], decode_rows: int, width: int) -> int:
+        """The tokens of each prompt (``remaining`` each) that ride in a step with
+        ``decode_rows`` rows of drafts ``width`` wide (see `fused_prefill`)."""
+        limit = self.max_tokens_per_forward
+        if not self.measured:
+            rows = decode_rows + len(remaining)
+            return max(min(max(remaining), limit // rows), width, 1)
+        share = self.row_share(decode_rows)
+        return fused_prefill(
+            remaining, decode_rows, width, self.step_seconds, limit, share, self._curve()
+        ).tokens
+
+    def plan_drafts(self, calls: Sequence[Call], proposals: Sequence[StepDraft]) -> list[StepDraft]:
+        """What of each call's proposed draft the step verifies."""
+        if len(calls) == 1:
+            call = calls[0]
+            cached = len(call.ids) - 1  # all but the root
+            return [call.planner.plan(proposals[0], call.stopping.context_room(), cached)]
+        # Several rows: side rows stay out (each would widen every row), the plan is joint, by
+        # width, against the batch costs as calibrated so far.
+        ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
+        widest = max(len(r.tree) for r in ranked)
+        by_width = self._by_width(len(calls), widest) if self.costs.batched() is not None else None
+        return [StepDraft(tree) for tree in plan_batch(ranked, by_width, self.max_tokens_per_forward)]
+
+    # ------------------------------------------------------------------ learning
+
+    def observe(self, plan: StepPlan, seconds: float, cached: int) -> None:
+        """The batch ran ``plan`` in ``seconds`` (its one row held ``cached`` tokens before,
+        when it had one): every later decision is priced from it."""
+        if not plan.prompts:
+            self.width = plan.width
+        if len(plan.rows) > 1:
+            batched = self.costs.batched()
+            if batched is not None:
+                rows, width = len(plan.rows), plan.width
+                self.calibration.record(rows, width, batched(rows, width), seconds)
+        elif plan.prompts:
+            self.observe_prompt(plan.width, seconds)
+        else:  # calibrates the one-row curve (planning only; tokens never change)
+            self.costs.observe(plan.width, seconds, context=cached)
+
+    def observe_prompt(self, tokens: int, seconds: float) -> None:
+        """A prompt's chunk of ``tokens`` forwarded alone took ``seconds``."""
+        done = self.prompt_forwards
+        self.prompt_forwards = PromptForwards(done.forwards + 1, done.tokens + tokens, done.seconds + seconds)
+        curve = self.costs.curve
+        if curve is None or tokens <= curve.sizes[-1] or curve(tokens) <= curve(curve.sizes[-1]):
+            return
+        beyond = curve(curve.sizes[-1])
+        self.prompts.record(1, tokens, curve(tokens) - beyond, max(seconds - beyond, 1e-6))
+        self._prefill_classes.clear()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _curve(self) -> CostCurve:
+        curve = self.costs.curve
+        assert curve is not None, "priced before the costs were measured"
+        return curve
+
+    def _class_end(self, curve: CostCurve, size: int) -> float:
+        """A prompt's chunk of ``size`` tokens (a class's end) priced past the curve's last
+        measured size by its class's ratio; kept until a prompt recalibrates the classes or the
+        curve is replaced (a joint plan prices every width, each over the classes below it)."""
+        if self._prefill_curve is not curve:
+            self._prefill_curve, self._prefill_classes = curve, {}
+        price = self._prefill_classes.get(size)
+        if price is None:
+            last = curve(curve.sizes[-1])
+            price = self._prefill_classes[size] = last + (curve(size) - last) * self.prompts.factor(1, size)
+        return price
+
+    def _by_width(self, rows: int, widest: int) -> Callable[[int], float]:
+        """Seconds of a step of ``rows`` rows by width, as calibrated, never cheaper for a
+        wider step: each width class has its own calibration, and a wider class calibrated
+        lower than a narrower one must not make the plan draft wider to save time."""
+        batched = self.costs.batched()
+        assert batched is not None
+        calibrated = (batched(rows, w) * self.calibration.factor(rows, w) for w in range(1, widest + 1))
+        seconds = list(itertools.accumulate(calibrated, max))
+        return lambda width: seconds[min(width, widest) - 1]
 
 
 def measure_costs(

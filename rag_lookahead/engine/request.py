@@ -2,11 +2,12 @@
 
 The `Scheduler` coordinates the calls (who joins, which forward runs, who leaves); what a
 single call does with its share of a step lives here: drafting, choosing and accepting the
-model's tokens at its nodes, and releasing them through its `Stopping`.
+model's tokens at its nodes (a `Verdict`), and releasing them through its `Stopping`.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import queue
 import threading
@@ -22,14 +23,49 @@ from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser, accept, raw_logprobs
 from rag_lookahead.drafting.protocol import Drafter
+from rag_lookahead.engine.step import Scored, Verdict
 from rag_lookahead.streaming.logprobs import TokenLogprob, token_logprobs
 from rag_lookahead.streaming.stats import FinishReason, StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import StreamChunk
 
-__all__ = ["END", "Call", "choose", "choose_next", "propose", "release", "verify"]
+__all__ = ["END", "Call", "CallStatus", "choose", "choose_next", "propose", "release", "verify"]
 
 END = None  # the outbox's last item
+
+
+class CallStatus(enum.IntEnum):
+    """Where a call is: set by the thread running the loop (`cancelled` is how others ask)."""
+
+    WAITING = 0  # submitted, not admitted yet
+    PREFILLING = 1  # its prompt is forwarded: apart, or riding in the batch's steps
+    DECODING = 2  # a row of the batch, or decoding plainly outside it
+    FINISHED_EOS = 3
+    FINISHED_STOP_STRING = 4
+    FINISHED_LENGTH = 5
+    FINISHED_CONTEXT_WINDOW = 6
+    FINISHED_ABANDONED = 7  # cancelled, closed, or ended by an error
+
+    def is_finished(self) -> bool:
+        return self >= CallStatus.FINISHED_EOS
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASONS.get(self)
+
+    @staticmethod
+    def finished(reason: FinishReason) -> CallStatus:
+        return _FINISHED[reason]
+
+
+_FINISH_REASONS: dict[CallStatus, FinishReason] = {
+    CallStatus.FINISHED_EOS: "eos",
+    CallStatus.FINISHED_STOP_STRING: "stop_string",
+    CallStatus.FINISHED_LENGTH: "length",
+    CallStatus.FINISHED_CONTEXT_WINDOW: "context_window",
+    CallStatus.FINISHED_ABANDONED: "abandoned",
+}
+_FINISHED = {reason: status for status, reason in _FINISH_REASONS.items()}
 
 
 @dataclass(eq=False)
@@ -40,27 +76,30 @@ class Call:
     config: LookaheadConfig
     planner: StepPlanner
     chooser: TokenChooser
-    stopping: Stopping
+    stopping: Stopping  # also the one owner of the context window
     recorder: StepRecorder
-    context_window: int
     make_drafter: Callable[[], Drafter] | None  # None: decode plainly (under its grammar if any)
     batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
     grammar: GrammarState | None = None  # the grammar every token keeps to, if any
+    top_logprobs: int | None = None  # most likely tokens reported per token; None: no logprobs
+    status: CallStatus = CallStatus.WAITING
     outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
-    cancelled: bool = False
+    cancelled: bool = False  # asked from any thread; the loop ends it at a step boundary
     ended: threading.Event = field(default_factory=threading.Event)  # set once it holds nothing
     ids: list[int] = field(default_factory=list)
-    cache: Any = None  # its own cache, while prefilling (and for calls outside the batch)
+    cache: Any = None  # its own cache, while prefilling apart (and for calls outside the batch)
     prefilled: int = 0
     drafter: Drafter | None = None
-    side_predictions: list[int] = field(default_factory=list)  # the model's argmax at the side rows
-    top_logprobs: int | None = None  # most likely tokens reported per token; None: no logprobs
-    # The step's chosen tokens' log probabilities and top pairs, until `release` passes them on.
-    scored: tuple[list[float], list[list[tuple[int, float]]]] | None = None
     token_texts: dict[int, str] = field(default_factory=dict)  # decoded once: top tokens repeat
 
     def __post_init__(self) -> None:
         self.ids = list(self.prompt_ids)
+
+    def finish(self, reason: FinishReason) -> None:
+        """Record why it ended; the first reason stands."""
+        if not self.status.is_finished():
+            self.status = CallStatus.finished(reason)
+        self.recorder.finish(reason)
 
 
 def propose(call: Call) -> StepDraft:
@@ -72,15 +111,15 @@ def propose(call: Call) -> StepDraft:
     return call.drafter.propose(call.ids, budget)
 
 
-def verify(call: Call, draft: StepDraft, logits: torch.Tensor) -> tuple[list[int], list[int]]:
-    """The accepted tokens and nodes of one row's ``draft`` given its ``logits`` [T, V]."""
+def verify(call: Call, draft: StepDraft, logits: torch.Tensor) -> Verdict:
+    """What one row's ``draft`` comes to given its ``logits`` [T, V]."""
     tree = draft.tree
     accepted = accept(tree, choose(call, logits[: len(tree)], tree))
-    _score(call, logits, accepted.tokens, accepted.nodes)  # the accepted rows only
-    call.side_predictions = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
+    scored = _score(call, logits, accepted.tokens, accepted.nodes)  # the accepted rows only
+    side = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
     call.planner.learn(tree, accepted.nodes)
     call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-    return accepted.tokens, accepted.nodes
+    return Verdict(accepted.tokens, accepted.nodes, side, scored)
 
 
 def choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
@@ -92,24 +131,24 @@ def choose(call: Call, logits: torch.Tensor, tree: DraftTree) -> list[int]:
     return call.grammar.within_budget(tree, chosen, call.stopping.room())
 
 
-def choose_next(call: Call, logits: torch.Tensor) -> list[int]:
+def choose_next(call: Call, logits: torch.Tensor) -> Verdict:
     """The model's next token from the last position's ``logits`` [1, V] (a plain step)."""
     tokens = choose(call, logits, DraftTree.root_only(call.ids[-1]))
-    _score(call, logits, tokens, [0])
-    return tokens
+    return Verdict(tokens, [0], scored=_score(call, logits, tokens, [0]))
 
 
-def _score(call: Call, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> None:
-    """Keep the log probabilities of the step's ``tokens``, chosen at ``rows`` of ``logits``
-    [n, V], when the call asks for them; nothing is computed (or copied) otherwise."""
-    if call.top_logprobs is not None:
-        call.scored = raw_logprobs(logits[rows], tokens, call.top_logprobs)
+def _score(call: Call, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> Scored | None:
+    """The log probabilities of the step's ``tokens``, chosen at ``rows`` of ``logits`` [n, V],
+    when the call asks for them; nothing is computed (or copied) otherwise."""
+    if call.top_logprobs is None:
+        return None
+    return raw_logprobs(logits[rows], tokens, call.top_logprobs)
 
 
-def release(call: Call, tokens: list[int]) -> FinishReason | None:
-    """Pass a step's tokens through the call's stopping to its outbox; why it stops, if it does
-    (the caller then ends it)."""
-    released = call.stopping.release(tokens)
+def release(call: Call, verdict: Verdict) -> FinishReason | None:
+    """Pass a step's accepted tokens through the call's stopping to its outbox; why it stops, if
+    it does (the caller then ends it)."""
+    released = call.stopping.release(verdict.tokens)
     call.ids += released.token_ids
     if call.grammar is not None and released.reason is None:
         call.grammar.advance(released.token_ids)
@@ -117,19 +156,18 @@ def release(call: Call, tokens: list[int]) -> FinishReason | None:
         call.grammar.finish(released.token_ids)
     call.recorder.new_tokens += len(released.token_ids)
     if call.drafter is not None:
-        call.drafter.observe(released.token_ids, call.side_predictions)
-    call.outbox.put(
-        StreamChunk(released.token_ids, released.text, _released_logprobs(call, released.token_ids))
-    )
+        call.drafter.observe(released.token_ids, verdict.side_predictions)
+    logprobs = _released_logprobs(call, verdict.scored, released.token_ids)
+    call.outbox.put(StreamChunk(released.token_ids, released.text, logprobs))
     return released.reason
 
 
-def _released_logprobs(call: Call, token_ids: list[int]) -> list[TokenLogprob] | None:
-    """The scored step's log probabilities of the ``token_ids`` released (a prefix of the step's
-    tokens: stopping only cuts its end)."""
-    if call.scored is None:
+def _released_logprobs(call: Call, scored: Scored | None, token_ids: list[int]) -> list[TokenLogprob] | None:
+    """The log probabilities of the ``token_ids`` released (a prefix of the step's tokens:
+    stopping only cuts its end)."""
+    if scored is None:
         return None
-    (chosen, top), call.scored = call.scored, None
+    chosen, top = scored
     n = len(token_ids)
     return token_logprobs(functools.partial(_token_text, call), token_ids, chosen[:n], top[:n])
 

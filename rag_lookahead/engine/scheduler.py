@@ -2,16 +2,17 @@
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
 prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`). Where
-the measured costs say so (`BatchForward.fuses`: a wider forward is cheap, as on a GPU), the
+the measured costs say so (`Pricing.should_fuse`: a wider forward is cheap, as on a GPU), the
 call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
 running rows' steps, chunk by chunk, straight into its row, for as long as the costs (timed
 by those steps too) still say so; else it is prefilled in its own cache, in chunks between
 their steps (a whole prompt at once when nobody waits on it), and that cache then becomes its
 row.
-Each step drafts for every row, plans how much of each draft the batch verifies
-(`plan_batch`), runs one forward over all of them, and per row chooses the model's tokens,
-accepts, keeps the accepted path in the cache and releases the tokens through the call's
-`Stopping`. Calls that cannot share the batch (on a model that cannot verify trees) decode
+Each step is data (`rag_lookahead.engine.step`): it drafts for every row and plans how much
+of each draft the batch verifies (a `StepPlan`, priced by `Pricing`), the `Executor` runs one
+forward over all of them (a `StepOutput`), and per row the update chooses the model's tokens,
+accepts (a `Verdict`), keeps the accepted path in the cache and releases the tokens through
+the call's `Stopping`. Calls that cannot share the batch (on a model that cannot verify trees) decode
 plainly in their own cache, between steps.
 
 Every row is computed as if it were alone (its own positions, its own columns of the cache),
@@ -28,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 import torch
@@ -39,9 +40,11 @@ from rag_lookahead.decoding.prefix import PrefixCache
 from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.engine.driving import LoopDriver
-from rag_lookahead.engine.executor import BatchForward, PromptForwards
+from rag_lookahead.engine.executor import Executor
+from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import END as _END
-from rag_lookahead.engine.request import Call, choose_next, propose, release, verify
+from rag_lookahead.engine.request import Call, CallStatus, choose_next, propose, release, verify
+from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan, Verdict
 from rag_lookahead.streaming.stream import StreamChunk
 
 __all__ = ["Scheduler"]
@@ -59,25 +62,25 @@ class Scheduler:
         max_tokens_per_forward: int,
         prefix_cache_bytes: int = 0,
     ) -> None:
-        self.runner = runner
         self.max_batch_size = max_batch_size
         self.max_tokens_per_forward = max_tokens_per_forward
         self._lock = threading.Lock()  # guards the waiting queue
         self._waiting: deque[Call] = deque()
         self.driver = LoopDriver(self._iterate)
         # Only the thread running an iteration touches these.
-        self._joining: list[Call] = []
-        self._rows: list[Call] = []  # the batch, in row order
-        self._alone: list[Call] = []
+        self._joining: list[Call] = []  # prefilling apart, in order
+        self._rows: list[Call] = []  # the batch, in row order (some may still be prefilling)
+        self._alone: list[Call] = []  # decoding plainly outside the batch
         self._batch = BatchCache()
-        self._forward = BatchForward(runner, max_tokens_per_forward)
+        self._executor = Executor(runner)
+        self.pricing = Pricing(runner.costs, max_tokens_per_forward)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     @property
     def prompt_forwards(self) -> PromptForwards:
         """The prompts forwarded alone so far (chunks apart between steps, or a prompt with
         the model to itself): what a benchmark leaves out of decoding, as timed in its run."""
-        return self._forward.prompt_forwards
+        return self.pricing.prompt_forwards
 
     def submit(self, call: Call) -> None:
         """Queue ``call``; read what it releases with `chunks`."""
@@ -105,7 +108,7 @@ class Scheduler:
         with self._lock:
             if call in self._waiting:  # not started yet: it ends here, holding nothing
                 self._waiting.remove(call)
-                call.recorder.finish("abandoned")
+                call.finish("abandoned")
                 call.outbox.put(_END)
                 call.ended.set()
         if wait and not self.driver.in_iteration():  # (a finaliser inside one: the next retires it)
@@ -114,20 +117,29 @@ class Scheduler:
     # ------------------------------------------------------------------ the loop
 
     def _iterate(self) -> None:
+        # 1. admit waiting calls, up to the batch size
         with self._lock:
             running = len(self._joining) + len(self._rows) + len(self._alone)
             while self._waiting and running < self.max_batch_size:
-                self._joining.append(self._waiting.popleft())
+                call = self._waiting.popleft()
+                call.status = CallStatus.PREFILLING
+                self._joining.append(call)
                 running += 1
+        # 2. end what was cancelled
         self._retire_cancelled()
+        # 3. rows prefilling in the batch's steps that now cost it more than apart go apart
         if self._rows:
-            self._guarded(list(self._rows), self._leave_dear_steps, batch=True)
+            self._guarded(list(self._rows), self._unfuse_costly_prefills, batch=True)
+        # 4. joining prompts that ride in the batch's steps from now on
         self._fuse_joining()
+        # 5. one step of the batch
         if self._rows:
             self._guarded(list(self._rows), self._batch_step, batch=True)
+        # 6. one step of each call outside the batch
         for call in list(self._alone):
             self._guarded([call], self._alone_step)
-        if self._joining:  # one chunk apart per iteration; the call steps from the next one
+        # 7. one chunk of one prompt apart (the call steps from the next iteration)
+        if self._joining:
             self._guarded([self._joining[0]], self._prefill)
 
     def _fuse_joining(self) -> None:
@@ -137,31 +149,30 @@ class Scheduler:
             if not call.batchable or call.cache is not None:  # (one prefilling apart goes on)
                 return
             remaining = len(call.prompt_ids) - self._cached_prefix(call)
-            if not self._forward.fuses(self._decode_rows(), remaining):
+            if not self.pricing.should_fuse(self._decode_rows(), remaining):
                 return
             self._guarded([call], self._add_row)
 
-    def _leave_dear_steps(self, rows: list[Call]) -> None:
+    def _unfuse_costly_prefills(self, rows: list[Call]) -> None:
         """Rows prefilling in the running rows' steps go on apart, from copies of their rows,
         where the costs as calibrated since (their own steps' timings among them) now say
         that is cheaper: a join misjudged costs a step, not the rest of its prompt."""
         decode_rows = self._decode_rows()
         if decode_rows == 0:  # nobody waits on them: the steps are theirs
             return
-        fuses = self._forward.fuses
         leaving = [
             i
             for i, call in enumerate(rows)
-            if _prefilling(call) and not fuses(decode_rows, len(call.prompt_ids) - call.prefilled)
+            if call.status is CallStatus.PREFILLING
+            and not self.pricing.should_fuse(decode_rows, len(call.prompt_ids) - call.prefilled)
         ]
         for i in reversed(leaving):  # first in the batch, first to go on
             rows[i].cache = self._batch.row_copy(i)
             self._joining.insert(0, rows[i])
-        if leaving:
-            self._drop_rows(leaving)
+        self._drop_rows(leaving)
 
     def _decode_rows(self) -> int:
-        return sum(1 for call in self._rows if not _prefilling(call))
+        return sum(1 for call in self._rows if call.status is CallStatus.DECODING)
 
     def _cached_prefix(self, call: Call) -> int:
         """How much of ``call``'s prompt is cached already (its cache from there, once)."""
@@ -175,10 +186,11 @@ class Scheduler:
         return call.prefilled
 
     def _add_row(self, call: Call) -> None:
-        """``call`` becomes a row of the batch, where the rest of its prompt is prefilled."""
+        """``call`` becomes a row of the batch (its cache, as prefilled so far, moves in)."""
+        if call in self._joining:
+            self._joining.remove(call)
         self._batch.add_row(call.cache, min(self.max_batch_size, len(self._rows) + 1 + len(self._joining)))
         call.cache = None
-        self._joining.remove(call)
         self._rows.append(call)
 
     def _guarded(self, calls: list[Call], run: Callable[..., None], batch: bool = False) -> None:
@@ -197,10 +209,9 @@ class Scheduler:
             for call in [c for c in group if c.cancelled]:
                 self._end(call)
         gone = [i for i, c in enumerate(self._rows) if c.cancelled]
-        if gone:
-            for i in gone:
-                self._end(self._rows[i])
-            self._drop_rows(gone)
+        for i in gone:
+            self._end(self._rows[i])
+        self._drop_rows(gone)
 
     # ------------------------------------------------------------------ phases
 
@@ -209,124 +220,147 @@ class Scheduler:
         nobody else runs)."""
         prompt = call.prompt_ids
         start, busy = self._cached_prefix(call), bool(self._rows or self._alone)
-        end = start + self._forward.chunk(len(prompt) - start, self._decode_rows()) if busy else len(prompt)
-        started = time.perf_counter()
-        logits, call.cache = self.runner.forward(
-            torch.tensor([prompt[start:end]]), call.cache, last_only=True
+        end = (
+            start + self.pricing.prefill_chunk(len(prompt) - start, self._decode_rows())
+            if busy
+            else len(prompt)
         )
-        self._forward.observe_prompt(end - start, time.perf_counter() - started)
+        logits, call.cache, seconds = self._executor.prompt_apart(prompt[start:end], call.cache)
+        self.pricing.observe_prompt(end - start, seconds)
         call.prefilled = end
         if end < len(prompt):
             return
         if self._prefixes is not None and call.batchable:
             self._prefixes.store(prompt, call.cache)
         self._joining.remove(call)
-        if self._first_token(call, logits[-1:]):
+        if self._first_token(call, logits):
             return
         if call.batchable:
-            self._batch.add_row(
-                call.cache, min(self.max_batch_size, len(self._rows) + 1 + len(self._joining))
-            )
-            call.cache = None
-            self._rows.append(call)
+            self._add_row(call)
         else:
             self._alone.append(call)
 
     def _first_token(self, call: Call, logits: torch.Tensor) -> bool:
         """Its prompt prefilled (``logits`` ``[1, V]`` at its last token), ``call`` gets its
         drafter and its first token; whether that ended it."""
+        call.status = CallStatus.DECODING
         # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
         call.drafter = call.make_drafter() if call.make_drafter is not None else None
-        tokens = choose_next(call, logits)
+        verdict = choose_next(call, logits)
         call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
-        return self._release(call, tokens)
+        return self._release(call, verdict)
 
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
-        logits, call.cache = self.runner.forward(torch.tensor([call.ids[-1:]]), call.cache)
-        tokens = choose_next(call, logits[-1:])
+        logits, call.cache = self._executor.plain_step(call.ids[-1], call.cache)
+        verdict = choose_next(call, logits)
         call.recorder.step(0, 0, "none")
-        self._release(call, tokens)  # an ended call has left `_alone`
+        self._release(call, verdict)  # an ended call has left `_alone`
 
     def _batch_step(self, calls: list[Call]) -> None:
-        """One step of every row. A row's own work (drafting, choosing its tokens, releasing
-        them) failing ends that row's call with the error while the others step on; only a
-        failure of the shared work (the forward, the cache) reaches `_guarded`."""
-        proposals = [None if _prefilling(call) else _attempt(propose, call) for call in calls]
-        failed = [i for i, p in enumerate(proposals) if isinstance(p, Exception)]
-        if failed:  # they leave before the forward
-            self._end_rows(calls, proposals, failed)
-            calls = [c for i, c in enumerate(calls) if i not in failed]
-            proposals = [p for i, p in enumerate(proposals) if i not in failed]
-            if not calls:
-                return
-        rows = [p if isinstance(p, StepDraft) else None for p in proposals]
-        drafts, logits = self._forward.run(self._batch, calls, rows)
-        verdicts = [
-            (list(draft.tree.tokens), list(range(len(draft))))  # a prompt's chunk: all kept
-            if row is None
-            else _attempt(verify, call, draft, logits[i])
-            for i, (call, draft, row) in enumerate(zip(calls, drafts, rows, strict=True))
-        ]
-        # A failed row keeps only its root (the columns past it stay hidden) and leaves below.
-        nodes = [[0] if isinstance(v, Exception) else v[1] for v in verdicts]
-        self._batch.keep_accepted(max(len(d) for d in drafts), nodes)
-        outcomes = [
-            self._outcome(i, call, verdict, row is None, logits[i])
-            for i, (call, verdict, row) in enumerate(zip(calls, verdicts, rows, strict=True))
-        ]
-        self._end_rows(calls, outcomes, [i for i, ended in enumerate(outcomes) if ended is not False])
+        """One step of every row: plan, one forward, update. A row's own work (drafting,
+        choosing its tokens, releasing them) failing ends that row's call with the error while
+        the others step on; only a failure of the shared work (the forward, the cache) reaches
+        `_guarded`."""
+        # 1. draft: each decoding row proposes; a row whose drafting fails leaves before the forward
+        calls, proposals = self._proposals(calls)
+        if not calls:
+            return
+        # 2. plan: the drafts cut to what the batch pays for, prompts' chunks beside them
+        plan = self._plan(calls, proposals)
+        # 3. execute: one forward over every row
+        output = self._executor.run(plan, self._batch)
+        self.pricing.observe(plan, output.seconds, self._batch.lengths[0])
+        # 4. update: verify, keep the accepted paths in the cache, release, end
+        self._update(calls, plan, output)
 
-    def _outcome(
-        self,
-        row: int,
-        call: Call,
-        verdict: tuple[list[int], list[int]] | Exception,
-        prompt: bool,
-        logits: torch.Tensor,
-    ) -> bool | Exception:
-        """What row ``row``'s step came to: its error, or whether its call has ended (its
-        accepted tokens released, or, for a ``prompt``'s chunk, that chunk counted)."""
-        if isinstance(verdict, Exception):
-            return verdict
-        if prompt:
-            return _attempt(self._prefilled, row, call, len(verdict[0]), logits)
-        return _attempt(self._release, call, verdict[0])
+    def _proposals(self, calls: list[Call]) -> tuple[list[Call], dict[Call, StepDraft]]:
+        """The rows still stepping, and each decoding row's proposed draft (a prefilling row
+        has none): a row whose drafter fails ends with its error and leaves the batch."""
+        proposals: dict[Call, StepDraft] = {}
+        failed: list[int] = []
+        for i, call in enumerate(calls):
+            if call.status is CallStatus.DECODING:
+                try:
+                    proposals[call] = propose(call)
+                except Exception as err:
+                    self._end(call, err)
+                    failed.append(i)
+        self._drop_rows(failed)
+        return list(self._rows), proposals
+
+    def _plan(self, calls: list[Call], proposals: dict[Call, StepDraft]) -> StepPlan:
+        """Every row's part of the step: its draft as priced jointly with the other rows', or
+        the next chunk of its prompt."""
+        decoding = [call for call in calls if call.status is CallStatus.DECODING]
+        drafts = self.pricing.plan_drafts(decoding, [proposals[c] for c in decoding]) if decoding else []
+        planned = dict(zip(decoding, drafts, strict=True))
+        chunk = self._prompt_chunk(calls, planned)
+        return StepPlan(tuple(RowPlan(planned[c]) if c in planned else _prompt_row(c, chunk) for c in calls))
+
+    def _prompt_chunk(self, calls: list[Call], planned: dict[Call, StepDraft]) -> int:
+        """How many tokens of each prompt ride in this step: all that is left of one alone in
+        the batch (as outside a batch), else as priced beside the rows' drafts."""
+        left = [len(call.prompt_ids) - call.prefilled for call in calls if call not in planned]
+        if not left or len(calls) == 1:
+            return max(left, default=0)
+        width = max((len(draft) for draft in planned.values()), default=0)
+        return self.pricing.fused_chunk(left, len(planned), width)
+
+    def _update(self, calls: list[Call], plan: StepPlan, output: StepOutput) -> None:
+        """Each row's verdict on its part of the step, the accepted paths kept in the cache,
+        then each call's tokens released (or its prompt counted): the rows whose calls ended
+        (or failed) leave the batch."""
+        steps = list(zip(calls, plan.rows, output.logits, strict=True))
+        verdicts = [_attempt(_verdict, call, row, logits) for call, row, logits in steps]
+        self._batch.keep_accepted(plan.width, [verdict.nodes for verdict in verdicts])
+        gone = [
+            i
+            for i, (step, verdict) in enumerate(zip(steps, verdicts, strict=True))
+            if self._settle(i, *step, verdict)
+        ]
+        self._drop_rows(gone)
+
+    def _settle(self, index: int, call: Call, row: RowPlan, logits: torch.Tensor, verdict: Verdict) -> bool:
+        """Row ``index``'s step carried through to its call (its tokens released, or its prompt's
+        chunk counted); whether the call has ended (a failure ends it, with the error)."""
+        if verdict.error is not None:
+            self._end(call, verdict.error)
+            return True
+        try:
+            return (
+                self._prefilled(index, call, len(verdict.tokens), logits)
+                if row.prompt
+                else self._release(call, verdict)
+            )
+        except Exception as err:
+            self._end(call, err)
+            return True
 
     def _prefilled(self, row: int, call: Call, tokens: int, logits: torch.Tensor) -> bool:
         """Row ``row`` prefilled ``tokens`` more of ``call``'s prompt; once all of it, the call
         gets its first token (``logits`` ``[1, V]``). Whether that ended the call."""
         call.prefilled += tokens
-        if _prefilling(call):
+        if call.prefilled < len(call.prompt_ids):
             return False
         if self._prefixes is not None:
             self._prefixes.store(call.prompt_ids, self._batch.row_view(row))
         return self._first_token(call, logits)
 
-    def _end_rows(self, calls: list[Call], outcomes: Sequence[object], gone: list[int]) -> None:
-        """The rows ``gone`` leave the batch (``calls`` are its rows): those whose outcome is
-        an error end with it (the others have ended already)."""
-        for i in gone:
-            outcome = outcomes[i]
-            if isinstance(outcome, Exception):
-                self._end(calls[i], outcome)
-        if gone:
-            self._drop_rows(gone)
+    # ------------------------------------------------------------------ endings
 
-    # ------------------------------------------------------------------ outcomes
-
-    def _release(self, call: Call, tokens: list[int]) -> bool:
+    def _release(self, call: Call, verdict: Verdict) -> bool:
         """Pass a step's tokens through the call's stopping; whether the call has ended."""
-        reason = release(call, tokens)
+        reason = release(call, verdict)
         if reason is None:
             return False
-        call.recorder.finish(reason)
+        call.finish(reason)
         self._end(call)
         return True
 
     def _end(self, call: Call, error: BaseException | None = None) -> None:
         """The call is over: record it, release what it holds, tell its consumer."""
-        call.recorder.finish("abandoned")  # unless it finished
+        call.finish("abandoned")  # unless it finished
         if call in self._joining:
             self._joining.remove(call)
         if call in self._alone:
@@ -341,18 +375,28 @@ class Scheduler:
         call.ended.set()
 
     def _drop_rows(self, gone: list[int]) -> None:
+        if not gone:
+            return
         left = set(gone)
         keep = [i for i in range(len(self._rows)) if i not in left]
         self._rows = [self._rows[i] for i in self._batch.keep_rows(keep)]
 
 
-def _prefilling(call: Call) -> bool:
-    return call.prefilled < len(call.prompt_ids)
+def _prompt_row(call: Call, tokens: int) -> RowPlan:
+    """The next ``tokens`` of ``call``'s prompt (at most what is left) as a row's chunk."""
+    return RowPlan.prompt_chunk(
+        call.prompt_ids, call.prefilled, min(tokens, len(call.prompt_ids) - call.prefilled)
+    )
 
 
-def _attempt(run: Callable[..., T], *args: Any) -> T | Exception:
-    """``run(*args)``, or the error it raised: one row's work, whose failure is that row's alone."""
+def _verdict(call: Call, row: RowPlan, logits: torch.Tensor) -> Verdict:
+    """What row ``row`` of the step comes to for ``call``, given its ``logits``."""
+    return Verdict.prompt_chunk(row) if row.prompt else verify(call, row.draft, logits)
+
+
+def _attempt(run: Callable[..., Verdict], *args: Any) -> Verdict:
+    """``run(*args)``, or the row's failure: one row's work, whose failure is that row's alone."""
     try:
         return run(*args)
     except Exception as err:
-        return err
+        return Verdict.failed(err)

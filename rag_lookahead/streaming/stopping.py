@@ -49,8 +49,11 @@ class Stopping:
 
     def room(self) -> int:
         """Most tokens the next step may emit: the budget left, and the context window's room."""
-        length = self.prompt_length + self.generated
-        return min(self.max_new_tokens - self.generated, self.context_window - length)
+        return min(self.max_new_tokens - self.generated, self.context_room())
+
+    def context_room(self) -> int:
+        """Positions left in the context window (the call's one owner of it)."""
+        return self.context_window - self.prompt_length - self.generated
 
     def release(self, tokens: Sequence[int]) -> Released:
         """Cut a step's ``tokens`` where generation ends and release their text."""

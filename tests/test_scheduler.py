@@ -1,0 +1,226 @@
+"""The scheduler's step as data, without a model: a plan from calls in known states, and the
+update from a made-up executor output (`StepOutput`), over a batch cache that only records
+what it is asked to keep."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from rag_lookahead import GenerationParams, LookaheadConfig
+from rag_lookahead.decoding.batch import _filled_holes
+from rag_lookahead.decoding.costs import CostModel
+from rag_lookahead.decoding.planner import StepPlanner
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.verify import TokenChooser
+from rag_lookahead.engine.request import END, Call, CallStatus
+from rag_lookahead.engine.scheduler import Scheduler
+from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan
+from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stopping import Stopping
+from rag_lookahead.testing import CharTokenizer
+
+V = 16  # vocabulary of the made-up logits
+CONFIG = LookaheadConfig(mode="trie", max_batch_size=4)
+
+
+class ChainDrafter:
+    """Proposes ``chain`` below the context's last token, every step."""
+
+    def __init__(self, *chain: int, fails: bool = False) -> None:
+        self.chain, self.fails, self.closed = chain, fails, False
+
+    def propose(self, context: Sequence[int], budget: int) -> StepDraft:
+        if self.fails:
+            raise LookupError("the drafter broke")
+        tokens = (context[-1], *self.chain[:budget])
+        return StepDraft(DraftTree(tokens, tuple(range(-1, len(tokens) - 1))))
+
+    def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordingBatch:
+    """The `BatchCache` calls the scheduler makes in a step, recorded; rows leave as there."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+        self.kept: list[tuple[int, list[list[int]]]] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def keep_accepted(self, width: int, nodes: Sequence[Sequence[int]]) -> None:
+        self.kept.append((width, [list(n) for n in nodes]))
+
+    def keep_rows(self, keep: Sequence[int]) -> list[int]:
+        order = _filled_holes(keep)
+        self.lengths = [self.lengths[i] for i in order]
+        return order
+
+    def row_view(self, index: int) -> None:
+        return None
+
+
+class ScriptedExecutor:
+    """Returns, per row, logits whose argmax is the scripted tokens; records the plans."""
+
+    def __init__(self, *rows: list[int]) -> None:
+        self.rows = rows
+        self.plans: list[StepPlan] = []
+
+    def run(self, plan: StepPlan, batch: Any) -> StepOutput:
+        self.plans.append(plan)
+        return StepOutput(tuple(_logits(tokens) for tokens in self.rows), 0.001)
+
+
+def _logits(tokens: list[int]) -> torch.Tensor:
+    logits = torch.full((len(tokens), V), -10.0)  # [n, V]
+    logits[range(len(tokens)), tokens] = 10.0
+    return logits
+
+
+def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = None) -> Call:
+    stopping = Stopping(
+        CharTokenizer(),
+        eos=(15,),
+        stop_strings=(),
+        max_new_tokens=8,
+        prompt_length=len(prompt),
+        context_window=None,
+    )
+    call = Call(
+        prompt_ids=prompt,
+        config=CONFIG,
+        planner=StepPlanner(CONFIG),
+        chooser=TokenChooser(GenerationParams()),
+        stopping=stopping,
+        recorder=StepRecorder(prompt_tokens=len(prompt)),
+        make_drafter=None,
+        batchable=True,
+    )
+    call.prefilled = len(prompt) if prefilled is None else prefilled
+    call.status = CallStatus.DECODING if call.prefilled == len(prompt) else CallStatus.PREFILLING
+    call.drafter = drafter
+    return call
+
+
+def scheduler_with(rows: list[Call], executor: ScriptedExecutor | None = None) -> Scheduler:
+    scheduler = Scheduler(SimpleNamespace(costs=CostModel()), max_batch_size=4, max_tokens_per_forward=256)  # type: ignore[arg-type]
+    scheduler._rows = list(rows)
+    scheduler._batch = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
+    if executor is not None:
+        scheduler._executor = executor  # type: ignore[assignment]
+    return scheduler
+
+
+def released(call: Call) -> list[Any]:
+    items = []
+    while not call.outbox.empty():
+        item = call.outbox.get()
+        items.append(item if item is END or isinstance(item, BaseException) else item.token_ids)
+    return items
+
+
+def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
+    drafting = new_call([1, 2], drafter=ChainDrafter(3, 4))
+    plain = new_call([5])
+    joining = new_call(list(range(10)), prefilled=4)
+    scheduler = scheduler_with([drafting, plain, joining])
+    plan = scheduler._plan(
+        [drafting, plain, joining],
+        {drafting: drafting.drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},
+    )  # type: ignore[union-attr]
+    assert [row.prompt for row in plan.rows] == [False, False, True]
+    assert [row.draft.tree.tokens for row in plan.rows] == [(2, 3, 4), (5,), (4, 5, 6, 7, 8, 9)]
+    # Costs not measured: the prompt's chunk is what is left, up to an equal share of the forward.
+    assert plan.rows[2].ends_prompt and plan.width == 6
+    assert plan.logit_positions() == [0, 1, 2, 5]  # the drafts' nodes and the prompt's last token
+
+
+def test_a_lone_prompt_is_planned_whole_and_a_partial_chunk_reads_no_logits() -> None:
+    joining = new_call(list(range(300)), prefilled=10)
+    plan = scheduler_with([joining])._plan([joining], {})
+    assert len(plan.rows[0].draft) == 290 and plan.rows[0].ends_prompt
+    partial = StepPlan(
+        (RowPlan(StepDraft(DraftTree.root_only(1))), RowPlan.prompt_chunk(list(range(9)), 0, 4))
+    )
+    assert not partial.rows[1].ends_prompt and partial.logit_positions() == [0]
+
+
+def test_an_update_keeps_accepted_paths_releases_tokens_and_ends_a_failed_row_alone() -> None:
+    drafting = new_call([1, 2], drafter=ChainDrafter(3, 4))
+    failing = new_call([5])
+    failing.chooser = SimpleNamespace(choose=_raise(ValueError("choice failed")))  # type: ignore[assignment]
+    joining = new_call([7, 8, 9], prefilled=1)
+    # The model agrees with 3 and then says 6 (not 4); the joining prompt's last token gives 11.
+    executor = ScriptedExecutor([3, 6, 0], [0], [11])
+    scheduler = scheduler_with([drafting, failing, joining], executor)
+    scheduler._batch_step(list(scheduler._rows))
+    batch = scheduler._batch
+    assert batch.kept == [(3, [[0, 1], [0], [0, 1]])]  # type: ignore[attr-defined]
+    assert released(drafting) == [[3, 6]]
+    (error,) = released(failing)
+    assert isinstance(error, ValueError) and failing.status is CallStatus.FINISHED_ABANDONED
+    assert released(joining) == [[11]] and joining.status is CallStatus.DECODING
+    assert scheduler._rows == [drafting, joining] and batch.lengths == [2, 1]  # type: ignore[attr-defined]
+
+
+def test_a_row_whose_drafter_fails_leaves_before_the_forward_and_the_plan_follows_the_new_row_order() -> None:
+    """The rows after a leaving one move into its place (`BatchCache.keep_rows`): the plan must
+    list the calls in the cache's new order, or each row would be verified against another's."""
+    broken = ChainDrafter(fails=True)
+    first = new_call([1], drafter=broken)
+    second, third = new_call([2], drafter=ChainDrafter(9)), new_call([3], drafter=ChainDrafter(8))
+    executor = ScriptedExecutor([8, 1], [9, 1])
+    scheduler = scheduler_with([first, second, third], executor)
+    scheduler._batch_step(list(scheduler._rows))
+    assert isinstance(released(first)[0], LookupError) and broken.closed
+    assert scheduler._rows == [third, second]
+    (plan,) = executor.plans
+    assert [row.draft.tree.tokens for row in plan.rows] == [(3, 8), (2, 9)]
+    assert released(third) == [[8, 1]] and released(second) == [[9, 1]]
+
+
+def test_a_call_that_stops_ends_with_its_finish_reason_and_leaves() -> None:
+    stopping = new_call([1], drafter=ChainDrafter(15))  # 15 is the end of sequence
+    staying = new_call([2])
+    scheduler = scheduler_with([stopping, staying], ScriptedExecutor([15, 0], [4]))
+    scheduler._batch_step(list(scheduler._rows))
+    assert released(stopping) == [[15], END] and stopping.status is CallStatus.FINISHED_EOS
+    assert stopping.recorder.finish_reason == "eos" and stopping.ended.is_set()
+    assert scheduler._rows == [staying] and staying.status is CallStatus.DECODING
+
+
+@pytest.mark.parametrize("reason", ["eos", "stop_string", "length", "context_window", "abandoned"])
+def test_a_finished_status_names_its_reason_and_the_first_reason_stands(reason: Any) -> None:
+    call = new_call([1])
+    call.finish(reason)
+    call.finish("abandoned")
+    assert call.status.is_finished() and call.status.finish_reason == reason
+    assert call.recorder.finish_reason == reason
+    assert not CallStatus.DECODING.is_finished() and CallStatus.PREFILLING.finish_reason is None
+
+
+def test_a_waiting_call_cancelled_ends_at_once_holding_nothing() -> None:
+    scheduler = scheduler_with([])
+    call = new_call([1])
+    call.status = CallStatus.WAITING
+    scheduler.submit(call)
+    scheduler.cancel(call, wait=False)
+    assert call.status is CallStatus.FINISHED_ABANDONED and released(call) == [END] and call.ended.is_set()
+
+
+def _raise(error: Exception) -> Any:
+    def raising(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    return raising
