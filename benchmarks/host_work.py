@@ -52,13 +52,13 @@ import torch
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import gold_inputs, load_records
 from rag_lookahead.decoding.argmax import first_argmax
-from rag_lookahead.decoding.batch import batch_inputs
 from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_dir
 from rag_lookahead.prompts import encode_prompt, rag_messages
+from rag_lookahead.runtime.batch import batch_inputs
 from rag_lookahead.testing import random_tree, row_by_row_inputs
 
 

@@ -22,9 +22,9 @@ import time
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.planner import fused_prefill, separate_prefill
 from rag_lookahead.engine.pricing import Pricing
+from rag_lookahead.planning.planner import fused_prefill, separate_prefill
+from rag_lookahead.runtime.kv_cache import new_tree_cache
 
 
 def main() -> None:

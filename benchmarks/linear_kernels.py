@@ -22,11 +22,11 @@ from collections.abc import Callable
 import torch
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.kernels import onednn_linear
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.kernels import onednn_linear
+from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.runner import ModelRunner
 
 
 def _alternated(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

@@ -3,7 +3,7 @@
 Builds a batch whose rows hold the given numbers of cached tokens (by default the 8 dolly rows
 that showed the padding: one long row beside short ones) and times a step of each width with
 every row attended over the longest row's columns (`padded`) and over its own (`ragged`,
-`rag_lookahead.decoding.attention.ragged_rows`), alternated; it also reports the largest logit
+`rag_lookahead.runtime.attention.ragged_rows`), alternated; it also reports the largest logit
 difference and whether every row's greedy tokens agree.
 
     python benchmarks/ragged_rows.py --threads 2
@@ -20,10 +20,10 @@ import time
 import torch
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.decoding import attention
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.runtime import attention
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.kv_cache import new_tree_cache
 
 
 def main() -> None:

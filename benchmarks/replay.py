@@ -34,12 +34,12 @@ from batch_replay import (
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import gold_inputs, load_records
 from rag_lookahead.config import Mode
-from rag_lookahead.decoding.costs import CostCurve, CostModel
-from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.planning.costs import CostCurve, CostModel
+from rag_lookahead.planning.planner import StepPlanner
 
 __all__ = ["PromptLookup", "load_curve", "matched", "record", "replay"]
 

@@ -37,11 +37,11 @@ from soak import tiny_engine  # benchmarks/ is the script's own folder, first on
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import hf_generate, load_records, run_header
-from rag_lookahead.decoding.kv_cache import with_room
 from rag_lookahead.drafting import OUTPUT_OWNER, TokenTrie, trie_nodes
 from rag_lookahead.drafting.trie import Node, TrieDraft
 from rag_lookahead.drafting.trie_nodes import draft_candidates
 from rag_lookahead.prompts import rag_messages
+from rag_lookahead.runtime.kv_cache import with_room
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,13 @@ from typing import Any
 from batch_replay import CostGrid, load_grid
 
 from rag_lookahead.cli import main
-from rag_lookahead.decoding.batch import BatchCache
-from rag_lookahead.decoding.prefix import PrefixCache
-from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.engine import pricing as batching
 from rag_lookahead.engine import scheduler as scheduling
 from rag_lookahead.engine.pricing import Pricing
 from rag_lookahead.engine.scheduler import Scheduler
+from rag_lookahead.runtime.batch import BatchCache
+from rag_lookahead.runtime.prefix import PrefixCache
+from rag_lookahead.runtime.runner import ModelRunner
 
 DECODE = ("batch", "fused", "row", "plain")
 # Host work is reported by phase (each phase's own time: neither the forwards nor the phases

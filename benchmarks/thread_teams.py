@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.models import load_model
+from rag_lookahead.runtime.threads import in_passing_thread
 
 
 def step_ms(model: Any, cache: Any, repeats: int = 15) -> float:

@@ -50,13 +50,13 @@ from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
 from rag_lookahead.bench.concurrency import poisson_arrivals, quantile
 from rag_lookahead.bench.run import load_records
 from rag_lookahead.cli.values import positive_float, positive_int
-from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import default_model_dir
 from rag_lookahead.prompts import encode_prompt
 from rag_lookahead.remote import ServerEngine, SpeculationCounters
 from rag_lookahead.remote.config import ServerKind
 from rag_lookahead.remote.process import running_server
+from rag_lookahead.runtime.threads import in_passing_thread
 
 # The speculative settings: `rag-lookahead serve`'s ngram ones, and suffix decoding's defaults.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

@@ -16,13 +16,13 @@ from rag_lookahead.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from rag_lookahead.config import GenerationParams, LookaheadConfig
-    from rag_lookahead.decoding.costs import CostCurve
     from rag_lookahead.decoding.tree import DraftTree, StepDraft
     from rag_lookahead.drafting import Drafter, JacobiDrafter, TokenTrie, TrieDrafter
     from rag_lookahead.engine import LookaheadEngine
     from rag_lookahead.engine.scope import DocumentScope
     from rag_lookahead.loading import LoadOptions
     from rag_lookahead.models import DEFAULT_MODEL, load_model
+    from rag_lookahead.planning.costs import CostCurve
     from rag_lookahead.prompts import rag_messages
     from rag_lookahead.streaming.logprobs import TokenLogprob
     from rag_lookahead.streaming.stats import DecodeStats
@@ -60,7 +60,7 @@ _exported = lazy_attributes(
     {
         "GenerationParams": "rag_lookahead.config",
         "LookaheadConfig": "rag_lookahead.config",
-        "CostCurve": "rag_lookahead.decoding.costs",
+        "CostCurve": "rag_lookahead.planning.costs",
         "DraftTree": "rag_lookahead.decoding.tree",
         "StepDraft": "rag_lookahead.decoding.tree",
         "Drafter": "rag_lookahead.drafting",

@@ -11,11 +11,19 @@ from typing import Any, Literal
 from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
 from rag_lookahead.structured.grammar import Grammar
 
-__all__ = ["CpuLinear", "DraftPolicy", "GenerationParams", "LookaheadConfig", "Mode", "keyword_arguments"]
+__all__ = [
+    "CpuLinear",
+    "DraftPolicy",
+    "GenerationParams",
+    "LookaheadConfig",
+    "Mode",
+    "is_greedy",
+    "keyword_arguments",
+]
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
 DraftPolicy = Literal["trie", "suffix"]
-CpuLinear = Literal["onednn", "torch"]
+CpuLinear = Literal["auto", "onednn", "torch"]
 
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
@@ -74,8 +82,10 @@ class LookaheadConfig:
             prefilling it again; ``0`` turns the reuse off.
         cpu_linear: The kernel of the engine's fp32 linear layers on a CPU: ``"onednn"``
             (oneDNN's, much cheaper for the few rows a decoding step has on some CPUs, see
-            `rag_lookahead.decoding.kernels`) or ``"torch"`` (torch's default, as ``generate``
-            runs). The two agree up to rounding. Read once, by the engine built with it.
+            `rag_lookahead.runtime.kernels`), ``"torch"`` (torch's default, as ``generate``
+            runs, faster on others), or ``"auto"``: whichever runs this model's linear layers
+            faster on this machine, timed once when the engine is built. The two agree up to
+            rounding. Read once, by the engine built with it.
     """
 
     mode: Mode = "auto"
@@ -91,7 +101,7 @@ class LookaheadConfig:
     max_tokens_per_forward: int = 256
     prefix_cache_mb: int = 256
     draft_policy: DraftPolicy = "suffix"
-    cpu_linear: CpuLinear = "onednn"
+    cpu_linear: CpuLinear = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -110,8 +120,8 @@ class LookaheadConfig:
             _positive(name, getattr(self, name))
         if self.draft_policy not in ("trie", "suffix"):
             raise ValueError(f"draft_policy must be 'trie' or 'suffix', got {self.draft_policy!r}")
-        if self.cpu_linear not in ("onednn", "torch"):
-            raise ValueError(f"cpu_linear must be 'onednn' or 'torch', got {self.cpu_linear!r}")
+        if self.cpu_linear not in ("auto", "onednn", "torch"):
+            raise ValueError(f"cpu_linear must be 'auto', 'onednn' or 'torch', got {self.cpu_linear!r}")
         if self.ngram_size < 2:
             raise ValueError(f"ngram_size must be at least 2, got {self.ngram_size}")
         if self.mode in ("auto", "jacobi") and self.ngram_size - 1 > self.decoding_length:
@@ -194,9 +204,8 @@ class GenerationParams:
 
     @property
     def sampling(self) -> bool:
-        """Whether tokens are drawn: ``do_sample`` at a temperature above 0. Temperature 0 is
-        greedy, as in the OpenAI API, vLLM, Ollama and llama.cpp."""
-        return self.do_sample and self.temperature > 0
+        """Whether tokens are drawn: ``do_sample`` at a temperature that is not greedy (`is_greedy`)."""
+        return self.do_sample and not is_greedy(self.temperature)
 
     def with_overrides(self, **overrides: object) -> GenerationParams:
         """A copy with the given fields replaced (``None`` values are ignored)."""
@@ -204,6 +213,12 @@ class GenerationParams:
         if unknown:
             raise TypeError(f"unknown generation settings {unknown}; known: {[f.name for f in fields(self)]}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether ``temperature`` means greedy decoding, the lossless path: 0 does, whatever
+    ``do_sample`` says, as in the OpenAI API, vLLM, Ollama and llama.cpp."""
+    return temperature <= 0
 
 
 def _check_logprobs(logprobs: object, top_logprobs: object) -> None:

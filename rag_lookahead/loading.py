@@ -43,8 +43,10 @@ class LoadOptions:
         tokenizer_kwargs: More arguments for the tokenizer's ``from_pretrained``.
         chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
             ``{"enable_thinking": False}`` for Qwen3.
-        progress: Show progress bars on standard error, when it is a terminal, while a
-            built-in model is converted and while the costs are measured.
+        progress: Show progress while a built-in model is converted, while the weights load
+            and while the costs are measured: bars on standard error when it is a terminal,
+            else lines to the ``rag_lookahead.progress`` logger (see `rag_lookahead.progress`).
+            Without it nothing is shown, transformers' own bars included.
     """
 
     model: str | None = None

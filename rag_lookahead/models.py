@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_lookahead.config import keyword_arguments
 from rag_lookahead.files import exclusive
-from rag_lookahead.progress import progress_bar
+from rag_lookahead.progress import progress_bar, transformers_bars
 
 if TYPE_CHECKING:  # imported where used: the command line lists the models before torch loads
     import torch
@@ -151,7 +151,7 @@ def default_model_dir(cache_dir: Path | None = None) -> Path:
 
 def builtin_model_dir(name: str, cache_dir: Path | None = None, *, progress: bool = False) -> Path:
     """The built-in model ``name`` as safetensors, converting it from its GGUF file on first use
-    (with a progress bar on standard error if ``progress`` and that is a terminal)."""
+    (showing progress if ``progress``, by the rule of `rag_lookahead.progress`)."""
     if name not in BUILTIN_MODELS:
         raise KeyError(f"no built-in model {name!r}; built-in: {', '.join(BUILTIN_MODELS)}")
     model = BUILTIN_MODELS[name]
@@ -172,7 +172,8 @@ def _convert_into(target: Path, model: BuiltinModel, progress: bool) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         out = scratch / "model"
-        with progress_bar(progress, f"converting {name} to safetensors (once)", total=3, unit="step") as bar:
+        bar = progress_bar(progress, f"converting {name} to safetensors (once)", total=3, unit="step")
+        with bar, transformers_bars(progress, gguf=True):
             gguf = model.gguf(scratch)
             bar.update(1)
             _convert_gguf(gguf, out, model, bar)
@@ -357,8 +358,10 @@ def load_model(
             quantized stays where transformers put it (it is not moved with ``.to()``).
         tokenizer_kwargs: More arguments for ``AutoTokenizer.from_pretrained``; ``revision``
             and ``cache_dir`` default to those in ``model_kwargs``.
-        progress: Show a progress bar while a built-in model is converted on first use (on
-            standard error, when it is a terminal).
+        progress: Show progress while a built-in model is converted on first use and while
+            the weights load (bars on standard error when it is a terminal, else lines to the
+            ``rag_lookahead.progress`` logger: see `rag_lookahead.progress`). Without it
+            nothing is shown, transformers' own bars included.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -370,8 +373,9 @@ def load_model(
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     shared = {k: model_kw[k] for k in _SHARED_WITH_TOKENIZER if k in model_kw}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, **common, **{**shared, **tokenizer_kw})
-        model = AutoModelForCausalLM.from_pretrained(location, **common, **model_kw)
+        with transformers_bars(progress):  # its "Loading weights" bar: only if asked, on a terminal
+            tokenizer = AutoTokenizer.from_pretrained(location, **common, **{**shared, **tokenizer_kw})
+            model = AutoModelForCausalLM.from_pretrained(location, **common, **model_kw)
     except OSError as err:
         if local:
             raise

@@ -20,6 +20,7 @@ __all__ = [
     "SpecialText",
     "check_chat_template_kwargs",
     "check_history",
+    "conversation_messages",
     "encode_prompt",
     "rag_messages",
     "read_prompt",
@@ -44,9 +45,18 @@ def rag_messages(
     history: Sequence[tuple[str, str]] = (),
 ) -> list[dict[str, str]]:
     """Chat messages asking ``question`` about ``context``, after the earlier turns of the
-    conversation (``(question, answer)`` pairs, oldest first; shown without their context)."""
+    conversation (``(question, answer)`` pairs, oldest first; shown without their context),
+    or a clear error naming ``history`` (`check_history`)."""
+    return conversation_messages(question, context, system, check_history(history))
+
+
+def conversation_messages(
+    question: str, context: str, system: str | None, turns: Sequence[tuple[str, str]]
+) -> list[dict[str, str]]:
+    """`rag_messages` for ``turns`` that `check_history` returned: a caller that renders many
+    cuts of one conversation (the pipeline fitting it to the window) checks it once."""
     messages = [{"role": "system", "content": system}] if system else []
-    for asked, answered in check_history(history):
+    for asked, answered in turns:
         messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
     messages.append({"role": "user", "content": f"Context:\n{context}\n\nQuestion: {question}"})
     return messages

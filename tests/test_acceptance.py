@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance, save_acceptance
-from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance, save_acceptance
+from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.testing import CharTokenizer, tiny_model
 
 HIT = DraftTree((0, 1, 2), (-1, 0, 1), ("none", "doc1", "doc1"), (1.0, 0.9, 0.4))
@@ -58,7 +58,7 @@ def test_an_engine_probes_at_setup_and_keeps_its_statistics_under_its_cache_dir(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setattr("rag_lookahead.engine.lookahead._SAVE_EVERY", 1)  # write at every call's start
-    import rag_lookahead.decoding.runner as runner_module
+    import rag_lookahead.runtime.runner as runner_module
 
     probes = []
     probe = runner_module.tree_support_problem

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rag_lookahead.decoding import attention
-from rag_lookahead.decoding.attention import (
+from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.runtime import attention
+from rag_lookahead.runtime.attention import (
     ATTENTION_NAME,
     attention_used,
     grouped_sdpa_attention,
     ragged_rows,
 )
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, tiny_model
 
 

@@ -178,7 +178,7 @@ def test_the_path_policy_accepts_what_the_oracle_does_for_fewer_verified_tokens(
     # a strictly better rate whenever a draft held something rejected.
     from replay import replay
 
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     answers = recorded([40, 60, 30], copy=True)
     curve = CostCurve((1, 17), (1.0, 3.0))

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import (
     FAMILIES,
     VOCAB,
@@ -136,7 +136,7 @@ def test_concurrent_calls_give_each_its_own_greedy_output(family, mode, seed, ca
     config = LookaheadConfig(mode=mode, min_query_length=1, max_batch_size=batch, max_tokens_per_forward=24)
     engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=None)
     if mode == "auto":
-        from rag_lookahead.decoding.costs import CostCurve
+        from rag_lookahead.planning.costs import CostCurve
 
         engine.planner.cost_curve = CostCurve((1, 4, 32), (1.0, 1.2, 2.0))
     assert_each_greedy(model, engine, random_jobs(rng, calls, shortest=3), stagger)
@@ -288,7 +288,7 @@ def test_a_new_call_is_queued_while_another_thread_runs_a_forward() -> None:
 
 def test_a_batch_is_planned_with_a_rows_curve_when_batch_costs_were_not_measured() -> None:
     """An engine given only a (steep) cost curve: its batched steps verify no drafts either."""
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     model = tiny_model("llama")
     steep = CostCurve((1, 2), (1.0, 50.0))
@@ -376,7 +376,7 @@ def record_steps(engine: LookaheadEngine, watched: list[int]) -> list[tuple[int,
 def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output(family: str) -> None:
     """Where a wider forward costs the running rows nothing more (a flat curve, as on an idle
     GPU), a joining prompt is prefilled in their steps, straight into its own row."""
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     model, engine = joining_engine(CostCurve.flat(), family=family)
     alone: list[int] = []
@@ -410,7 +410,7 @@ def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output(f
 def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_steps() -> None:
     """Where a wider forward costs (a CPU), the prompt goes apart, in the chunks that prefill
     the most of it per second, and the running row steps between two chunks."""
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     knee = CostCurve((1, 8, 64), (1.0, 2.0, 200.0))  # dearer per token past 8
     model, engine = joining_engine(knee, max_tokens_per_forward=64)
@@ -442,8 +442,8 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     rest of its prompt goes on apart, from a copy of its row, and so does the next join."""
     import types
 
-    from rag_lookahead.decoding.costs import CostCurve
     from rag_lookahead.engine import executor as batch_forward
+    from rag_lookahead.planning.costs import CostCurve
 
     model, engine = joining_engine(CostCurve.flat(), max_tokens_per_forward=64)
     scheduler, clock = engine.scheduler, [0.0]
@@ -486,7 +486,7 @@ def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
 ) -> None:
     """Prompts prefilled in the running rows' steps (a flat curve), from a kept prefix or
     not, several at once, with drafts beside them: each output is the greedy one."""
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     rng = random.Random(seed)
     model = tiny_model(family)
@@ -497,7 +497,7 @@ def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
 
 
 def test_a_prompt_prefilled_in_the_steps_is_kept_for_the_next_prompt_like_it() -> None:
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     model, engine = joining_engine(CostCurve.flat())
     system = [(5 * i) % 90 + 4 for i in range(30)]  # nothing in common with the first
@@ -515,7 +515,7 @@ def test_a_prompt_prefilled_in_the_steps_is_kept_for_the_next_prompt_like_it() -
 
 
 def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exact() -> None:
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     model, engine = joining_engine(CostCurve.flat())
     long_prompt = [(7 * i) % VOCAB for i in range(45)]
@@ -536,7 +536,7 @@ def test_a_prompt_left_alone_in_the_steps_is_forwarded_and_counted_as_a_prompt()
     """A prompt riding in the steps whose running rows all leave goes on alone, all of its
     rest at once; that forward counts among the prompts' (`Scheduler.prompt_forwards`), the
     chunks it rode in the steps do not."""
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     model, engine = joining_engine(CostCurve.flat())
     long_prompt = [(7 * i) % VOCAB for i in range(45)]
@@ -618,8 +618,8 @@ def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> 
 def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None:
     """Batch curves are measured a few tokens wide; a joining prompt's chunk widens every row
     far past that, where the extrapolated curve alone would price the step too low."""
-    from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
     from rag_lookahead.engine.pricing import Pricing
+    from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
 
     costs = CostModel(
         CostCurve((1, 2, 4), (1.0, 1.1, 1.2)), BatchCosts(((2, CostCurve((1, 2, 4), (1.5, 1.5, 1.5))),))
@@ -634,8 +634,8 @@ def test_a_wide_batch_is_never_priced_below_its_tokens_forwarded_alone() -> None
 def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() -> None:
     """Each width class is calibrated apart: a wider class timed lower than a narrower one must
     not make drafting wider look like a saving."""
-    from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
     from rag_lookahead.engine.pricing import Pricing
+    from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
 
     def linear(rows: int, width: int) -> float:
         return 1.0 + 0.1 * rows * width
@@ -656,8 +656,8 @@ def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() ->
 def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
     """The prompts' chunks calibrate each class of sizes apart: one slow short chunk must not
     price it above every longer one (a join would then look free beside it)."""
-    from rag_lookahead.decoding.costs import Calibration, CostCurve, CostModel
     from rag_lookahead.engine.pricing import Pricing
+    from rag_lookahead.planning.costs import Calibration, CostCurve, CostModel
 
     assert Calibration.class_ends(231, 30) == [31, 63, 127, 231]
     assert Calibration.class_ends(33) == [1, 3, 7, 15, 31, 33]
@@ -676,8 +676,8 @@ def test_a_chunk_apart_is_sized_on_the_measured_curve_not_on_a_class_timed_slow(
     """Each class of chunk sizes learns its own ratio: one timed in a slow moment must not
     make the scheduler cut prompts into smaller chunks (dearer per token, and more steps
     before the call decodes)."""
-    from rag_lookahead.decoding.costs import CostCurve, CostModel
     from rag_lookahead.engine.pricing import Pricing
+    from rag_lookahead.planning.costs import CostCurve, CostModel
 
     pricing = Pricing(CostModel(CostCurve((1, 2, 4), (1.0, 1.1, 1.2))), 256)
     assert pricing.prefill_chunk(1000, 4) == 256

@@ -6,12 +6,14 @@ import json
 import math
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding import runner as runner_module
-from rag_lookahead.decoding.costs import (
+from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.planning.costs import (
     LOADED_MAX_AGE_SECONDS,
     VERSION,
     CostCurve,
@@ -23,10 +25,10 @@ from rag_lookahead.decoding.costs import (
     measure_curve,
     settled,
 )
-from rag_lookahead.decoding.load import MachineLoad, watch_load
-from rag_lookahead.decoding.planner import AcceptanceModel, plan_draft
-from rag_lookahead.decoding.tree import DraftTree
-from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.planning.load import MachineLoad, watch_load
+from rag_lookahead.planning.planner import AcceptanceModel, plan_draft
+from rag_lookahead.runtime import runner as runner_module
+from rag_lookahead.serve.readiness import measure_ahead
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
 # The two-thread curve first measured on an AVX2-only EPYC while other work ran (issue 40): one
@@ -129,6 +131,27 @@ def test_remeasure_replaces_the_cached_curve_and_a_cached_one_is_checked(tmp_pat
     assert _stored(tmp_path) != first and (again.runner.costs.check is None) == (not curve.loaded)
 
 
+@pytest.mark.parametrize(
+    ("mode", "measured_before", "remeasure", "measures"),
+    [
+        ("auto", False, False, [False]),  # what its first call would measure
+        ("auto", True, False, []),  # once measured, nothing
+        ("auto", True, True, [True]),  # unless told to measure again
+        ("trie", False, False, []),  # only auto plans with costs
+    ],
+)
+def test_what_is_measured_ahead(tmp_path, mode, measured_before, remeasure, measures) -> None:
+    """One place decides it for the server's startup and the command line's engines."""
+    config = LookaheadConfig(mode=mode, max_batch_size=1, decoding_length=3, window_size=1, ngram_size=2)
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), config, cache_dir=tmp_path)
+    if measured_before:
+        engine.planner.cost_curve = CostCurve.flat()
+    asked: list[bool] = []
+    engine.measure_costs = lambda *, remeasure=False: asked.append(remeasure)  # type: ignore[method-assign,assignment,return-value]
+    measure_ahead(engine, remeasure=remeasure)
+    assert asked == measures
+
+
 class CountingCheck(CurveCheck):
     """Counts the forwards recorded, and says stale once told to (no clock decides)."""
 
@@ -217,6 +240,49 @@ def test_one_hindered_forward_moves_no_price() -> None:
     assert calibration.apply(curve, 300).seconds == (0.5, 1.0)
     with pytest.raises(ValueError, match="least"):
         StepCalibration(window=2, least=3)
+
+
+def test_a_calibrated_curve_is_made_again_only_once_a_ratio_it_read_changed() -> None:
+    """`apply` runs before every step: within a context class the same curve comes back until
+    a timing moves a ratio it was priced with."""
+    calibration = StepCalibration(window=5, least=1)
+    curve = CostCurve((1, 2, 4), (1.0, 1.5, 2.0))
+    first = calibration.apply(curve, 300)
+    assert calibration.apply(curve, 400) is first  # the same class (256-511), nothing recorded
+    calibration.record(1, 300, curve(1), 0.5)
+    second = calibration.apply(curve, 300)
+    assert second is not first and second.seconds == (0.5, 0.75, 1.0)  # priced from the nearest
+    assert calibration.apply(curve, 300) is second
+    for tokens in (2, 4):
+        calibration.record(tokens, 300, curve(tokens), curve(tokens))
+    own = calibration.apply(curve, 300)  # every width class its own ratio now
+    calibration.record(1, 5000, curve(1), 9.0)  # another context class moves
+    assert calibration.apply(curve, 300) is own
+    calibration.record(1, 300, curve(1), 0.5)  # timed as before: the ratio stays 0.5
+    calibration.record(1, 300, curve(1), 2.0)  # hindered once: the median of three stays 0.5
+    assert calibration.apply(curve, 300) is own
+    calibration.record(1, 300, curve(1), 2.0)  # twice: the median moves to 1.25
+    moved = calibration.apply(curve, 300)
+    assert moved is not own and moved.seconds[0] == 1.25
+    other = CostCurve((1, 2, 4), (1.0, 1.5, 2.0))  # an equal curve set anew (measured again)
+    assert calibration.apply(other, 300) is not calibration.apply(curve, 300)
+
+
+def test_a_kept_calibrated_curve_prices_as_one_made_afresh() -> None:
+    """Whatever the timings, in whatever classes, the curve `apply` keeps is the one the
+    ratios give now (`factor`): the plans are those of a curve made at every step."""
+    import random
+
+    rng = random.Random(40)
+    calibration = StepCalibration(window=4, least=2)
+    curve = CostCurve((1, 2, 3, 4, 8, 13), (1.0, 1.2, 1.3, 1.5, 2.0, 2.6))
+    contexts = (0, 1, 3, 300, 700, 1500, 6000)
+    for _ in range(400):
+        tokens, context = rng.choice(curve.sizes), rng.choice(contexts)
+        calibration.record(tokens, context, curve(tokens), curve(tokens) * rng.choice((0.5, 1.0, 2.0)))
+        for at in contexts:
+            fresh = [s * calibration.factor(n, at) for n, s in zip(curve.sizes, curve.seconds, strict=True)]
+            assert calibration.apply(curve, at) == CostCurve(curve.sizes, tuple(fresh), curve.loaded)
 
 
 # (case, observations as (tokens, context, seconds) repeated 16 times, stale): against the
@@ -360,3 +426,17 @@ def test_a_curve_is_forgotten_only_while_the_disk_still_holds_it(tmp_path) -> No
     assert cached_curve(tmp_path, key, lambda: first) == newer
     assert forget_curve(tmp_path, key, newer) and not list(tmp_path.glob("costs-*.json"))
     assert not forget_curve(tmp_path, key, newer)  # nothing left to forget
+
+
+def test_a_curve_in_a_read_only_cache_is_not_forgotten(tmp_path, monkeypatch) -> None:
+    """The next process's check finds it again: no error, nothing lost."""
+    key = {"model": "m"}
+    curve = cached_curve(tmp_path, key, lambda: CostCurve((1, 2), (1.0, 1.5)))
+
+    def refuse(self, missing_ok: bool = False) -> None:  # type: ignore[no-untyped-def]
+        raise PermissionError(f"read-only: {self}")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert not forget_curve(tmp_path, key, curve)
+    monkeypatch.undo()
+    assert cached_curve(tmp_path, key, lambda: CostCurve.flat()) == curve

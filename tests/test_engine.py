@@ -146,7 +146,7 @@ def test_a_stream_dropped_without_close_releases_the_branches(setup) -> None:
 def test_caches_that_cannot_be_rolled_back_are_refused() -> None:
     from transformers import DynamicCache
 
-    from rag_lookahead.decoding.kv_cache import new_tree_cache, supports_tree
+    from rag_lookahead.runtime.kv_cache import new_tree_cache, supports_tree
 
     sliding = DynamicCache(config=tiny_config("mistral", sliding_window=8))
     assert not supports_tree(sliding) and not supports_tree(None)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from rag_lookahead import DEFAULT_MODEL, LoadOptions, LookaheadConfig
-from rag_lookahead.protocol import EngineSource, plain_engine, within_deadline
+from rag_lookahead.frontends import EngineSource, plain_engine
+from rag_lookahead.protocol import within_deadline
 from rag_lookahead.remote import ServerEngine
 from rag_lookahead.testing import read_past_deadline, tiny_engine
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_lookahead.decoding.costs import VERSION, CostCurve, cached_curve
 from rag_lookahead.files import atomic_file, atomic_write, exclusive, held, lock_beside
+from rag_lookahead.planning.costs import VERSION, CostCurve, cached_curve
 
 
 def test_an_atomic_write_replaces_the_file_with_exactly_its_bytes(tmp_path: Path) -> None:

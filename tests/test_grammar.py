@@ -23,9 +23,9 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.constraint import GrammarCompiler, to_lark
-from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.structured import Grammar
 from rag_lookahead.testing import (
     ASCII_VOCAB,

@@ -24,9 +24,9 @@ from transformers import AutoTokenizer
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie, rag_messages
 from rag_lookahead.cli import main
-from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance
-from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance
+from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.rag import (
     DEFAULT_EMBEDDER,
     ChunkingConfig,

@@ -16,6 +16,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -720,6 +722,32 @@ def stream_lines(url: str, body: dict[str, Any], into: list[str]) -> threading.T
     return thread
 
 
+@dataclass
+class Streaming:
+    """A live server over a `gated_engine`, with one completion streaming from it."""
+
+    server: LiveServer
+    streams: list[TextStream]  # what the engine's calls returned
+    gave_up: threading.Event  # set if a gated forward gave up waiting: the test fails
+    lines: list[str]  # the stream's data lines so far
+    reader: threading.Thread  # reading them
+
+
+@contextmanager
+def streaming(
+    max_tokens: int = 200, go: threading.Event | None = None, **settings: Any
+) -> Iterator[Streaming]:
+    """A server with ``settings`` over a `gated_engine` (``go`` lets its forwards on), once its
+    completion of ``max_tokens`` has streamed its first event; stopped at the end."""
+    engine, streams, gave_up = gated_engine(go)
+    lines: list[str] = []
+    with LiveServer(create_app(engine, ServeSettings(model_name=MODEL, **settings))) as server:
+        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": max_tokens, "stream": True}
+        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
+        wait_until(lambda: bool(lines))
+        yield Streaming(server, streams, gave_up, lines, reader)
+
+
 def assert_refused_while_draining(server: LiveServer) -> None:
     """New requests and /health get 503 over new connections (the listener stays open); the
     metrics are still scraped."""
@@ -737,25 +765,20 @@ def test_a_stopping_server_drains() -> None:
     with 503 while a stream already running goes on to its end, ``[DONE]`` included; then it
     stops by itself."""
     go = threading.Event()
-    engine, streams, gave_up = gated_engine(go)
-    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL)))
-    lines: list[str] = []
-    try:
-        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 40, "stream": True}
-        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
-        wait_until(lambda: bool(lines))
-        server.server.handle_exit(signal.SIGTERM, None)
-        assert_refused_while_draining(server)
+    with streaming(max_tokens=40, go=go) as run:
+        run.server.server.handle_exit(signal.SIGTERM, None)
+        assert_refused_while_draining(run.server)
         go.set()
-        reader.join(WAIT_S)
-        server.thread.join(WAIT_S)  # the drain over, it stops with nobody telling it to
-        assert not server.thread.is_alive()
-    finally:
-        server.stop()
-    assert not gave_up.is_set()
-    assert lines[-1] == "data: [DONE]"
-    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] in ("length", "stop")
-    assert streams[0].stats.finish_reason in ("length", "eos")  # ran to its own end
+        run.reader.join(WAIT_S)
+        run.server.thread.join(WAIT_S)  # the drain over, it stops with nobody telling it to
+        assert not run.server.thread.is_alive()
+    assert not run.gave_up.is_set()
+    assert run.lines[-1] == "data: [DONE]"
+    assert json.loads(run.lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] in (
+        "length",
+        "stop",
+    )
+    assert run.streams[0].stats.finish_reason in ("length", "eos")  # ran to its own end
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -796,17 +819,10 @@ def test_what_runs_past_the_drain_is_cut_and_told_so(stream: bool) -> None:
 
 def test_a_cut_stream_ends_with_an_error_event_then_done() -> None:
     """The events as sent: the answer's text so far, an error in OpenAI's shape, ``[DONE]``."""
-    engine, _, _ = gated_engine()
-    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL, drain_s=0)))
-    lines: list[str] = []
-    try:
-        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 200, "stream": True}
-        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
-        wait_until(lambda: bool(lines))
-        server.server.handle_exit(signal.SIGTERM, None)
-        reader.join(WAIT_S)
-    finally:
-        server.stop()
+    with streaming(drain_s=0) as run:
+        run.server.server.handle_exit(signal.SIGTERM, None)
+        run.reader.join(WAIT_S)
+    lines = run.lines
     assert lines[-1] == "data: [DONE]"
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
@@ -814,23 +830,15 @@ def test_a_cut_stream_ends_with_an_error_event_then_done() -> None:
 
 
 def test_a_second_signal_cuts_at_once() -> None:
-    engine, streams, _ = gated_engine()
-    server = LiveServer(create_app(engine, ServeSettings(model_name=MODEL, drain_s=600)))
-    lines: list[str] = []
-    try:
-        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 200, "stream": True}
-        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
-        wait_until(lambda: bool(lines))
-        server.server.handle_exit(signal.SIGINT, None)
-        assert_refused_while_draining(server)
-        server.server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C
-        reader.join(WAIT_S)
-        server.thread.join(WAIT_S)
-        assert not server.thread.is_alive()
-    finally:
-        server.stop()
-    assert lines[-1] == "data: [DONE]" and '"shutting_down"' in lines[-2]
-    assert streams[0].stats.finish_reason == "abandoned"
+    with streaming(drain_s=600) as run:
+        run.server.server.handle_exit(signal.SIGINT, None)
+        assert_refused_while_draining(run.server)
+        run.server.server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C
+        run.reader.join(WAIT_S)
+        run.server.thread.join(WAIT_S)
+        assert not run.server.thread.is_alive()
+    assert run.lines[-1] == "data: [DONE]" and '"shutting_down"' in run.lines[-2]
+    assert run.streams[0].stats.finish_reason == "abandoned"
 
 
 # ---------------------------------------------------------------------------- readiness

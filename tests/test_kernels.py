@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.kernels import linear_used, onednn_available, onednn_linear
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.runtime.kernels import linear_used, onednn_available, onednn_linear
+from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, CharTokenizer, tiny_model
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
@@ -74,9 +74,9 @@ def _plain_linear(x: torch.Tensor, weight: torch.Tensor) -> None:
 def test_the_choice_applies_to_fp32_cpu_models_only() -> None:
     model = tiny_model("llama")
     cpu = torch.device("cpu")
-    assert linear_used(model, cpu, "torch") == "torch"
-    assert linear_used(model, torch.device("cuda"), "onednn") == "torch"
-    assert linear_used(model, cpu, "onednn") == ("onednn" if onednn_available() else "torch")
+    assert str(linear_used(model, cpu, "torch")) == "torch"
+    assert str(linear_used(model, torch.device("cuda"), "onednn")) == "torch"
+    assert str(linear_used(model, cpu, "onednn")) == ("onednn" if onednn_available() else "torch")
 
 
 def test_a_variant_keeps_its_engines_kernel() -> None:
@@ -95,3 +95,45 @@ def test_a_runner_on_either_kernel_gives_the_same_logits(family: str) -> None:
         for kernel in ("onednn", "torch")
     ]
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("onednn_seconds", "chosen"),
+    [
+        ({1: 0.5, 4: 0.5, 16: 0.5}, "onednn"),
+        ({1: 2.0, 4: 2.0, 16: 2.0}, "torch"),
+        ({1: 2.0, 4: 0.5, 16: 0.5}, "torch,2:onednn"),  # oneDNN only for drafts and batches
+        ({1: 0.5, 4: 2.0, 16: 0.5}, "onednn,2:torch,8:onednn"),
+    ],
+)
+def test_auto_takes_the_kernel_that_multiplies_this_models_layers_faster_for_so_many_tokens(
+    onednn_seconds: dict[int, float], chosen: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_lookahead.runtime import kernels
+
+    def seconds(weights: Any, rows: int, onednn: bool) -> float:
+        return onednn_seconds[rows] if onednn else 1.0
+
+    monkeypatch.setattr(kernels, "_layers_seconds", seconds)
+    model = tiny_model("llama")
+    used = linear_used(model, torch.device("cpu"), "auto")
+    assert str(used) == chosen and str(ModelRunner(model, "auto").linear) == chosen
+    assert [used.onednn(n) for n in (1, 2, 3, 4, 15, 16, 300)] == [
+        onednn_seconds[1] < 1,
+        *[onednn_seconds[4] < 1] * 3,
+        *[onednn_seconds[16] < 1] * 3,
+    ]
+    assert str(linear_used(model, torch.device("cuda"), "auto")) == "torch"  # nothing timed off a CPU
+
+
+def test_auto_times_each_distinct_weight_once_for_every_layer_of_its_shape() -> None:
+    from rag_lookahead.runtime.kernels import _distinct_weights
+
+    model = tiny_model("llama")
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = _distinct_weights(model)
+    assert sum(count for _, count in weights) == len(layers)
+    assert len({tuple(w.shape) for w, _ in weights}) == len(weights) < len(layers)
+    used = linear_used(model, torch.device("cpu"), "auto")
+    assert used.classes[0][0] == 1 and all(kernel in ("onednn", "torch") for _, kernel in used.classes)

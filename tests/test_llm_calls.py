@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from rag_lookahead import DEFAULT_MODEL
+from rag_lookahead.frontends import display_name
 from rag_lookahead.models import default_cache_dir
-from rag_lookahead.protocol import HeldReply, RequestError, display_name, plan_call, plan_chat
+from rag_lookahead.protocol import HeldReply, RequestError, plan_call, plan_chat
 from rag_lookahead.structured import ToolFormat
 from rag_lookahead.testing import ascii_fast_tokenizer
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, StreamChunk
-from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.streaming.logprobs import TokenLogprob
 from rag_lookahead.testing import (
     ASCII_VOCAB,

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.testing import (
     ASCII_VOCAB,
     FAMILIES,

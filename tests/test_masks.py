@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_lookahead.decoding.batch import batch_inputs
 from rag_lookahead.decoding.masks import ancestors
 from rag_lookahead.decoding.tree import SideRows, StepDraft
+from rag_lookahead.runtime.batch import batch_inputs
 from rag_lookahead.testing import random_tree, row_by_row_ancestors, row_by_row_inputs
 
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import (
+from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
+from rag_lookahead.planning.costs import (
     BatchCosts,
     Calibration,
     CostCurve,
@@ -14,7 +15,7 @@ from rag_lookahead.decoding.costs import (
     cached_curve,
     measure_curve,
 )
-from rag_lookahead.decoding.planner import (
+from rag_lookahead.planning.planner import (
     AcceptanceModel,
     StepPlanner,
     fused_prefill,
@@ -23,7 +24,6 @@ from rag_lookahead.decoding.planner import (
     rank_draft,
     separate_prefill,
 )
-from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 
 # root -> a -> b -> c ; root -> d ; a -> e
 TREE = DraftTree((0, 1, 2, 3, 4, 5), (-1, 0, 1, 2, 0, 1), "trie", (1.0, 0.9, 0.8, 0.7, 0.3, 0.2))

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.prefix import PrefixCache
-from rag_lookahead.decoding.runner import ModelRunner
+from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.prefix import PrefixCache
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, CharTokenizer, greedy_reference, tiny_model
 
 

@@ -27,6 +27,7 @@ from rag_lookahead.rag import (
     split_document,
     store,
 )
+from rag_lookahead.rag.documents import printable
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 SMALL = ChunkingConfig(size=48, overlap=12, unit="tokens")
@@ -147,6 +148,15 @@ def test_a_file_that_cannot_be_read_is_skipped_not_fatal(tmp_path: Path, monkeyp
     documents, skipped = load_documents([tmp_path])
     assert [doc.source for doc in documents] == [str(tmp_path / "open.txt")]
     assert skipped == [Skipped(str(tmp_path / "locked.txt"), "unreadable (Permission denied)")]
+
+
+def test_what_is_skipped_prints_whatever_its_name_holds() -> None:
+    """A file name's undecodable byte shows as that byte, any other lone surrogate (a JSON
+    escape) as its escape: `Skipped` prints where its text would not encode."""
+    assert printable("caf\udce9.txt") == "caf\\xe9.txt"  # the byte os.fsdecode mapped
+    assert printable("lone \ud800") == "lone \\ud800"
+    assert printable("plain é") == "plain é"
+    assert str(Skipped("caf\udce9.txt", "its name is not UTF-8")) == "caf\\xe9.txt: its name is not UTF-8"
 
 
 def test_named_files_must_exist_and_be_supported(tmp_path: Path) -> None:

@@ -1,15 +1,24 @@
-"""The README is a user's guide that runs: every Python block in it runs as written (on a tiny
-random model in place of the built-in ones, in a folder with ``docs/`` and ``docs.index``), and
-the few that cannot run here say why in a marker before them (`rag_lookahead.testing.readme`)."""
+"""The README and the docs are a user's guide that runs: every Python block of README.md and of
+every page under docs/ runs as written (on a tiny random model in place of the built-in ones, in
+a folder with ``docs/`` and ``docs.index``), and the few that cannot run here say why in a
+marker before them (`rag_lookahead.testing.readme`)."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from rag_lookahead.testing.readme import Block, python_blocks, readme_folder, run_block, undefined_names
+from rag_lookahead.testing.readme import (
+    Block,
+    markdown_files,
+    python_blocks,
+    readme_folder,
+    run_block,
+    undefined_names,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKS = python_blocks(ROOT / "README.md")
+BLOCKS = [block for path in markdown_files(ROOT) for block in python_blocks(path, ROOT)]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +47,38 @@ def test_fragments_are_few_and_compile() -> None:
     assert len(fragments) <= 2, [b.where for b in fragments]
     for block in fragments:
         compile(block.code, block.where, "exec")
+
+
+def test_the_docs_pages_are_read_and_named_by_their_path() -> None:
+    files = markdown_files(ROOT)
+    assert files[0] == ROOT / "README.md"
+    assert ROOT / "docs" / "guide" / "python-api.md" in files
+    assert any(b.where.startswith("docs/guide/python-api.md:") and b.kind == "run" for b in BLOCKS)
+
+
+def _repo_links():
+    """The mkdocs hook that checks the docs' links out of docs/ (it needs no mkdocs to load)."""
+    path = ROOT / "docs" / "mkdocs" / "hooks" / "repo_links.py"
+    spec = importlib.util.spec_from_file_location("repo_links", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_relative_link_names_a_file_and_a_heading_there() -> None:
+    # The pages are read on GitHub: a link is a path into the repository, an anchor GitHub's.
+    links = _repo_links()
+    pages = [*markdown_files(ROOT), *(ROOT / "benchmarks").rglob("*.md")]
+    pages += (ROOT / "integrations").glob("*/README.md")
+    broken = []
+    for page in pages:
+        for target, anchor, path in links.relative_links(page.read_text("utf-8"), page):
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}{anchor}")
+            elif anchor and path.suffix == ".md" and anchor[1:] not in links.github_anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}: {target}{anchor} (no such heading)")
+    assert broken == []
 
 
 def test_an_undefined_name_is_found() -> None:
@@ -69,5 +110,6 @@ def test_blocks_keep_the_markdown_line_numbers_and_their_marker(tmp_path) -> Non
     (tmp_path / "x.md").write_text(text)
     first, second = python_blocks(tmp_path / "x.md")
     assert (first.where, first.kind, first.reason) == ("x.md:5", "skip", "a server")
+    assert python_blocks(tmp_path / "x.md", tmp_path.parent)[0].where == f"{tmp_path.name}/x.md:5"
     assert first.code.splitlines()[5] == "x = 1"  # line 6 of the file
     assert (second.where, second.kind, second.code.strip()) == ("x.md:9", "run", "y = 2")

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from rag_lookahead import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.batch import _filled_holes
-from rag_lookahead.decoding.costs import CostModel
-from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.engine.request import END, Call, CallStatus
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan
+from rag_lookahead.planning.costs import CostModel
+from rag_lookahead.planning.planner import StepPlanner
+from rag_lookahead.runtime.batch import _filled_holes
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.testing import CharTokenizer

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.batch import batch_inputs
-from rag_lookahead.decoding.kv_cache import cache_kwarg
-from rag_lookahead.decoding.layer_masks import LayerMasks, cut_window
-from rag_lookahead.decoding.probe import tree_support_problem
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.runtime.batch import batch_inputs
+from rag_lookahead.runtime.kv_cache import cache_kwarg
+from rag_lookahead.runtime.layer_masks import LayerMasks, cut_window
+from rag_lookahead.runtime.probe import tree_support_problem
 from rag_lookahead.testing import (
     SLIDING_FAMILIES,
     SLIDING_WINDOW,
@@ -135,7 +135,7 @@ def test_the_whole_answer_in_the_trie_is_verified_in_trees_past_the_window(famil
 @pytest.mark.parametrize("inside", [False, True])
 def test_batched_calls_on_a_sliding_model_each_get_their_own_greedy_output(family: str, inside: bool) -> None:
     """``inside``: joining prompts ride in the running rows' steps (a flat cost curve)."""
-    from rag_lookahead.decoding.costs import CostCurve
+    from rag_lookahead.planning.costs import CostCurve
 
     rng = random.Random(family)
     model = sliding_model(family)

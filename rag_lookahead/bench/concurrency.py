@@ -42,8 +42,8 @@ from rag_lookahead.bench.run import (
     prefill_timer,
     run_header,
 )
-from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.runtime.threads import in_passing_thread
 
 __all__ = ["CONCURRENCY_METHODS", "format_concurrency", "poisson_arrivals", "quantile", "run_concurrency"]
 

@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from rag_lookahead.bench.run import BenchInput, relative_costs, run_header
-from rag_lookahead.decoding.costs import CostCurve
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.planning.costs import CostCurve
 
 __all__ = ["format_fresh", "parse_cost_curve", "run_fresh"]
 

@@ -19,10 +19,10 @@ import torch
 from rag_lookahead.bench.divergence import describe, divergences
 from rag_lookahead.bench.methods import METHODS
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve
-from rag_lookahead.decoding.kv_cache import new_tree_cache
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.prompts import rag_messages
+from rag_lookahead.runtime.kv_cache import new_tree_cache
 
 __all__ = [
     "METHODS",

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +121,10 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     look.add_argument(
         "--cpu-linear",
         default=defaults.cpu_linear,
-        choices=["onednn", "torch"],
-        help="the kernel of the engine's fp32 linear layers on a CPU: oneDNN's, or torch's default "
-        f"as generate runs; the same values up to rounding (default: {defaults.cpu_linear})",
+        choices=["auto", "onednn", "torch"],
+        help="the kernel of the engine's fp32 linear layers on a CPU: oneDNN's, torch's default "
+        "as generate runs, or auto: the faster of the two for this model here, timed at start; "
+        f"the same values up to rounding (default: {defaults.cpu_linear})",
     )
     look.add_argument(
         "--remeasure",
@@ -526,7 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_settings(args)
-        return int(_runner(args.run)(args))
+        with _progress_lines():
+            return int(_runner(args.run)(args))
     # A bad index (IndexFormatError) is a ValueError too.
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"rag-lookahead: error: {err}", file=sys.stderr)
@@ -534,6 +538,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+
+
+@contextmanager
+def _progress_lines() -> Iterator[None]:
+    """The library's progress where it draws no bar (standard error is a file or a pipe), as
+    lines on standard error while the command runs: it logs them (`rag_lookahead.progress`)."""
+    from rag_lookahead.progress import PROGRESS_LOGGER
+
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    handler = logging.StreamHandler(sys.stderr)  # the stream at the time: a test's capture too
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _runner(name: str) -> Callable[[argparse.Namespace], int]:

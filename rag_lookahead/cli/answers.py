@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -22,9 +24,9 @@ from rag_lookahead.cli.setup import (
     progress,
     retrieval_config,
 )
-from rag_lookahead.decoding.load import watch_load
 from rag_lookahead.files import held
 from rag_lookahead.interface import Engine
+from rag_lookahead.planning.load import MachineLoad, watch_load
 from rag_lookahead.rag import (
     AnswerStream,
     ChunkingConfig,
@@ -37,6 +39,7 @@ from rag_lookahead.rag import (
 from rag_lookahead.rag.chunking import long_lines
 from rag_lookahead.rag.pipeline import Answer, source_label
 from rag_lookahead.rag.store import META_FILE, refuse_foreign
+from rag_lookahead.serve.readiness import measure_ahead
 
 __all__ = ["run_ask", "run_chat", "run_demo", "run_index"]
 
@@ -179,60 +182,109 @@ def run_chat(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     """The main job on bundled data: index a small real corpus, then answer its questions with
-    and without lookahead, timed fairly (both warmed up, in alternating order)."""
+    and without lookahead, timed fairly (both warmed up, in alternating order). Says what it is
+    doing at each step, streams each lookahead answer as it decodes, and flushes every line, so
+    that a pipe shows it as it comes."""
     index = bundled_index(announce=True)
     questions = bundled_questions()[: args.questions]
-    print("Loading the model (the default is converted once to safetensors on first use)...")
-    engine = make_engine(args)
+    _say("Loading the model (a built-in one is converted to safetensors once, on first use)...")
+    engine = make_engine(args, measure=False)
+    if engine.config.mode == "auto":
+        _say(
+            "Measuring the model's forward costs, which lookahead plans its drafts with "
+            "(once per model and machine, then read from the cache)..."
+        )
+        started = time.perf_counter()
+        measure_ahead(engine, remeasure=args.remeasure)
+        took = time.perf_counter() - started
+        measured = engine.cost_curve is not None
+        _say(f"  done in {took:.1f} s" if measured else "  none needed: the model verifies no drafts")
     # The two paths answer the same prompts: neither may start from the other's prefix cache.
     engine = engine.with_config(replace(engine.config, prefix_cache_mb=0))
     pipelines = {
         "lookahead": RagPipeline(engine, index, retrieval_config(args)),
         "plain": RagPipeline(engine.plain(), index, retrieval_config(args)),
     }
-    for pipeline in pipelines.values():  # first-call costs (allocations, kernels) are not timed
+    for name, pipeline in pipelines.items():  # first calls pay one-off costs (allocations, kernels)
+        _say(f"Warming up the {name} path (not timed)...")
         pipeline.ask(_WARM_UP, max_new_tokens=8)
+    _say(f"Asking {len(questions)} questions, each with lookahead (shown as it decodes) and without.")
     with watch_load() as seen:
-        ratios, identical = _timed_answers(args, pipelines, questions)
-    load = seen[0]
-    per_answer = ", ".join(f"{p / f:.2f}" for p, f in ratios)
-    total = sum(p for p, _ in ratios) / sum(f for _, f in ratios)
-    print(f"\nLookahead against plain decoding, per answer: {per_answer}")
-    print(f"While timing, {load.describe()}.")
-    verdict = " (timed on a busy machine)" if load.busy else ""
-    print(f"All {len(ratios)} answers: {total:.2f}x{verdict}; {identical}/{len(ratios)} identical.")
+        seconds, identical = _timed_answers(args, pipelines, questions)
+    _summarize(seconds, identical, seen[0])
     return 0
 
 
 def _timed_answers(
     args: argparse.Namespace, pipelines: dict[str, RagPipeline], questions: list[str]
 ) -> tuple[list[tuple[float, float]], int]:
-    """Each question answered by both paths, in alternating order: the seconds of each (plain,
-    lookahead), and how many answers came out identical."""
-    ratios, identical = [], 0
+    """Each question answered by both paths, in alternating order, the lookahead answer streamed:
+    the seconds of each (plain, lookahead), and how many answers came out identical."""
+    seconds, identical = [], 0
     for i, question in enumerate(questions):
+        _say(f"\n=== Question {i + 1}/{len(questions)}: {question}")
         order = list(pipelines) if i % 2 == 0 else list(reversed(pipelines))
-        answers = {name: pipelines[name].ask(question, max_new_tokens=args.max_new_tokens) for name in order}
-        fast, plain = answers["lookahead"], answers["plain"]
-        print(f"\n=== {question}")
-        print(fast.text.strip())
-        if _was_cut(fast):
-            print(_cut_mark(args.max_new_tokens))
-        _print_sources(fast, sys.stdout)
+        answers: dict[str, Answer] = {}
         for name in order:
-            s = answers[name].stats
-            print(
+            stream = pipelines[name].stream(question, max_new_tokens=args.max_new_tokens)
+            if name == "lookahead":
+                answers[name] = _stream_answer(stream, sys.stdout, args.max_new_tokens)
+            else:
+                _say(
+                    "  (plain decoding first this time: the order alternates)"
+                    if not answers
+                    else "  plain decoding, to compare..."
+                )
+                answers[name] = _decode_quietly(stream, args.max_new_tokens)
+        fast, plain = answers["lookahead"], answers["plain"]
+        for name, answer in (("lookahead", fast), ("plain", plain)):
+            s = answer.stats
+            _say(
                 f"  {name:>9}: {s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_s:.1f} tok/s, "
                 f"{s.tokens_per_step:.2f} tokens per forward"
             )
-        ratios.append((plain.stats.seconds, fast.stats.seconds))
+        seconds.append((plain.stats.seconds, fast.stats.seconds))
         identical += plain.text == fast.text
-        print(f"  identical: {plain.text == fast.text}; lookahead: {ratios[-1][0] / ratios[-1][1]:.2f}x")
-    return ratios, identical
+        _say(f"  identical: {plain.text == fast.text}; lookahead: {seconds[-1][0] / seconds[-1][1]:.2f}x")
+    return seconds, identical
+
+
+def _decode_quietly(stream: AnswerStream, max_new_tokens: int) -> Answer:
+    """``stream`` decoded without showing its text (the other path's was shown), with a line at
+    most every `_QUIET_LINE_EVERY` seconds saying how far it got."""
+    tokens, said = 0, time.monotonic()
+    with stream:
+        for chunk in stream.chunks():
+            tokens += len(chunk.token_ids)
+            if time.monotonic() - said >= _QUIET_LINE_EVERY:
+                _say(f"    {tokens} of at most {max_new_tokens} tokens so far...")
+                said = time.monotonic()
+        return stream.answer()
+
+
+def _summarize(seconds: list[tuple[float, float]], identical: int, load: MachineLoad) -> None:
+    """Each answer's speed-up, and their median and range: one long answer cannot carry it."""
+    ratios = [plain / fast for plain, fast in seconds]
+    total = sum(plain for plain, _ in seconds) / sum(fast for _, fast in seconds)
+    _say(f"\nLookahead against plain decoding, per answer: {', '.join(f'{r:.2f}' for r in ratios)}")
+    _say(f"While timing, {load.describe()}.")
+    verdict = " (timed on a busy machine)" if load.busy else ""
+    _say(
+        f"All {len(ratios)} answers: median {statistics.median(ratios):.2f}x, from {min(ratios):.2f}x "
+        f"to {max(ratios):.2f}x, {total:.2f}x over their time together{verdict}; "
+        f"{identical}/{len(ratios)} identical."
+    )
+
+
+def _say(line: str) -> None:
+    """A line of the demo, flushed: a pipe shows it now, not when a buffer fills."""
+    print(line, flush=True)
 
 
 # Asked once by each path before the timed questions, and about none of them.
 _WARM_UP = "What is this text about?"
+# While the plain path decodes unseen, a line at least this often (seconds).
+_QUIET_LINE_EVERY = 10.0
 
 
 def _answer(
@@ -243,6 +295,23 @@ def _answer(
     engine: Engine | None = None,
 ) -> Answer:
     """Stream an answer to ``out``, then its sources and stats; return it."""
+    answer = _stream_answer(stream, out, max_new_tokens, debug, engine)
+    s = answer.stats
+    out.write(
+        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per "
+        f"forward, {s.steps} forwards]\n"
+    )
+    return answer
+
+
+def _stream_answer(
+    stream: AnswerStream,
+    out: TextIO,
+    max_new_tokens: int,
+    debug: bool = False,
+    engine: Engine | None = None,
+) -> Answer:
+    """Stream an answer to ``out`` (its notes first), then its sources; return it."""
     for note in stream.notes:
         out.write(f"note: {note}\n")
     with stream:
@@ -257,11 +326,7 @@ def _answer(
     if _was_cut(answer):
         out.write(_cut_mark(max_new_tokens) + "\n")
     _print_sources(answer, out)
-    s = answer.stats
-    out.write(
-        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per "
-        f"forward, {s.steps} forwards]\n"
-    )
+    out.flush()
     return answer
 
 

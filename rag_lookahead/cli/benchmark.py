@@ -24,8 +24,8 @@ from rag_lookahead.cli.setup import (
     progress,
     retrieval_config,
 )
-from rag_lookahead.decoding.load import watch_load
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.planning.load import watch_load
 from rag_lookahead.rag import Document, DocumentIndex, RagPipeline
 from rag_lookahead.rag.index import check_mode
 

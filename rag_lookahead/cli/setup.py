@@ -15,6 +15,7 @@ from rag_lookahead.cli.settings import chunking_config, load_options, lookahead_
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.progress import progress_bar
 from rag_lookahead.rag import DocumentIndex, RagPipeline, SentenceTransformerEmbedder
+from rag_lookahead.serve.readiness import measure_ahead
 
 __all__ = [
     "bundled_index",
@@ -36,9 +37,8 @@ def make_engine(args: argparse.Namespace, measure: bool = True) -> LookaheadEngi
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(config=lookahead_config(args), load=load_options(args))
-    if measure and engine.config.mode == "auto" and engine.tree_verification:
-        # Measured once per model, device and dtype (then cached), so no answer pays for it.
-        engine.measure_costs(remeasure=args.remeasure)
+    if measure:  # measured once per model, device and dtype (then cached): no answer pays for it
+        measure_ahead(engine, remeasure=args.remeasure)
     return engine
 
 
@@ -67,7 +67,7 @@ def bundled_index(announce: bool = False) -> DocumentIndex:
     with resources.as_file(data / "corpus") as corpus, tempfile.TemporaryDirectory() as tmp:
         if announce:
             names = ", ".join(sorted(p.name for p in Path(corpus).iterdir()))
-            print(f"Indexing the bundled corpus ({names})...")
+            print(f"Indexing the bundled corpus ({names})...", flush=True)
         index, _ = DocumentIndex.build([corpus], make_embedder(None), progress=progress("embedding"))
         index.save(Path(tmp) / "index")
         return DocumentIndex.load(Path(tmp) / "index")

@@ -4,7 +4,7 @@ No thread of its own runs the `Scheduler`'s loop. A reader waiting for its call'
 runs one iteration for everybody, unless another reader already is (then it waits for its
 chunk). The loop stays with the thread that last ran it while that thread keeps reading, since
 every thread that runs torch work on a CPU slows all of them down
-(`rag_lookahead.decoding.threads`); another reader takes it over once that thread has stopped
+(`rag_lookahead.runtime.threads`); another reader takes it over once that thread has stopped
 reading for a moment, or has ended.
 """
 

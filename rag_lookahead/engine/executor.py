@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.decoding.batch import BatchCache, batch_inputs
-from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.engine.step import StepOutput, StepPlan
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.runner import ModelRunner
 
 __all__ = ["Executor"]
 

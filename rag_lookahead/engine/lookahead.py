@@ -18,10 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
-from rag_lookahead.decoding.costs import CostCurve
-from rag_lookahead.decoding.planner import StepPlanner
-from rag_lookahead.decoding.runner import ModelRunner
-from rag_lookahead.decoding.threads import in_passing_thread
 from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import call_drafter
 from rag_lookahead.drafting.protocol import Drafter
@@ -33,7 +29,11 @@ from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.scope import DocumentScope, document_texts
 from rag_lookahead.interface import EngineBase, check_scope
 from rag_lookahead.loading import LoadKeywords, LoadOptions
+from rag_lookahead.planning.costs import CostCurve
+from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.prompts import Prompt
+from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.runtime.threads import in_passing_thread
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
@@ -246,6 +246,13 @@ class LookaheadEngine(EngineBase):
         measure = functools.partial(measure_costs, *args, remeasure=remeasure, progress=self._progress)
         return in_passing_thread(measure)
 
+    def measure_ahead(self, *, remeasure: bool = False) -> None:
+        """Measure what this engine's first drafting call would otherwise measure (`measure_costs`;
+        timed again with ``remeasure``), so that no call waits for it: nothing unless
+        ``mode="auto"`` on a model that verifies drafts, or once measured."""
+        if self.config.mode == "auto" and self.tree_verification and (remeasure or self.cost_curve is None):
+            self.measure_costs(remeasure=remeasure)
+
     # ------------------------------------------------------------------ public calls
 
     def stream(
@@ -286,9 +293,8 @@ class LookaheadEngine(EngineBase):
         grammar = self._facts.grammar_state(params.grammar, eos)
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
-        if drafts and self.config.mode == "auto" and self.cost_curve is None:
-            self.measure_costs()
-        elif drafts and self.config.mode == "auto":
+        if drafts and self.config.mode == "auto":
+            self.measure_ahead()
             self.runner.costs.retire_contradicted()  # for the next process to measure; only plans change
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.

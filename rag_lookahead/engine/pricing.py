@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.costs import Calibration, CostCurve, CostModel, model_digest
-from rag_lookahead.decoding.planner import StepPlanner, fused_prefill, plan_batch, separate_prefill
-from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.engine.request import Call
 from rag_lookahead.engine.step import StepPlan
 from rag_lookahead.models import default_cache_dir
+from rag_lookahead.planning.costs import Calibration, CostCurve, CostModel, model_digest
+from rag_lookahead.planning.planner import StepPlanner, fused_prefill, plan_batch, separate_prefill
+from rag_lookahead.runtime.runner import ModelRunner
 
 __all__ = ["Pricing", "PromptForwards", "measure_costs"]
 

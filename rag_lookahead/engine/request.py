@@ -19,11 +19,11 @@ import torch
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.constraint import GrammarState
-from rag_lookahead.decoding.planner import StepPlanner
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser, accept, raw_logprobs
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.engine.step import Scored, Verdict
+from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.streaming.logprobs import TokenLogprob, token_logprobs
 from rag_lookahead.streaming.stats import FinishReason, StepRecorder
 from rag_lookahead.streaming.stopping import Stopping

@@ -34,10 +34,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from rag_lookahead.decoding.batch import BatchCache
-from rag_lookahead.decoding.kv_cache import new_tree_cache
-from rag_lookahead.decoding.prefix import PrefixCache
-from rag_lookahead.decoding.runner import ModelRunner
 from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.engine.driving import LoopDriver
 from rag_lookahead.engine.executor import Executor
@@ -45,6 +41,10 @@ from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import END as _END
 from rag_lookahead.engine.request import Call, CallStatus, choose_next, propose, release, verify
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan, Verdict
+from rag_lookahead.runtime.batch import BatchCache
+from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.prefix import PrefixCache
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.streaming.stream import StreamChunk
 
 __all__ = ["Scheduler"]

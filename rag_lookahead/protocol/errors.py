@@ -1,8 +1,9 @@
-"""The one error a request's translation raises: what was wrong, and with which parameter."""
+"""The one error a request's translation raises: what was wrong, and with which parameter;
+and the check every text of a request passes."""
 
 from __future__ import annotations
 
-__all__ = ["RequestError"]
+__all__ = ["RequestError", "checked_text"]
 
 
 class RequestError(ValueError):
@@ -19,3 +20,16 @@ class RequestError(ValueError):
         self.message = message
         self.param = param
         self.code = code
+
+
+def checked_text(text: str, where: str) -> str:
+    """``text``, once it is text: JSON may escape a lone surrogate (``"\\ud800"``), which no
+    tokenizer takes; a `RequestError` naming ``where`` then."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(
+                f"{where} is not valid Unicode text (a lone surrogate, such as \\ud800)", where
+            ) from None
+    return text

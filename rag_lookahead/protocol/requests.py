@@ -1,13 +1,13 @@
 """An OpenAI-style request (``/v1/chat/completions`` or ``/v1/completions``) as one `CallPlan`.
 
-Every key the request may hold is read here, once: a key this module does not know, or a
-value it cannot honour, is a `RequestError` naming the parameter, never ignored. Values the
+Every key the request may hold is read here, once (the sampling options by
+`rag_lookahead.protocol.sampling`): a key this module does not know, or a value it cannot
+honour, is a `RequestError` naming the parameter, never ignored. Values the
 engine would only take as a default (``frequency_penalty: 0``...) are accepted as such.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -15,8 +15,8 @@ from typing import Any, Literal
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.interface import Engine
 from rag_lookahead.prompts import Prompt
-from rag_lookahead.protocol.errors import RequestError
-from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
+from rag_lookahead.protocol.errors import RequestError, checked_text
+from rag_lookahead.protocol.sampling import openai_to_params
 from rag_lookahead.structured import (
     Grammar,
     ToolFormat,
@@ -28,7 +28,6 @@ from rag_lookahead.structured import tool_choice as normalised_choice
 from rag_lookahead.structured.tools import template_messages
 
 __all__ = [
-    "MAX_STOP_STRINGS",
     "CallKind",
     "CallPlan",
     "ToolPlan",
@@ -39,9 +38,6 @@ __all__ = [
 ]
 
 CallKind = Literal["chat", "completion"]
-
-# Each stop string is searched for at every step: a bound keeps that cost a request's own.
-MAX_STOP_STRINGS = 16
 
 _COMMON_KEYS = frozenset(
     {
@@ -148,14 +144,14 @@ def plan_body(
     grammar = _response_format(body.get("response_format"))
     if grammar is not None and tools.tools:
         raise RequestError("a request takes tools or a response_format, not both", "response_format")
-    max_tokens = _max_tokens(body.get("max_tokens"), body.get("max_completion_tokens"))
+    params = openai_to_params(
+        body, defaults or GenerationParams(), grammar or _forced_grammar(tools), chat=kind == "chat"
+    )
     return CallPlan(
         kind=kind,
         model=None,
         prompt=prompt,
-        params=_params(
-            body, defaults or GenerationParams(), max_tokens, grammar or _forced_grammar(tools), kind
-        ),
+        params=params,
         tools=tools,
         documents=_documents(body.get("documents")),
     )
@@ -218,19 +214,6 @@ def _messages(value: object) -> list[dict[str, Any]]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
         raise RequestError("messages are a non-empty list of message objects", "messages")
     return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
-
-
-def checked_text(text: str, where: str) -> str:
-    """``text``, once it is text: JSON may escape a lone surrogate (``"\\ud800"``), which no
-    tokenizer takes; a `RequestError` naming ``where`` then."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RequestError(
-                f"{where} is not valid Unicode text (a lone surrogate, such as \\ud800)", where
-            ) from None
-    return text
 
 
 def _checked_strings(value: object, where: str) -> None:
@@ -332,113 +315,7 @@ def _corpus(value: object) -> str | None:
     return value
 
 
-# ---------------------------------------------------------------------------- generation
-
-
-def _params(
-    body: Mapping[str, Any],
-    defaults: GenerationParams,
-    max_tokens: int | None,
-    grammar: Grammar | None,
-    kind: CallKind,
-) -> GenerationParams:
-    fields: dict[str, Any] = {"grammar": grammar, **_logprobs(body, kind, defaults.logprobs)}
-    if max_tokens is not None:
-        fields["max_new_tokens"] = max_tokens
-    if "temperature" in body:
-        temperature = _number(body["temperature"], "temperature", 0.0, 2.0)
-        # Temperature 0 is greedy decoding: the lossless path, token for token plain greedy.
-        fields["do_sample"] = temperature > 0
-        fields["temperature"] = temperature if temperature > 0 else 1.0
-    if "top_p" in body:
-        fields["top_p"] = _number(body["top_p"], "top_p", 0.0, 1.0, open_low=True)
-    if "top_k" in body:
-        fields["top_k"] = _integer(body["top_k"], "top_k", 1)
-    if "repetition_penalty" in body:
-        fields["repetition_penalty"] = _number(
-            body["repetition_penalty"], "repetition_penalty", 0.0, None, open_low=True
-        )
-    if "seed" in body:
-        fields["seed"] = _integer(body["seed"], "seed", 0, 2**64 - 1)
-    if "stop" in body:
-        fields["stop_strings"] = _stops(body["stop"])  # a request's stops replace the defaults
-    _check_n(body.get("n"))
-    try:
-        return replace(defaults, **fields)
-    except (TypeError, ValueError) as err:
-        raise RequestError(str(err)) from None
-
-
-def _logprobs(body: Mapping[str, Any], kind: CallKind, default: bool) -> dict[str, Any]:
-    """``logprobs`` (true or false) and ``top_logprobs`` (0 to 20), as OpenAI's chat takes them;
-    a completion's ``logprobs`` may also be an integer, OpenAI's legacy API: that many top tokens."""
-    fields: dict[str, Any] = {}
-    logprobs = body.get("logprobs")
-    if kind == "completion" and isinstance(logprobs, int) and not isinstance(logprobs, bool):
-        if "top_logprobs" in body:
-            raise RequestError(
-                "a completion's integer logprobs is its top_logprobs: give one", "top_logprobs"
-            )
-        fields["logprobs"], fields["top_logprobs"] = True, _integer(logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
-    elif logprobs is not None:
-        if not isinstance(logprobs, bool):
-            kinds = "true, false or an integer" if kind == "completion" else "true or false"
-            raise RequestError(f"logprobs is {kinds}, got {logprobs!r}", "logprobs")
-        fields["logprobs"] = logprobs
-    if "top_logprobs" in body:
-        fields["top_logprobs"] = _integer(body["top_logprobs"], "top_logprobs", 0, MAX_TOP_LOGPROBS)
-        if fields["top_logprobs"] and not fields.get("logprobs", default):
-            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
-    elif fields.get("logprobs") is False:
-        fields["top_logprobs"] = 0  # over a default that asks for them
-    return fields
-
-
-def _max_tokens(max_tokens: object, max_completion_tokens: object) -> int | None:
-    values = {
-        name: _integer(value, name, 1)
-        for name, value in (("max_tokens", max_tokens), ("max_completion_tokens", max_completion_tokens))
-        if value is not None
-    }
-    if len(set(values.values())) > 1:
-        raise RequestError(
-            "max_tokens and max_completion_tokens disagree: give one of them", "max_completion_tokens"
-        )
-    return next(iter(values.values()), None)
-
-
-def _number(value: object, name: str, low: float, high: float | None, *, open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} must be a number, got {value!r}", name)
-    too_low = value <= low if open_low else value < low
-    if too_low or (high is not None and value > high):
-        bounds = f"{'(' if open_low else '['}{low:g}, {'inf)' if high is None else f'{high:g}]'}"
-        raise RequestError(f"{name} must be in {bounds}, got {value}", name)
-    return float(value)
-
-
-def _integer(value: object, name: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"{name} is an integer, got {value!r}", name)
-    if value < low or (high is not None and value > high):
-        raise RequestError(
-            f"{name} must be from {low} to {high if high is not None else 'any'}, got {value}", name
-        )
-    return value
-
-
-def _stops(value: object) -> tuple[str, ...]:
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError("stop is a non-empty string or a list of them", "stop")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
-    return tuple(checked_text(stop, "stop") for stop in stops)
-
-
-def _check_n(value: object) -> None:
-    if value is not None and (isinstance(value, bool) or value != 1):
-        raise RequestError(f"n={value!r} is not supported: one choice per request", "n", "unsupported_value")
+# ---------------------------------------------------------------------------- streaming and format
 
 
 def _streaming(stream: object, options: object) -> tuple[bool, bool]:

@@ -7,12 +7,13 @@ keeps ``import rag_lookahead`` light for callers that never retrieve.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from rag_lookahead.progress import transformers_bars
 
 __all__ = ["DEFAULT_EMBEDDER", "Embedder", "SentenceTransformerEmbedder", "default_embedder_path"]
 
@@ -113,7 +114,7 @@ def _name(model_path: str | Path | None) -> str:
 def _load(location: Path, device: str) -> Any:
     from sentence_transformers import SentenceTransformer
 
-    with _quiet_transformers():
+    with transformers_bars(False):  # its "Loading weights" bar: library code prints nothing
         # A str, not a Path: sentence-transformers inspects the name as a string.
         return SentenceTransformer(str(location), device=device, local_files_only=True)
 
@@ -122,17 +123,3 @@ def _dimension(model: Any) -> int:
     # Renamed in sentence-transformers 6; the old name still exists in 5.x.
     getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     return int(getter())
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Hide transformers' "Loading weights" bar: library code should print nothing."""
-    from transformers.utils import logging
-
-    enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            logging.enable_progress_bar()

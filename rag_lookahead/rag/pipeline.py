@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
-from rag_lookahead.prompts import RAG_SYSTEM, check_history, rag_messages
+from rag_lookahead.prompts import RAG_SYSTEM, check_history, conversation_messages
 from rag_lookahead.rag.chunking import Chunk
 from rag_lookahead.rag.index import DocumentIndex, Hit
 from rag_lookahead.rag.retrieval import RetrievalConfig
@@ -222,7 +222,8 @@ class RagPipeline:
             return stream.answer()
 
     def _encode(self, question: str, context: str, history: History = ()) -> list[int]:
-        return self.engine.encode(rag_messages(question, context, self.system_prompt, history))
+        """The prompt's ids, ``history`` checked already (`prepare`)."""
+        return self.engine.encode(conversation_messages(question, context, self.system_prompt, history))
 
     def _fit_history(
         self, question: str, best: list[Hit], history: History, budget: int | None

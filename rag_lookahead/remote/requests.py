@@ -1,10 +1,11 @@
 """A call as an OpenAI API request: which endpoint, and its body.
 
 Chat messages go to ``/chat/completions``, where the server formats them with the model's chat
-template; text and token ids go to ``/completions`` as they are. Sampling fields beyond the
-OpenAI API's own (``top_k``, ``repetition_penalty``, stop token ids) go in the body's extra
-fields on vLLM and SGLang, which take them, and are refused for other servers rather than
-dropped, since dropping them would change the answer.
+template; text and token ids go to ``/completions`` as they are. The sampling fields are
+`GenerationParams` written back as OpenAI's (`params_to_openai`). Those beyond the OpenAI
+API's own (``top_k``, ``repetition_penalty``, stop token ids) go in the body's extra fields
+on vLLM and SGLang, which take them, and are refused for other servers rather than dropped,
+since dropping them would change the answer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Literal, TypeGuard, cast
 
 from rag_lookahead.config import GenerationParams
 from rag_lookahead.prompts import Prompt, read_prompt
+from rag_lookahead.protocol.sampling import params_to_openai
 from rag_lookahead.remote.config import ServerConfig
 from rag_lookahead.structured.grammar import Grammar
 
@@ -141,46 +143,21 @@ def _check_extra(config: ServerConfig, extra: Mapping[str, Any]) -> None:
 
 def build_request(config: ServerConfig, prompt: ServerPrompt, params: GenerationParams) -> Request:
     """The streamed request for ``prompt`` with ``params`` on this server."""
+    fields, extra = params_to_openai(params, chat=is_chat(prompt))
     kwargs: dict[str, Any] = {
         "model": config.model,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "max_tokens": params.max_new_tokens,
+        **fields,
     }
-    extra: dict[str, Any] = {}
-    if params.do_sample:
-        kwargs["temperature"] = params.temperature
-        if params.top_p != 1.0:
-            kwargs["top_p"] = params.top_p
-        if params.top_k is not None:
-            extra["top_k"] = params.top_k
-    else:
-        kwargs["temperature"] = 0.0  # greedy on vLLM, SGLang and OpenAI alike
-    if params.repetition_penalty != 1.0:
-        extra["repetition_penalty"] = params.repetition_penalty
-    if params.seed is not None:
-        kwargs["seed"] = params.seed
-    if params.stop_strings:
-        kwargs["stop"] = list(params.stop_strings)
     if params.eos_token_id is not None:
         # The call's EOS replaces the model's, as in the local engine.
         extra.update(ignore_eos=True, stop_token_ids=list(params.eos_token_id))
     if params.grammar is not None:
         _constrain(config, params.grammar, kwargs, extra)
-    logprobs = _logprobs(params, is_chat(prompt))
     if extra:
         _check_extra(config, extra)
         kwargs["extra_body"] = extra
     if is_chat(prompt):
-        return Request("chat", {**kwargs, **logprobs, "messages": prompt})
-    return Request("completions", {**kwargs, **logprobs, "prompt": prompt})
-
-
-def _logprobs(params: GenerationParams, chat: bool) -> dict[str, Any]:
-    """The request's log-probability fields: OpenAI's chat ones, or the legacy completion's
-    ``logprobs: k``."""
-    if not params.logprobs:
-        return {}
-    if chat:
-        return {"logprobs": True, "top_logprobs": params.top_logprobs}
-    return {"logprobs": params.top_logprobs}
+        return Request("chat", {**kwargs, "messages": prompt})
+    return Request("completions", {**kwargs, "prompt": prompt})

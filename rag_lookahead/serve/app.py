@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.interface import Engine
 from rag_lookahead.protocol import CallPlan, ReplyHeader, plan_chat, plan_completion
 from rag_lookahead.serve.admission import Admission
@@ -29,9 +28,10 @@ from rag_lookahead.serve.corpora import Corpora
 from rag_lookahead.serve.corpus_routes import corpus_routes
 from rag_lookahead.serve.errors import CLIENT_CLOSED, ApiError, install_handlers
 from rag_lookahead.serve.metrics import ServerMetrics
+from rag_lookahead.serve.readiness import measure_ahead
 from rag_lookahead.serve.settings import ServeSettings
 
-__all__ = ["ServerState", "create_app", "measure_before_serving"]
+__all__ = ["ServerState", "create_app"]
 
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # How often unused corpora are looked for, as a share of their TTL (and its bounds, in seconds):
@@ -59,14 +59,14 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
     """An OpenAI-compatible app serving ``engine``: ``GET /v1/models``, ``POST
     /v1/chat/completions``, ``POST /v1/completions``, the corpus routes (``/v1/corpora``),
     ``GET /metrics`` and ``GET /health``. Its startup (before a server listens) measures what
-    the engine's first call would (`measure_before_serving`)."""
+    the engine's first call would (`measure_ahead`), as `ask`, `chat` and `demo` do."""
     settings = settings or ServeSettings()
     state = _state(engine, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Before the server listens (uvicorn, Ray Serve): no request pays for it.
-        await anyio.to_thread.run_sync(measure_before_serving, engine)
+        await anyio.to_thread.run_sync(measure_ahead, engine)
         sweeper = asyncio.create_task(_sweep_forever(state.corpora))
         try:
             yield
@@ -93,19 +93,6 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
         return JSONResponse({"status": "ok"})
 
     return app
-
-
-def measure_before_serving(engine: Engine) -> None:
-    """Measure what a ``mode="auto"`` engine's first call would otherwise measure (its forward
-    costs, or read them from the cache), as `ask`, `chat` and `demo` do before answering; with
-    a progress bar where the engine shows one. Nothing for other engines, or once measured."""
-    if (
-        isinstance(engine, LookaheadEngine)
-        and engine.config.mode == "auto"
-        and engine.cost_curve is None
-        and engine.tree_verification
-    ):
-        engine.measure_costs()
 
 
 def _state(engine: Engine, settings: ServeSettings) -> ServerState:

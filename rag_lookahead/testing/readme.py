@@ -1,6 +1,7 @@
-"""The READMEs' Python blocks, run by the three test suites as a reader would run them.
+"""The READMEs' and the docs' Python blocks, run by the three test suites as a reader would run them.
 
-Every fenced ``python`` block of a markdown file is run as written, each in a namespace of its
+Every fenced ``python`` block of a markdown file (``README.md`` and every page under ``docs/``:
+`markdown_files`) is run as written, each in a namespace of its
 own, unless an HTML comment right before it says otherwise (the reason is shown in the rendered
 file's source and in the test report)::
 
@@ -33,6 +34,7 @@ __all__ = [
     "Block",
     "integration_blocks",
     "integration_tests",
+    "markdown_files",
     "python_blocks",
     "readme_folder",
     "run_block",
@@ -53,18 +55,26 @@ _ANY_MARKER = re.compile(r"^\s*<!--\s*readme-test")
 class Block:
     """One ``python`` block: where it starts, its code (dedented), and what the test does with it."""
 
-    where: str  # "README.md:75", the line of its opening fence
+    where: str  # "README.md:75" or "docs/guide/rag.md:12", the line of its opening fence
     code: str  # preceded by blank lines, so that a traceback gives the markdown file's line numbers
     kind: Kind
     reason: str = ""
 
 
-def python_blocks(markdown: Path) -> list[Block]:
-    """Every fenced ``python`` block of ``markdown``, with the marker before it if any.
+def markdown_files(root: Path) -> list[Path]:
+    """The repository's user documentation whose blocks the suites run: ``README.md``, then
+    every page under ``docs/`` (in path order)."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def python_blocks(markdown: Path, root: Path | None = None) -> list[Block]:
+    """Every fenced ``python`` block of ``markdown``, with the marker before it if any; a
+    block's place is named by its path under ``root`` when given (else the file's name).
 
     A marker that is malformed, or that stands before no ``python`` block, is an error rather
     than a block that runs (or skips) unnoticed.
     """
+    name = markdown.relative_to(root).as_posix() if root is not None else markdown.name
     lines = markdown.read_text("utf-8").splitlines()
     blocks: list[Block] = []
     marker: tuple[Kind, str] | None = None
@@ -76,40 +86,42 @@ def python_blocks(markdown: Path) -> list[Block]:
             found = _MARKER.match(line)
             if found is None:
                 raise ValueError(
-                    f"{markdown.name}:{i + 1}: a readme-test marker must read "
+                    f"{name}:{i + 1}: a readme-test marker must read "
                     f"'<!-- readme-test: KIND: REASON -->' with a KIND of {KINDS[1:]}"
                 )
             marker = (next(k for k in KINDS if k == found["kind"]), found["reason"])
         elif fence is not None and fence["lang"]:
-            end = _closing_fence(lines, i, fence["indent"], markdown)
+            end = _closing_fence(lines, i, fence["indent"], name)
             if fence["lang"] == "python":
                 indent = len(fence["indent"])
                 code = "\n" * (i + 1) + "\n".join(text[indent:] for text in lines[i + 1 : end]) + "\n"
                 kind, reason = marker or ("run", "")
-                blocks.append(Block(f"{markdown.name}:{i + 1}", code, kind, reason))
+                blocks.append(Block(f"{name}:{i + 1}", code, kind, reason))
             elif marker is not None:
-                raise ValueError(f"{markdown.name}:{i + 1}: a readme-test marker before a non-python block")
+                raise ValueError(f"{name}:{i + 1}: a readme-test marker before a non-python block")
             marker = None
             i = end
         elif line.strip() and marker is not None:
-            raise ValueError(f"{markdown.name}:{i + 1}: a readme-test marker not right before its block")
+            raise ValueError(f"{name}:{i + 1}: a readme-test marker not right before its block")
         i += 1
     return blocks
 
 
-def _closing_fence(lines: list[str], start: int, indent: str, markdown: Path) -> int:
+def _closing_fence(lines: list[str], start: int, indent: str, name: str) -> int:
     for j in range(start + 1, len(lines)):
         if lines[j].rstrip() == f"{indent}```":
             return j
-    raise ValueError(f"{markdown.name}:{start + 1}: a code block that never closes")
+    raise ValueError(f"{name}:{start + 1}: a code block that never closes")
 
 
 def integration_blocks(root: Path, package: Kind) -> tuple[list[Block], list[Block]]:
     """An integration's README blocks (``integrations/<package>/README.md``), and those its
-    suite runs: its own runnable ones and the root README's marked ``package``."""
-    own = python_blocks(root / "integrations" / package / "README.md")
+    suite runs: its own runnable ones and those of the root README and the docs
+    (`markdown_files`) marked ``package``."""
+    own = python_blocks(root / "integrations" / package / "README.md", root)
     runs = [b for b in own if b.kind == "run"]
-    return own, runs + [b for b in python_blocks(root / "README.md") if b.kind == package]
+    marked = [b for path in markdown_files(root) for b in python_blocks(path, root) if b.kind == package]
+    return own, runs + marked
 
 
 def integration_tests(root: Path, package: Kind) -> type:

@@ -26,6 +26,7 @@ from typing_extensions import Self
 from langchain_rag_lookahead.callbacks import RunLink, run_link
 from langchain_rag_lookahead.tool_results import tool_result_documents
 from rag_lookahead import DecodeStats, LookaheadConfig
+from rag_lookahead.frontends import EngineSource
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.prompts import Prompt
@@ -33,7 +34,6 @@ from rag_lookahead.protocol import (
     FINISH_REASONS,
     CallKind,
     CallPlan,
-    EngineSource,
     RequestError,
     plan_call,
     within_deadline,

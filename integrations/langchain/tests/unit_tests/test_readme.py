@@ -1,4 +1,4 @@
-"""This package's README, and the root README's LangChain blocks, run as written (on a tiny
+"""This package's README, and the LangChain blocks of the root README and docs/, run as written (on a tiny
 random model in place of the built-in ones; `rag_lookahead.testing.readme`)."""
 
 from pathlib import Path

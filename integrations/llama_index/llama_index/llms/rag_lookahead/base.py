@@ -50,9 +50,9 @@ from llama_index.llms.rag_lookahead.scoping import open_stream
 from llama_index.llms.rag_lookahead.structured import StructuredOutputLLM
 from llama_index.llms.rag_lookahead.tools import last_tool_response, message_dict
 from rag_lookahead import DEFAULT_MODEL, LookaheadConfig, TextStream
+from rag_lookahead.frontends import EngineSource, display_name, plain_engine
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadKeywords, LoadOptions
-from rag_lookahead.protocol import EngineSource, display_name, plain_engine
 from rag_lookahead.remote import ServerKind
 
 __all__ = ["LookaheadLLM"]

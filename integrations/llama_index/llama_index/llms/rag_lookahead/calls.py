@@ -18,6 +18,7 @@ from typing import Any
 
 from llama_index.llms.rag_lookahead.tools import ToolPlan, openai_tools
 from rag_lookahead import GenerationParams
+from rag_lookahead.config import is_greedy
 from rag_lookahead.interface import Engine, Scope
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.protocol import CallPlan, RequestError, plan_call
@@ -138,7 +139,7 @@ def _with_fields(params: GenerationParams, fields: Mapping[str, Any], temperatur
     given = {k: v for k, v in fields.items() if v is not None}
     if "grammar" in given and params.grammar is not None:
         raise TypeError("this call sets its own grammar (a forced tool call); pass one or the other")
-    if given.get("do_sample") is True and temperature == 0:
+    if given.get("do_sample") is True and temperature is not None and is_greedy(temperature):
         raise ValueError("sampling (do_sample=True) needs a temperature above 0")
     return dataclasses.replace(params, **given) if given else params
 

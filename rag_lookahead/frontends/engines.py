@@ -17,10 +17,10 @@ from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.frontends.names import display_name
 from rag_lookahead.interface import Engine
 from rag_lookahead.loading import LoadOptions
 from rag_lookahead.models import DEFAULT_MODEL, is_missing_directory
-from rag_lookahead.protocol.names import display_name
 from rag_lookahead.remote.config import ServerConfig
 
 __all__ = ["EngineSource", "plain_engine"]

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from rag_lookahead.config import CpuLinear
-from rag_lookahead.decoding.attention import grouped_attention, ragged_rows
-from rag_lookahead.decoding.costs import (
+from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
+from rag_lookahead.planning.costs import (
     BatchCosts,
     CostCurve,
     CostModel,
@@ -32,14 +32,14 @@ from rag_lookahead.decoding.costs import (
     forget_curve,
     measure_curve,
 )
-from rag_lookahead.decoding.kernels import linear_used, onednn_linear
-from rag_lookahead.decoding.kv_cache import cache_kwarg, new_tree_cache
-from rag_lookahead.decoding.layer_masks import LayerMasks
-from rag_lookahead.decoding.load import watch_load
-from rag_lookahead.decoding.probe import tree_support_problem
-from rag_lookahead.decoding.threads import in_passing_thread
-from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
+from rag_lookahead.planning.load import watch_load
 from rag_lookahead.progress import progress_bar
+from rag_lookahead.runtime.attention import attention_used, grouped_attention, ragged_rows
+from rag_lookahead.runtime.kernels import linear_used, onednn_linear
+from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
+from rag_lookahead.runtime.layer_masks import LayerMasks
+from rag_lookahead.runtime.probe import tree_support_problem
+from rag_lookahead.runtime.threads import in_passing_thread
 
 __all__ = ["ModelRunner"]
 
@@ -49,9 +49,10 @@ _BATCH_CONTEXT = 256
 
 class ModelRunner:
     """Forward passes of one model, serialised by its own lock (engine variants share it); on
-    a CPU its fp32 linear layers run on the ``linear`` kernel (`rag_lookahead.decoding.kernels`)."""
+    a CPU its fp32 linear layers run on the kernels ``linear`` chooses by a forward's tokens
+    (`rag_lookahead.runtime.kernels`)."""
 
-    def __init__(self, model: Any, linear: CpuLinear = "onednn") -> None:
+    def __init__(self, model: Any, linear: CpuLinear = "auto") -> None:
         self.model = model
         self.linear = linear_used(model, self.device, linear)
         self.costs = CostModel()  # what its forwards cost, once measured (or given)
@@ -68,16 +69,20 @@ class ModelRunner:
         return next(self.model.parameters()).device
 
     @contextmanager
-    def _running(self) -> Iterator[None]:
-        """One forward: alone on the model, without autograd, with the grouped attention and
-        the chosen linear kernel on CPU."""
+    def _running(self, tokens: int) -> Iterator[None]:
+        """One forward of ``tokens`` tokens: alone on the model, without autograd, with the
+        grouped attention and the linear kernel chosen for so many tokens on CPU."""
         with (
             self.lock,
             torch.inference_mode(),
             grouped_attention(self.model, self.device),
-            onednn_linear(self.linear == "onednn"),
+            onednn_linear(self.linear.onednn(tokens)),
         ):
             yield
+
+    def _curve_key(self, max_tokens: int) -> dict[str, Any]:
+        attention = str(attention_used(self.model, self.device))
+        return curve_key(self.model, self.device, max_tokens, str(self.linear), attention)
 
     def tree_problem(self) -> str | None:
         """Why this model cannot verify draft trees, or ``None``; probed once, warned once.
@@ -111,7 +116,7 @@ class ModelRunner:
         kwargs[self.cache_arg] = cache
         if last_only and self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        with self._running():
+        with self._running(input_ids.numel()):
             out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **kwargs)
         if cache is None:
             cache = getattr(out, "cache", None)
@@ -121,7 +126,7 @@ class ModelRunner:
     def forward_batch(
         self, inputs: TreeInputs, cache: Any, lengths: Sequence[int], keep: Sequence[int] | None = None
     ) -> torch.Tensor:
-        """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.decoding.batch`)
+        """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.runtime.batch`)
         over rows of ``lengths`` cached tokens; with ``keep`` (ascending), only at those
         positions of every row, ``[B, len(keep), V]``."""
         kwargs: dict[str, Any] = {self.cache_arg: cache}
@@ -129,7 +134,7 @@ class ModelRunner:
         if where is not None and self._logits_to_keep:
             kwargs["logits_to_keep"], where = where, None  # the model projects those alone
         width = inputs.input_ids.shape[1]
-        with self._running(), ragged_rows([length + width for length in lengths]):
+        with self._running(inputs.input_ids.numel()), ragged_rows([length + width for length in lengths]):
             out = self.model(
                 input_ids=inputs.input_ids,
                 position_ids=inputs.position_ids,
@@ -168,7 +173,7 @@ class ModelRunner:
 
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
         context = min(256, window // 2)
-        key = curve_key(self.model, self.device, max_tokens, self.linear)
+        key = self._curve_key(max_tokens)
         directory = (cache_dir or default_cache_dir()) / "costs"
 
         measured = []
@@ -208,7 +213,7 @@ class ModelRunner:
         rows = 2
         while rows <= max_rows:
             key = {
-                **curve_key(self.model, self.device, max_width, self.linear),
+                **self._curve_key(max_width),
                 "rows": rows,
                 "context": _BATCH_CONTEXT,
             }
@@ -225,7 +230,7 @@ class ModelRunner:
 
     def _batch_timer(self, rows: int) -> Callable[[int], float]:
         """Seconds of one batched forward of ``rows`` rows, each a chain of ``width`` tokens."""
-        from rag_lookahead.decoding.batch import BatchCache, batch_inputs
+        from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 
         vocab = int(self.model.config.vocab_size)
         batch = BatchCache()

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.decoding.kv_cache import new_tree_cache, supports_tree
-from rag_lookahead.decoding.layer_masks import LayerMasks
 from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.runtime.kv_cache import new_tree_cache, supports_tree
+from rag_lookahead.runtime.layer_masks import LayerMasks
 
 __all__ = ["tree_support_problem"]
 

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rag_lookahead.decoding.kv_cache import new_tree_cache
+from rag_lookahead.runtime.kv_cache import new_tree_cache
 
 __all__ = ["PrefixCache"]
 

@@ -22,8 +22,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rag_lookahead.decoding.kv_cache import GrowingCache, keep_accepted, new_tree_cache, with_room
 from rag_lookahead.decoding.tree import step_inputs
+from rag_lookahead.runtime.kv_cache import GrowingCache, keep_accepted, new_tree_cache, with_room
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
 

@@ -1,7 +1,7 @@
 """How much to draft: expected accepted tokens per second, against the measured cost curve.
 
 Each draft node carries the drafter's estimate that the model picks its token once it picked
-the parent's. Acceptance statistics (`rag_lookahead.decoding.acceptance`) calibrate those
+the parent's. Acceptance statistics (`rag_lookahead.planning.acceptance`) calibrate those
 estimates per draft source; a node's chance to be accepted is the product of calibrated
 estimates along its path. Taking nodes in decreasing order of that chance always yields a
 connected tree, and the step keeps the prefix of that order that maximises (1 + expected
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.config import LookaheadConfig
-from rag_lookahead.decoding.acceptance import AcceptanceModel, load_acceptance, save_acceptance
-from rag_lookahead.decoding.costs import BatchCosts, CostCurve, CostModel
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance, save_acceptance
+from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
 
 __all__ = [
     "AcceptanceModel",

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.decoding.attention import attention_used
 from rag_lookahead.files import atomic_write, exclusive
 
 __all__ = [
@@ -239,6 +238,9 @@ class StepCalibration:
     price is stuck on one bad timing. Until then it takes the nearest counted cell's ratio (the
     nearest width class, then the nearest context class, as `Calibration` does), and with none
     counted the curve stands as it is. Thread-safe.
+
+    `apply` runs before every step: its curve is kept per context class and made again only
+    once a ratio it read has changed (its class's own, or any, where it took a nearest one).
     """
 
     def __init__(self, window: int = 15, least: int = 3) -> None:
@@ -248,6 +250,11 @@ class StepCalibration:
         self.least = least
         self._timings: dict[tuple[int, int], deque[float]] = {}
         self._ratios: dict[tuple[int, int], float] = {}  # the counted cells' medians
+        self._changes: dict[int, int] = {}  # by context class: how often a ratio of it changed
+        self._changed = 0  # how often any ratio changed
+        # By context class: (the curve, the count it was made at, whether that count is its
+        # class's alone, the curve calibrated).
+        self._applied: dict[int, tuple[CostCurve, int, bool, CostCurve]] = {}
         self._lock = threading.Lock()
 
     def record(self, tokens: int, context: int, predicted: float, observed: float) -> None:
@@ -259,8 +266,13 @@ class StepCalibration:
         with self._lock:
             timings = self._timings.setdefault(key, deque(maxlen=self.window))
             timings.append(observed / predicted)
-            if len(timings) >= self.least:
-                self._ratios[key] = statistics.median(timings)
+            if len(timings) < self.least:
+                return
+            ratio = statistics.median(timings)
+            if self._ratios.get(key) != ratio:
+                self._ratios[key] = ratio
+                self._changes[key[0]] = self._changes.get(key[0], 0) + 1
+                self._changed += 1
 
     def factor(self, tokens: int, context: int) -> float:
         """What the curve's price of ``tokens`` after ``context`` cached tokens is multiplied by."""
@@ -270,11 +282,22 @@ class StepCalibration:
     def apply(self, curve: CostCurve, context: int) -> CostCurve:
         """``curve`` as calibrated after ``context`` cached tokens (fitted monotone again: each
         width class has its own ratio, and a wide one learned lower than a narrow one must not
-        make the plan draft wider to save time)."""
-        classes = {size.bit_length(): size for size in curve.sizes}  # one lookup per class
-        ratios = {k: self.factor(size, context) for k, size in classes.items()}
-        seconds = tuple(s * ratios[n.bit_length()] for n, s in zip(curve.sizes, curve.seconds, strict=True))
-        return CostCurve(curve.sizes, seconds, curve.loaded)
+        make the plan draft wider to save time); the same object while no ratio it read changed."""
+        group = context.bit_length()
+        with self._lock:
+            kept = self._applied.get(group)
+            if kept is not None and kept[0] is curve:
+                _, seen, own, applied = kept
+                if seen == (self._changes.get(group, 0) if own else self._changed):
+                    return applied
+            classes = {size.bit_length() for size in curve.sizes}
+            ratios = {width: _nearest(self._ratios, group, width) for width in classes}
+            own = all((group, width) in self._ratios for width in classes)  # no nearest one taken
+            seen = self._changes.get(group, 0) if own else self._changed
+            seconds = [s * ratios[n.bit_length()] for n, s in zip(curve.sizes, curve.seconds, strict=True)]
+            applied = CostCurve(curve.sizes, tuple(seconds), curve.loaded)
+            self._applied[group] = (curve, seen, own, applied)
+            return applied
 
 
 class CurveCheck:
@@ -391,16 +414,18 @@ def model_digest(model: Any) -> str:
     return hashlib.sha256(config.encode()).hexdigest()[:16]
 
 
-def curve_key(model: Any, device: torch.device, max_tokens: int, linear: str) -> dict[str, Any]:
-    """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`);
-    a cached curve with another key is stale."""
+def curve_key(
+    model: Any, device: torch.device, max_tokens: int, linear: str, attention: str
+) -> dict[str, Any]:
+    """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`;
+    ``attention``: its attention's, `attention_used`); a cached curve with another key is stale."""
     import transformers
 
     return {
         "model": model_digest(model),
         "device": str(device),
         "dtype": str(model.dtype),
-        "attention": str(attention_used(model, device)),
+        "attention": attention,
         "linear": linear,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
