@@ -84,8 +84,8 @@ class LookaheadConfig:
             (oneDNN's, much cheaper for the few rows a decoding step has on some CPUs, see
             `rag_lookahead.runtime.kernels`), ``"torch"`` (torch's default, as ``generate``
             runs, faster on others), or ``"auto"``: whichever runs this model's linear layers
-            faster on this machine, timed once when the engine is built. The two agree up to
-            rounding. Read once, by the engine built with it.
+            faster on this machine for a forward of so many tokens, timed when the engine is
+            built. The two agree up to rounding. Read once, by the engine built with it.
     """
 
     mode: Mode = "auto"

@@ -101,10 +101,10 @@ def test_a_runner_on_either_kernel_gives_the_same_logits(family: str) -> None:
 @pytest.mark.parametrize(
     ("onednn_seconds", "chosen"),
     [
-        ({1: 0.5, 4: 0.5, 16: 0.5}, "onednn"),
-        ({1: 2.0, 4: 2.0, 16: 2.0}, "torch"),
-        ({1: 2.0, 4: 0.5, 16: 0.5}, "torch,2:onednn"),  # oneDNN only for drafts and batches
-        ({1: 0.5, 4: 2.0, 16: 0.5}, "onednn,2:torch,8:onednn"),
+        ({1: 0.5, 4: 0.5, 16: 0.5, 256: 0.5}, "onednn"),
+        ({1: 2.0, 4: 2.0, 16: 2.0, 256: 2.0}, "torch"),
+        ({1: 2.0, 4: 0.5, 16: 0.5, 256: 2.0}, "torch,2:onednn,64:torch"),  # oneDNN for drafts, batches
+        ({1: 0.5, 4: 2.0, 16: 0.5, 256: 0.5}, "onednn,2:torch,8:onednn"),
     ],
 )
 def test_auto_takes_the_kernel_that_multiplies_this_models_layers_faster_for_so_many_tokens(
@@ -119,10 +119,11 @@ def test_auto_takes_the_kernel_that_multiplies_this_models_layers_faster_for_so_
     model = tiny_model("llama")
     used = linear_used(model, torch.device("cpu"), "auto")
     assert str(used) == chosen and str(ModelRunner(model, "auto").linear) == chosen
-    assert [used.onednn(n) for n in (1, 2, 3, 4, 15, 16, 300)] == [
+    assert [used.onednn(n) for n in (1, 2, 3, 4, 15, 16, 63, 64, 300)] == [
         onednn_seconds[1] < 1,
         *[onednn_seconds[4] < 1] * 3,
         *[onednn_seconds[16] < 1] * 3,
+        *[onednn_seconds[256] < 1] * 2,
     ]
     assert str(linear_used(model, torch.device("cuda"), "auto")) == "torch"  # nothing timed off a CPU
 
@@ -137,3 +138,20 @@ def test_auto_times_each_distinct_weight_once_for_every_layer_of_its_shape() -> 
     assert len({tuple(w.shape) for w, _ in weights}) == len(weights) < len(layers)
     used = linear_used(model, torch.device("cpu"), "auto")
     assert used.classes[0][0] == 1 and all(kernel in ("onednn", "torch") for _, kernel in used.classes)
+
+
+def test_a_prompts_chunk_is_timed_without_the_output_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt's logits are read at its last token alone: its class is timed without the head."""
+    from rag_lookahead.runtime import kernels
+
+    model = tiny_model("llama")
+    head = model.get_output_embeddings().weight
+    seen: dict[int, bool] = {}
+
+    def seconds(weights: Any, rows: int, onednn: bool) -> float:
+        seen[rows] = any(w is head for w, _ in weights)
+        return 1.0
+
+    monkeypatch.setattr(kernels, "_layers_seconds", seconds)
+    kernels.faster_linear(model)
+    assert seen == {1: True, 4: True, 16: True, 256: False}

@@ -78,9 +78,10 @@ class LinearKernels:
 
 
 # The classes of forwards by their tokens that ``"auto"`` chooses a kernel for, each timed at
-# one size in it: (least tokens, tokens timed). A plain step; a draft (2 or 3 rows are already
-# a matrix product, not a vector's); a wide draft or a batch.
-_CLASSES = ((1, 1), (2, 4), (8, 16))
+# one size in it: (least tokens, tokens timed, whether the output head runs over all of them).
+# A plain step; a draft (2 or 3 rows are already a matrix product, not a vector's); a wide
+# draft or a batch; a prompt's chunk (its logits are read at its last token alone).
+_CLASSES = ((1, 1, True), (2, 4, True), (8, 16, True), (64, 256, False))
 
 
 def linear_used(model: Any, device: torch.device, choice: CpuLinear) -> LinearKernels:
@@ -94,23 +95,30 @@ def linear_used(model: Any, device: torch.device, choice: CpuLinear) -> LinearKe
 
 
 def faster_linear(
-    model: Any, classes: Sequence[tuple[int, int]] = _CLASSES, repeats: int = 3
+    model: Any, classes: Sequence[tuple[int, int, bool]] = _CLASSES, repeats: int = 3
 ) -> LinearKernels:
     """Which kernel multiplies ``model``'s linear layers faster here, for each class of forwards
-    by their tokens (``(least tokens, tokens timed)``: a plain step, a draft, a batch): every distinct
+    by their tokens (``(least tokens, tokens timed, with the head)``: a plain step, a draft, a
+    batch, a prompt's chunk): every distinct
     weight timed with both kernels in turn, weighted by how many layers share its shape, the
     median of ``repeats``. CPUs differ: on some AMD EPYCs oneDNN's kernel is much faster than
     MKL's for a few rows, on some Intel Xeons slower for one."""
     weights = _distinct_weights(model)
     if not weights:
         return LinearKernels.one("torch")
+    head = (
+        getattr(model.get_output_embeddings(), "weight", None)
+        if hasattr(model, "get_output_embeddings")
+        else None
+    )
     chosen = []
     with torch.inference_mode():
-        for least, count in classes:
+        for least, count, with_head in classes:
+            timed = [(w, n) for w, n in weights if with_head or w is not head]
             seconds: dict[bool, list[float]] = {False: [], True: []}
             for _ in range(repeats):
                 for onednn in (False, True):  # in turn: a change in load meets both
-                    seconds[onednn].append(_layers_seconds(weights, count, onednn))
+                    seconds[onednn].append(_layers_seconds(timed, count, onednn))
             faster = statistics.median(seconds[True]) < statistics.median(seconds[False])
             chosen.append((least, "onednn" if faster else "torch"))
     merged = [entry for i, entry in enumerate(chosen) if i == 0 or entry[1] != chosen[i - 1][1]]
