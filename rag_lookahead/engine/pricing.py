@@ -64,7 +64,9 @@ class Pricing:
 
     @property
     def measured(self) -> bool:
-        return self.costs.curve is not None and self.costs.batched() is not None
+        """Whether the costs are measured (`CostModel.batched` then stands in for a missing
+        batch curve with the one-row curve)."""
+        return self.costs.curve is not None
 
     # ------------------------------------------------------------------ prices
 
