@@ -88,6 +88,36 @@ test-vllm: $(STAMP)
 	$(MAKE) vllm-install || echo "vLLM could not be installed in $(VLLM_VENV): its tests will be skipped"
 	$(PY) -m pytest -q tests_vllm --vllm-python $(VLLM_VENV)/bin/python
 
+# Real OpenAI clients against the local server on 127.0.0.1 (tests_clients/), apart from
+# `make test`: the OpenAI Agents SDK, instructor, lm-eval and LlamaIndex's OpenAILikeEmbedding.
+# The Agents SDK needs openai >= 3, which the integrations' llama-index-llms-openai-like refuses,
+# so the clients get a virtual environment of their own outside the repository
+# (CLIENTS_VENV=... to put it elsewhere). It gets the same CPU torch as $(VENV), installed first
+# as `install` does, and named again beside the clients so that pip keeps that build.
+CLIENTS_VENV ?= $(HOME)/.cache/rag-lookahead/clients-venv
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-stamp
+CLIENTS := openai-agents==0.24.0 instructor==1.17.0 'lm-eval[api]==0.4.13' \
+	llama-index-embeddings-openai-like==0.4.0
+
+.PHONY: clients-install test-clients
+
+clients-install: $(CLIENTS_STAMP)
+
+# install_torch installs into $(PY): for this target, the clients' environment.
+$(CLIENTS_STAMP): PY := $(CLIENTS_VENV)/bin/python
+$(CLIENTS_STAMP): pyproject.toml Makefile
+	@echo "==> [clients 1/3] a virtual environment in $(CLIENTS_VENV), with an up-to-date pip"
+	@$(PYTHON) -m venv $(CLIENTS_VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "==> [clients 2/3] $(TORCH), the CPU build"
+	$(install_torch)
+	@echo "==> [clients 3/3] rag-lookahead (.[serve,server]), pytest and the clients"
+	@$(PY) -m pip install --quiet -e '.[serve,server]' pytest $(CLIENTS) $(TORCH)
+	@touch $@
+
+test-clients: $(CLIENTS_STAMP)
+	$(CLIENTS_VENV)/bin/python -m pytest -q tests_clients
+
 # The server as Ray Serve replicas on a local Ray instance (tests_ray/), apart from `make test`:
 # the ray extra goes into the same environment first (it leaves torch as it is).
 RAY_STAMP := $(VENV)/.ray-stamp

@@ -63,7 +63,6 @@ from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
 from rag_lookahead.bench.run import load_records
 from rag_lookahead.cli.values import positive_int
 from rag_lookahead.prompts import encode_prompt
-from rag_lookahead.runtime.threads import in_passing_thread
 
 __all__ = ["CATEGORIES", "RULES", "main", "split_step", "table"]
 
@@ -216,7 +215,7 @@ def _load(model: str, mode: str, cache_dir: Path | None) -> LookaheadEngine:
         engine = LookaheadEngine(tiny_model("llama"), ascii_fast_tokenizer(), config, cache_dir=cache_dir)
     else:
         name = None if model == "default" else model
-        engine = in_passing_thread(functools.partial(LookaheadEngine.from_pretrained, name, config=config))
+        engine = LookaheadEngine.from_pretrained(name, config=config)
     if mode == "auto":
         engine.measure_costs()
     return engine
@@ -266,11 +265,16 @@ def _measure(
 def _fresh(loaded: LookaheadEngine, config: Config, cache: Path | None) -> LookaheadEngine:
     """A new engine over the loaded model: its own trie and prefix cache, the measured costs."""
     fresh = LookaheadEngine(
-        loaded.model, loaded.tokenizer, loaded.config, cost_curve=loaded.cost_curve, cache_dir=cache
+        loaded.model,
+        loaded.tokenizer,
+        loaded.config,
+        cost_curve=loaded.cost_curve,
+        cache_dir=cache,
+        model_thread=loaded.runner.thread,
     )
     engine = fresh.plain() if config.mode == "plain" else fresh
     warm = engine.encode(WARM_UP)
-    in_passing_thread(lambda: engine.stream(warm, max_new_tokens=4).complete())
+    engine.stream(warm, max_new_tokens=4).complete()
     return engine
 
 

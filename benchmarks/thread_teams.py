@@ -3,7 +3,8 @@
 Times one decoding forward of the default model (one token after ~1,000 cached ones): in the
 only thread that has done torch work, then in a second thread while the first one, idle but
 alive, still holds its OpenMP team (as a thread that embedded a question would), then again
-after that first thread's work has moved to a short-lived thread (`in_passing_thread`).
+after that first thread has ended. (The engine runs all of a model's torch work in one
+thread, `rag_lookahead.runtime.threads.ModelThread`, for this reason.)
 
     python benchmarks/thread_teams.py --threads 2
 """
@@ -15,12 +16,23 @@ import json
 import statistics
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from rag_lookahead.models import load_model
-from rag_lookahead.runtime.threads import in_passing_thread
+
+T = TypeVar("T")
+
+
+def in_passing_thread(work: Callable[[], T]) -> T:
+    """``work()`` run in a new thread that ends with it (and takes its OpenMP team along)."""
+    outcome: list[T] = []
+    thread = threading.Thread(target=lambda: outcome.append(work()))
+    thread.start()
+    thread.join()
+    return outcome[0]
 
 
 def step_ms(model: Any, cache: Any, repeats: int = 15) -> float:

@@ -28,7 +28,6 @@ It writes ``vllm-peer-<set>.json`` for each data file into ``--out-dir``.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -56,7 +55,6 @@ from rag_lookahead.prompts import encode_prompt
 from rag_lookahead.remote import ServerEngine, SpeculationCounters
 from rag_lookahead.remote.config import ServerKind
 from rag_lookahead.remote.process import running_server
-from rag_lookahead.runtime.threads import in_passing_thread
 
 # The speculative settings: `rag-lookahead serve`'s ngram ones, and suffix decoding's defaults.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -292,21 +290,24 @@ def _local(
 ) -> dict[str, Any]:
     """Each set and phase on a fresh engine over the same model: a trie and prefix cache of its
     own (it keeps the acceptance statistics and cost curves learned on disk, as any process)."""
-    loaded = in_passing_thread(LookaheadEngine.from_pretrained)
-    in_passing_thread(loaded.measure_costs)
+    loaded = LookaheadEngine.from_pretrained()  # its forwards all run in its model's thread
+    loaded.measure_costs()
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}
         for phase in _phases(args):
             fresh = LookaheadEngine(
-                loaded.model, loaded.tokenizer, loaded.config, cost_curve=loaded.cost_curve
+                loaded.model,
+                loaded.tokenizer,
+                loaded.config,
+                cost_curve=loaded.cost_curve,
+                model_thread=loaded.runner.thread,
             )
             engine = fresh.plain() if method == "local_plain" else fresh
-            in_passing_thread(engine.measure_costs)  # read back from the disk cache
+            engine.measure_costs()  # read back from the disk cache
             ask = _asker(engine, args.max_new_tokens)
-            in_passing_thread(functools.partial(ask, warm, Request()))
-            # In threads that end with the phase: no OpenMP team outlives it.
-            run = in_passing_thread(functools.partial(_timed, ask, prompts, phase, args.seed))
+            ask(warm, Request())
+            run = _timed(ask, prompts, phase, args.seed)
             runs[name][phase.name] = run
             _progress(name, method, phase, run)
     return runs

@@ -161,6 +161,10 @@ class GenerationParams:
     ``logprobs=True`` reports each new token's log probability under the model's raw
     distribution, and ``top_logprobs`` (0 to 20) the most likely tokens at each position (see
     `rag_lookahead.streaming.logprobs`); nothing is computed for them otherwise.
+    ``logit_bias`` (OpenAI's): a mapping of token ids to biases from -100 to 100, each added
+    to its token's logit at every position, greedy or sampling, before the repetition penalty
+    and the sampling warpers (kept as ``(id, bias)`` pairs in id order); the engine refuses
+    ids outside its vocabulary.
     """
 
     max_new_tokens: int = 256
@@ -175,6 +179,7 @@ class GenerationParams:
     grammar: Grammar | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Accept what `model.generate` users pass: an int or a list for ids, a str or a list for stops.
@@ -201,6 +206,7 @@ class GenerationParams:
                 f"grammar must be a rag_lookahead.structured.Grammar, got {type(self.grammar).__name__}"
             )
         _check_logprobs(self.logprobs, self.top_logprobs)
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     @property
     def sampling(self) -> bool:
@@ -230,6 +236,30 @@ def _check_logprobs(logprobs: object, top_logprobs: object) -> None:
         raise ValueError(f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs}")
     if top_logprobs and not logprobs:
         raise ValueError(f"top_logprobs={top_logprobs} needs logprobs=True")
+
+
+# OpenAI's range: -100 bans a token in effect, 100 all but forces it.
+_MAX_LOGIT_BIAS = 100.0
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """A mapping of token ids to biases (or ``(id, bias)`` pairs) as pairs in id order."""
+    pairs = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(pairs, Iterable) or isinstance(pairs, (str, bytes)):
+        raise ValueError(f"logit_bias must map token ids to biases, got {value!r}")
+    biases: dict[int, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ValueError(f"logit_bias must map token ids to biases, got {value!r}")
+        token, bias = pair
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {token!r}")
+        if token in biases:
+            raise ValueError(f"logit_bias gives token id {token} twice")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not abs(bias) <= _MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be numbers from -100 to 100, got {bias!r} for {token}")
+        biases[token] = float(bias)
+    return tuple(sorted(biases.items()))
 
 
 def _token_ids(value: object) -> tuple[int, ...] | None:

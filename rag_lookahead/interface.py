@@ -38,7 +38,11 @@ class Scope(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """Streaming generation with documents to draft from, and scopes of them."""
+    """Streaming generation with documents to draft from, and scopes of them.
+
+    A call's ``prediction`` is text its answer is expected to copy (OpenAI's Predicted
+    Outputs), drafted from where the engine can; it never changes the answer.
+    """
 
     @property
     def model_name(self) -> str:
@@ -76,6 +80,7 @@ class Engine(Protocol):
         documents: Iterable[str] = (),
         scope: Any = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        prediction: str | None = None,
         **overrides: Any,
     ) -> TextStream: ...
 
@@ -87,6 +92,7 @@ class Engine(Protocol):
         documents: Iterable[str] = (),
         scope: Any = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        prediction: str | None = None,
         **overrides: Any,
     ) -> Completion: ...
 
@@ -113,6 +119,7 @@ class EngineBase:
         documents: Iterable[str] = (),
         scope: Any = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        prediction: str | None = None,
         **overrides: Any,
     ) -> TextStream:
         raise NotImplementedError
@@ -125,11 +132,14 @@ class EngineBase:
         documents: Iterable[str] = (),
         scope: Any = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        prediction: str | None = None,
         **overrides: Any,
     ) -> Completion:
         """Blocking `stream`: the whole new text, its token ids (where the engine has them)
         and the stats."""
-        stream = self.stream(prompt, params, documents=documents, scope=scope, tools=tools, **overrides)
+        stream = self.stream(
+            prompt, params, documents=documents, scope=scope, tools=tools, prediction=prediction, **overrides
+        )
         return stream.complete()
 
 

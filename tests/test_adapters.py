@@ -168,7 +168,7 @@ def test_bad_values_name_their_parameter(engine: Any, key: str, value: Any) -> N
 
 
 def test_unknown_and_unsupported_keys(engine: Any) -> None:
-    assert refused(engine, "logit_bias", logit_bias={"1": 2}).code == "unknown_parameter"
+    assert refused(engine, "verbosity", verbosity="low").code == "unknown_parameter"
     assert refused(engine, "frequency_penalty", frequency_penalty=0.5).code == "unsupported_value"
     refused(engine, "logprobs", logprobs=2)  # an integer is a completion's (legacy) logprobs
     refused(engine, "presence_penalty", presence_penalty=False)
@@ -308,7 +308,9 @@ def test_completion_requests() -> None:
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": [1, -2]}, "prompt"),
         ({"prompt": [True]}, "prompt"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "echo": "yes"}, "echo"),
+        ({"prompt": "x", "echo": True, "stream": True}, "echo"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "x", "best_of": 2}, "best_of"),
         ({"prompt": "x", "messages": MESSAGES}, "messages"),
         ({"prompt": "x", "tools": [WEATHER]}, "tools"),
@@ -337,6 +339,7 @@ def test_usage_carries_the_decode_stats() -> None:
         "completion_tokens": 5,
         "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 3},
+        "completion_tokens_details": {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
         "lookahead": {
             "steps": 2,
             "tokens_per_step": 2.0,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -17,13 +19,13 @@ from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.testing import (
     FAMILIES,
     VOCAB,
     CharTokenizer,
     greedy_reference,
     run_together,
-    tiny_engine,
     tiny_model,
 )
 
@@ -303,26 +305,37 @@ def test_a_batch_is_planned_with_a_rows_curve_when_batch_costs_were_not_measured
         assert sum(completion.stats.drafted_per_step) == 0
 
 
-def test_the_loop_stays_with_the_thread_that_drove_it_while_that_thread_reads() -> None:
-    """Every thread that runs torch work on a CPU slows all of them down: a second reader
-    leaves the loop to its owner while the owner reads, and takes over once it has gone."""
-    driver = tiny_engine().scheduler.driver
-    reading, leave = threading.Event(), threading.Event()
+def test_every_forward_runs_in_the_models_thread_whichever_threads_read() -> None:
+    """Every thread that runs torch work on a CPU holds an OpenMP team that slows the others
+    down: the readers only wait, and the model's one thread runs every forward."""
+    model = tiny_model("llama")
+    ran_in: set[threading.Thread] = set()
+    model.register_forward_hook(lambda *_: ran_in.add(threading.current_thread()))
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+    jobs = [
+        ([5, 6, 7, 8] * 3, GenerationParams(max_new_tokens=8)),
+        ([1, 2, 3], GenerationParams(max_new_tokens=8)),
+    ]
+    run_together(engine, jobs, stagger=0)
+    engine.complete([4, 4, 2], max_new_tokens=4)
+    assert ran_in == {engine.runner.thread._thread}
 
-    def owner() -> None:
-        assert driver.drive()  # an idle iteration: it now owns the loop
-        with driver.reading():
-            reading.set()
-            leave.wait()
 
-    thread = threading.Thread(target=owner)
-    thread.start()
-    reading.wait()
-    assert not driver.drive()  # the owner is reading
-    leave.set()
-    thread.join()
-    assert driver.drive()  # the owner has ended
-    assert driver.owner is threading.current_thread()
+def test_a_call_decodes_before_it_is_read_and_a_model_thread_of_its_own_ends_with_its_engines() -> None:
+    engine = LookaheadEngine(
+        tiny_model("llama"), CharTokenizer(), LookaheadConfig(), model_thread=ModelThread()
+    )
+    stream = engine.stream([3, 1, 4, 1, 5], max_new_tokens=6)
+    deadline = time.monotonic() + 60  # (a bound on a hang, not a timing claim)
+    while stream.stats.new_tokens < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.stats.new_tokens == 6  # nobody read it yet
+    assert len(stream.complete().token_ids) == 6
+    thread = engine.runner.thread._thread
+    del engine, stream
+    gc.collect()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
 
 
 def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one() -> None:
@@ -520,13 +533,15 @@ def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exa
     model, engine = joining_engine(CostCurve.flat())
     long_prompt = [(7 * i) % VOCAB for i in range(45)]
     log = record_steps(engine, long_prompt)
-    first = engine.stream([3, 14, 15], max_new_tokens=40)
-    chunks = first.chunks()
-    next(chunks)
-    second = engine.stream(long_prompt, max_new_tokens=12)
-    while not any(0 < prefilled < 45 for _, _, prefilled in log):
-        next(chunks)  # each read drives a step
-    second.close()
+    assert engine.tree_verification  # probed before the test steps the loop itself
+    with engine.runner.thread.held():
+        first = engine.stream([3, 14, 15], max_new_tokens=40)
+        while first.stats.new_tokens == 0:
+            engine.scheduler.iterate()
+        second = engine.stream(long_prompt, max_new_tokens=12)
+        while not any(0 < prefilled < 45 for _, _, prefilled in log):
+            engine.scheduler.iterate()
+        second.close()
     assert second.stats.finish_reason == "abandoned"
     assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 40)
     assert engine.scheduler._rows == []
@@ -541,18 +556,20 @@ def test_a_prompt_left_alone_in_the_steps_is_forwarded_and_counted_as_a_prompt()
     model, engine = joining_engine(CostCurve.flat())
     long_prompt = [(7 * i) % VOCAB for i in range(45)]
     scheduler = engine.scheduler
-    first = engine.stream([3, 14, 15], max_new_tokens=40)
-    chunks = first.chunks()
-    next(chunks)
-    second = engine.stream(long_prompt, max_new_tokens=12)
+    assert engine.tree_verification  # probed before the test steps the loop itself
 
     def riding() -> int:
         return next((c.prefilled for c in scheduler._rows if c.prompt_ids == long_prompt), 0)
 
-    while not 0 < riding() < 45:
-        next(chunks)  # each read drives a step
-    prefilled = riding()
-    chunks.close()  # the running row leaves; the prompt has the steps to itself
+    with engine.runner.thread.held():
+        first = engine.stream([3, 14, 15], max_new_tokens=40)
+        while first.stats.new_tokens == 0:
+            scheduler.iterate()
+        second = engine.stream(long_prompt, max_new_tokens=12)
+        while not 0 < riding() < 45:
+            scheduler.iterate()
+        prefilled = riding()
+        first.close()  # the running row leaves; the prompt has the steps to itself
     assert second.complete().token_ids == greedy_reference(model, long_prompt, 12)
     counted = scheduler.prompt_forwards
     assert (counted.forwards, counted.tokens) == (2, 3 + 45 - prefilled)

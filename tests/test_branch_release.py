@@ -115,7 +115,7 @@ def test_a_forgotten_stream_is_finished_by_the_calls_after_it() -> None:
         kept = sys.exc_info()  # the traceback keeps the stream referenced, never read again
     stream = kept[2].tb_next.tb_frame.f_locals["stream"]  # type: ignore[union-attr]
     assert call_owners(engine)
-    engine.complete([2, 7, 1, 8], max_new_tokens=2 * N)  # reading it drives every running call
+    engine.complete([2, 7, 1, 8], max_new_tokens=2 * N)  # meanwhile every running call goes on
     assert stream.stats.finish_reason == "length" and not call_owners(engine)
     assert stream.complete().token_ids == greedy_reference(engine.model, PROMPT, N)
 

@@ -154,6 +154,12 @@ ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exceptio
     ),
     ("logprobs an integer", complete(logprobs=5), ValueError, "logprobs must be True or False"),
     ("logprobs a string", complete(logprobs="yes"), ValueError, "logprobs must be True or False"),
+    ("logit_bias past the vocabulary", complete(logit_bias={VOCAB: 1}), ValueError, "outside the model's"),
+    ("logit_bias of 101", complete(logit_bias={3: 101}), ValueError, "from -100 to 100"),
+    ("logit_bias NaN", complete(logit_bias={3: float("nan")}), ValueError, "from -100 to 100"),
+    ("logit_bias True", complete(logit_bias={3: True}), ValueError, "from -100 to 100"),
+    ("logit_bias keyed by text", complete(logit_bias={"3": 1}), ValueError, "non-negative token ids"),
+    ("logit_bias a list of ids", complete(logit_bias=[3, 4]), ValueError, "map token ids to biases"),
     ("closed scope", closed_scope, ValueError, "scope passed to this call is closed"),
     ("another engine's scope", foreign_scope, ValueError, "belongs to another engine"),
     (

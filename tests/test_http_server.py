@@ -28,6 +28,7 @@ import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER
 from rag_lookahead.serve import ServeSettings, create_app
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model, weather_tool
@@ -82,7 +83,7 @@ def asgi(app: Any) -> httpx.AsyncClient:
 
 
 def test_models(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, DEFAULT_EMBEDDER]  # the embedding model second
     assert client.models.retrieve(MODEL).owned_by == "rag-lookahead"
 
 
@@ -306,6 +307,24 @@ HOSTILE_REQUESTS: list[tuple[str, str, int, str | None, str | None]] = [
     (COMPLETION, '{"prompt": ["' + LONE + '"]}', 400, None, "prompt"),
     (COMPLETION, '{"prompt": "Hi", "documents": ["' + LONE + '"]}', 400, None, "documents[0]"),
     (COMPLETION, '{"prompt": "Hi", "stop": ["' + LONE + '"]}', 400, None, "stop"),
+    (COMPLETION, '{"prompt": "Hi", "logit_bias": {"5": NaN}}', 400, None, "logit_bias"),
+    (COMPLETION, '{"prompt": "Hi", "logit_bias": {"5": -Infinity}}', 400, None, "logit_bias"),
+    (COMPLETION, '{"prompt": "Hi", "logit_bias": {"5": 1e400}}', 400, None, "logit_bias"),
+    (COMPLETION, '{"prompt": "Hi", "logit_bias": {"1' + "0" * 5000 + '": 1}}', 400, None, "logit_bias"),
+    (
+        CHAT,
+        '{"messages": ' + json.dumps(MESSAGES) + ', "logit_bias": {"5": 1, "05": 2}}',
+        400,
+        None,
+        "logit_bias",
+    ),
+    (
+        CHAT,
+        '{"messages": ' + json.dumps(MESSAGES) + ', "logit_bias": {"' + LONE + '": 1}}',
+        400,
+        None,
+        "logit_bias",
+    ),
 ]
 
 
@@ -699,6 +718,21 @@ def test_a_forced_tool_call_comes_back_as_tool_calls(tool_server: LiveServer) ->
     ]
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
     assert not "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+
+
+def test_a_forced_call_without_parallel_calls_is_exactly_one_call(tool_server: LiveServer) -> None:
+    """``parallel_tool_calls: false`` on a forced call: its grammar allows one call, no more."""
+    out = tool_server.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[CITY],  # type: ignore[list-item]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+    )
+    assert out.choices[0].finish_reason == "tool_calls"
+    (call,) = out.choices[0].message.tool_calls or ()
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
 
 
 def test_tools_on_a_template_without_them_are_400(client: openai.OpenAI) -> None:

@@ -114,7 +114,10 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
 
 
 def scheduler_with(rows: list[Call], executor: ScriptedExecutor | None = None) -> Scheduler:
-    scheduler = Scheduler(SimpleNamespace(costs=CostModel()), max_batch_size=4, max_tokens_per_forward=256)  # type: ignore[arg-type]
+    # No model thread runs its loop: each test runs the phases itself.
+    idle = SimpleNamespace(attach=lambda _: None, wake=lambda: None, in_thread=lambda: True)
+    runner = SimpleNamespace(costs=CostModel(), thread=idle)
+    scheduler = Scheduler(runner, max_batch_size=4, max_tokens_per_forward=256)  # type: ignore[arg-type]
     scheduler._rows = list(rows)
     scheduler._batch = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
     if executor is not None:

@@ -22,6 +22,7 @@ speed drifts between that first timing and the runs, the steadier of the two.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import threading
@@ -43,7 +44,6 @@ from rag_lookahead.bench.run import (
     run_header,
 )
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.runtime.threads import in_passing_thread
 
 __all__ = ["CONCURRENCY_METHODS", "format_concurrency", "poisson_arrivals", "quantile", "run_concurrency"]
 
@@ -88,14 +88,12 @@ def run_concurrency(
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(CONCURRENCY_METHODS)}")
     if not inputs:
         raise ValueError("nothing to benchmark: no inputs")
-    # Every method's torch work runs in threads that end with it (`in_passing_thread`), so no
-    # method leaves this thread an OpenMP team that would slow the next one down.
-    reference = in_passing_thread(
-        lambda: [hf_generate(engine, item.prompt_ids, max_new_tokens) for item in inputs]
-    )
+    # Every method's torch work runs in the model's thread (`ModelThread`), as the engine's
+    # forwards do: no method adds an OpenMP team that would slow another down.
+    reference = [hf_generate(engine, item.prompt_ids, max_new_tokens) for item in inputs]
     prompts = [item.prompt_ids for item in inputs]
     prefill = prefill_timer(engine)
-    prefill_seconds = in_passing_thread(lambda: sum(prefill(item.prompt_ids) for item in inputs))
+    prefill_seconds = sum(prefill(item.prompt_ids) for item in inputs)
     levels: dict[str, Any] = {}
     for clients in concurrency:
         arrivals = poisson_arrivals(len(inputs), arrival_rate, seed)
@@ -148,12 +146,12 @@ def _run_method(
         return None
     warming, _ = warm
     # A warm-up (allocations, kernels), then a fresh start.
-    in_passing_thread(lambda: warming(inputs[:1], [0.0], clients))
+    warming(inputs[:1], [0.0], clients)
     prepared = _method(engine, name, clients, max_new_tokens)
     assert prepared is not None
     method, variant = prepared
     started = time.perf_counter()
-    served = in_passing_thread(lambda: method(inputs, arrivals, clients))
+    served = method(inputs, arrivals, clients)
     wall = time.perf_counter() - started
     prompts = None if variant is None else variant.scheduler.prompt_forwards.seconds
     return _Run(served, wall, prompts)
@@ -288,19 +286,25 @@ def _static_batches(
             prompt = inputs[i].prompt_ids
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
-        with torch.inference_mode():
-            out = engine.model.generate(
-                ids.to(engine.device),
-                attention_mask=mask.to(engine.device),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
+        out = engine.runner.thread.call(
+            functools.partial(
+                _generate_batch, engine, ids.to(engine.device), mask.to(engine.device), max_new_tokens, pad
             )
+        )
         done = time.perf_counter()
         for row, i in enumerate(group):
             served[i].tokens = _unpadded(out[row, width:].tolist(), engine.eos_token_ids)
             served[i].first_token = served[i].done = done  # a static batch returns all at once
     return [_relative(s, start) for s in served]
+
+
+def _generate_batch(
+    engine: LookaheadEngine, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, pad: int
+) -> torch.Tensor:
+    with torch.inference_mode():
+        return engine.model.generate(
+            ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
+        )
 
 
 def _continuous(
@@ -376,7 +380,7 @@ def _diverging(
     """The answers that are not greedy's, each with where it leaves greedy's and ``generate``'s
     margin there (`divergences`), worked out after the timed run."""
     answers = [s.tokens for s in served]
-    return in_passing_thread(lambda: divergences(engine, prompts, answers, reference))
+    return divergences(engine, prompts, answers, reference)
 
 
 def quantile(values: list[float], q: float) -> float:

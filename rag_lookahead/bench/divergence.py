@@ -104,16 +104,20 @@ def _greedy_logits(
     computed them (the prompt's forward, then one-token forwards), as fp32; ``None`` where
     ``generate`` did not answer ``reference`` again."""
     input_ids = torch.tensor([list(prompt)], device=engine.device)
-    with torch.inference_mode():
-        out = engine.model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=index + 1,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
-        )
+
+    def generate() -> Any:
+        with torch.inference_mode():
+            return engine.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=index + 1,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
+            )
+
+    out = engine.runner.thread.call(generate)  # where the engine's forwards ran
     if out.sequences[0, len(prompt) :].tolist() != list(reference[: index + 1]):
         return None  # greedy decoding that does not repeat itself on this device
     return out.logits[index][0].float()  # [V]

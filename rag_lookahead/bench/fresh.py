@@ -46,6 +46,7 @@ def run_fresh(
             config,
             cost_curve=curve,
             chat_template_kwargs=engine.chat_template_kwargs,
+            model_thread=engine.runner.thread,
         )
         made.runner.tree_problem()  # its one-off probe is setup (`measure_costs` runs it), not an answer
         return made

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_concurrency", "plot_fresh", "plot_summary"]
+__all__ = ["plot_concurrency", "plot_fresh", "plot_sets", "plot_summary"]
 
 
 def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
@@ -31,6 +31,37 @@ def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sets(summaries: dict[str, dict[str, Any]], methods: list[str], model: str, path: str | Path) -> None:
+    """A PNG of one benchmark run per data set (``summaries``: set name -> `run_benchmark`
+    result): each method's end-to-end speedup over greedy and its tokens per forward, side by
+    side; ``model`` names the model in the title."""
+    plt = _pyplot()
+    names = list(summaries)
+    fig, (speed, per_step) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        label = "lookahead (auto)" if method == "lookahead" else method
+        xs = [x + i * width for x in range(len(names))]
+        rows = [summaries[name]["methods"][method] for name in names]
+        speed.bar(xs, [r["speedup_vs_greedy"] for r in rows], width, label=label)
+        per_step.bar(xs, [r["mean_accepted_per_step"] or 0 for r in rows], width, label=label)
+    middle = width * (len(methods) - 1) / 2
+    for axis, title in ((speed, "speedup over greedy (end to end)"), (per_step, "tokens per forward")):
+        axis.set_xticks([x + middle for x in range(len(names))], [name.split("_")[0] for name in names])
+        axis.set_title(title)
+        axis.legend(fontsize=8)
+    speed.axhline(1.0, color="gray", lw=0.8)
+    first = summaries[names[0]]
+    fig.suptitle(
+        f"{model} {first['dtype']}, {first['threads']} CPU threads, "
+        f"{first['max_new_tokens']} new tokens, {first['records']} records per set; "
+        "outputs identical to greedy"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

@@ -92,17 +92,22 @@ Runner = Callable[[BenchInput], tuple[list[int], int]]
 def hf_generate(
     engine: LookaheadEngine, prompt: Sequence[int], max_new_tokens: int, **extra: Any
 ) -> list[int]:
-    """Plain transformers ``generate`` of one prompt, greedy (``extra``: e.g. prompt lookup)."""
+    """Plain transformers ``generate`` of one prompt, greedy (``extra``: e.g. prompt lookup),
+    in the model's thread as the engine's own forwards (`ModelThread`)."""
     input_ids = torch.tensor([list(prompt)], device=engine.device)
-    with torch.inference_mode():
-        out = engine.model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
-            **extra,
-        )
+
+    def generate() -> torch.Tensor:
+        with torch.inference_mode():
+            return engine.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=engine.eos_token_ids[0] if engine.eos_token_ids else None,
+                **extra,
+            )
+
+    out = engine.runner.thread.call(generate)
     return list(out[0, len(prompt) :].tolist())
 
 
@@ -135,6 +140,9 @@ def prefill_timer(engine: LookaheadEngine, own: bool = True) -> Callable[[list[i
     keep = {"logits_to_keep": 1} if takes_keep else {}
 
     def run(ids: list[int]) -> float:
+        return engine.runner.thread.call(lambda: timed(ids))  # where the engine's forwards run
+
+    def timed(ids: list[int]) -> float:
         input_ids = torch.tensor([ids], device=engine.device)
         start = time.perf_counter()
         if own:
@@ -157,6 +165,7 @@ def fresh_engine(engine: LookaheadEngine, config: LookaheadConfig) -> LookaheadE
         config,
         cost_curve=engine.cost_curve,
         chat_template_kwargs=engine.chat_template_kwargs,
+        model_thread=engine.runner.thread,
     )
 
 

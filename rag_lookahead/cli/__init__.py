@@ -482,6 +482,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"most bytes of documents all corpora hold together (default: {served.max_corpus_bytes})",
     )
     local.add_argument(
+        "--embedder",
+        default=None,
+        help="sentence-transformers model directory /v1/embeddings serves, and its model name there "
+        "(default: the built-in all-MiniLM-L6-v2)",
+    )
+    local.add_argument(
         "--mode",
         default=None,
         choices=["auto", "trie", "jacobi", "off"],

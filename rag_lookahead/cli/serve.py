@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rag_lookahead.config import LookaheadConfig
@@ -30,7 +31,7 @@ _CORPUS_FLAGS = ("corpus_ttl_s", "max_corpora", "max_corpus_bytes")
 # What uvicorn's connections take (`run_app`): Ray Serve's proxy holds the connections there.
 _CONNECTION_FLAGS = ("header_timeout_s", "keep_alive_s", "max_connections")
 _SETTINGS = (
-    *("max_running", "max_waiting", "max_body_bytes", "drain_s", "body_timeout_s"),
+    *("max_running", "max_waiting", "max_body_bytes", "drain_s", "body_timeout_s", "embedder"),
     *_CORPUS_FLAGS,
     *_CONNECTION_FLAGS,
 )
@@ -103,6 +104,8 @@ def _run_local(args: argparse.Namespace) -> int:
     from rag_lookahead.cli.settings import load_options
 
     settings = _serve_settings(args)
+    if settings.embedder is not None and not Path(settings.embedder).expanduser().is_dir():
+        raise FileNotFoundError(f"--embedder {settings.embedder!r} is not a directory")  # before a long load
     serve = _server()  # before a long load
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -15,7 +15,11 @@ import torch
 
 from rag_lookahead.decoding.masks import ancestors, step_mask
 
-__all__ = ["DraftTree", "SideRows", "StepDraft", "TreeInputs", "step_inputs"]
+__all__ = ["PREDICTION_LABEL", "DraftTree", "SideRows", "StepDraft", "TreeInputs", "step_inputs"]
+
+# The source label of nodes drafted from a call's prediction (OpenAI's Predicted Outputs): the
+# planner trusts them from the start, the stats count them.
+PREDICTION_LABEL = "pred"
 
 
 @dataclass(frozen=True)

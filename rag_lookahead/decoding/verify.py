@@ -17,6 +17,7 @@ import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -78,11 +79,17 @@ class TokenChooser:
     token is an independent draw from its own distribution, and a seeded call emits the same
     tokens whatever was drafted — the same as with lookahead off. Without a seed, the call's key
     comes from torch's global generator (so ``torch.manual_seed`` makes runs repeat).
+
+    The processors run in `generate`'s order: ``logit_bias`` first (as its ``sequence_bias``
+    of single tokens), then the repetition penalty, then the sampling warpers. Each node's
+    scores get them all, so a biased call with lookahead emits what it would emit without.
     """
 
     def __init__(self, params: GenerationParams) -> None:
         self.do_sample = params.sampling
         steps: list = []
+        if params.logit_bias:
+            steps.append(SequenceBiasLogitsProcessor([[[token], bias] for token, bias in params.logit_bias]))
         if params.repetition_penalty != 1.0:
             steps.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
         if self.do_sample:

@@ -2,6 +2,7 @@
 
 from rag_lookahead.drafting.compose import ComposedDrafter, SharedDocuments, build_drafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter, NGramPool
+from rag_lookahead.drafting.prediction import PredictionDrafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.suffix import SuffixDrafter, SuffixRule
 from rag_lookahead.drafting.trie import OUTPUT_OWNER, InsertCursor, TokenTrie
@@ -14,6 +15,7 @@ __all__ = [
     "InsertCursor",
     "JacobiDrafter",
     "NGramPool",
+    "PredictionDrafter",
     "SharedDocuments",
     "SuffixDrafter",
     "SuffixRule",

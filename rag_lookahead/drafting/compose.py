@@ -11,6 +11,7 @@ from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.drafting.constrained import GrammarDrafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter
+from rag_lookahead.drafting.prediction import PredictionDrafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.suffix import SuffixDrafter
 from rag_lookahead.drafting.trie import TokenTrie
@@ -34,15 +35,20 @@ def build_drafter(
     trie: TokenTrie,
     sequences: Sequence[Sequence[int]],
     shared: SharedDocuments | None = None,
+    prediction: Sequence[int] = (),
 ) -> ComposedDrafter:
     """The drafters ``config.mode`` asks for, for one call whose prompt is ``sequences[0]``.
 
-    With ``shared`` documents the call's branches join theirs, which outlive the call.
+    With ``shared`` documents the call's branches join theirs, which outlive the call. A
+    ``prediction`` is the suffix drafter's preferred text, or without one a drafter of its own,
+    first (see `rag_lookahead.drafting.prediction`).
     """
     drafters: list[Drafter] = []
     pooled = [*sequences, *shared.sequences] if shared is not None else list(sequences)
     if config.mode in ("auto", "trie") and config.draft_policy == "suffix":
-        drafters.append(SuffixDrafter(pooled, config.min_query_length))
+        drafters.append(SuffixDrafter(pooled, config.min_query_length, prediction=prediction))
+    elif prediction:
+        drafters.append(PredictionDrafter(prediction))
     if config.mode in ("auto", "trie"):
         owner = shared.owner if shared is not None else f"call-{uuid.uuid4().hex}"
         drafters.append(
@@ -66,11 +72,15 @@ def call_drafter(
     shared: SharedDocuments | None,
     grammar: GrammarState | None,
     own: Drafter | None,
+    prediction: Sequence[int] = (),
 ) -> Drafter:
-    """A call's drafter (the caller's ``own``, else one over its prompt's and documents'
-    token ids, inserted into the trie once its prefill is under way), under its grammar if
-    it has one."""
-    drafter = own if own is not None else build_drafter(config, trie, sequences, shared)
+    """A call's drafter (the caller's ``own``, behind a `PredictionDrafter` of its
+    ``prediction`` if it has one; else one over its prompt's, documents' and prediction's token
+    ids, inserted into the trie once its prefill is under way), under its grammar if it has one."""
+    if own is None:
+        drafter: Drafter = build_drafter(config, trie, sequences, shared, prediction)
+    else:
+        drafter = ComposedDrafter([PredictionDrafter(prediction), own]) if prediction else own
     return drafter if grammar is None else GrammarDrafter(drafter, grammar)
 
 

@@ -19,25 +19,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import PREDICTION_LABEL, DraftTree, StepDraft
 from rag_lookahead.drafting.trie_nodes import as_tokens, check_int
 
-__all__ = ["SuffixDrafter", "SuffixRule", "match_bucket"]
+__all__ = ["PREDICTION_LABEL", "SuffixDrafter", "SuffixRule", "match_bucket"]
 
 _SEPARATOR = -1  # between texts: never a token id, so no match or continuation crosses it
 _BUCKETS = (16, 8, 4, 3, 2, 1)  # lower bounds of the match-length buckets, longest first
+_LABELS = ("sfx", PREDICTION_LABEL)  # by where a match is: the call's own text, or its prediction
 
 
 def match_bucket(length: int) -> int:
     """The bucket a match of ``length`` tokens falls in (the largest bound at most it)."""
     return next(bound for bound in _BUCKETS if length >= bound)
-
-
-_SOURCES = [f"sfx{match_bucket(n)}" for n in range(1, _BUCKETS[0] + 1)]  # by length, cached
-
-
-def _source(length: int) -> str:
-    return _SOURCES[min(length, _BUCKETS[0]) - 1]
 
 
 @dataclass(frozen=True)
@@ -80,26 +74,42 @@ class SuffixDrafter:
     """Drafts from the call's own token ids (prompt, documents, then what it emitted).
 
     Sees token ids only; holds nothing shared, so `close` just lets go of its text.
+
+    A ``prediction`` (the text the answer is expected to copy) is one more text, preferred: of
+    two matches as long, its own comes first, and the nodes it is the first voter of are
+    labelled ``PREDICTION_LABEL`` instead of ``"sfx"`` (``"pred4"``), so that the planner learns its
+    drafts apart and the call counts them.
     """
 
     def __init__(
-        self, sequences: Sequence[Sequence[int]], min_match: int = 1, rule: SuffixRule | None = None
+        self,
+        sequences: Sequence[Sequence[int]],
+        min_match: int = 1,
+        rule: SuffixRule | None = None,
+        prediction: Sequence[int] = (),
     ) -> None:
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise ValueError(f"min_match must be a positive integer, got {min_match!r}")
         self.rule = rule if rule is not None else SuffixRule()
         self.min_match = min_match
-        # A match's vote and depth by its length (which the tail's slice keeps <= max_match)
+        # A match's vote, depth and sources by its length (which the tail's slice keeps <= max_match)
+        lengths = range(self.rule.max_match + 1)
+        own, predicted = (["", *(f"{label}{match_bucket(n)}" for n in lengths[1:])] for label in _LABELS)
         self._tables = _Tables(
-            [self.rule.weight(n) for n in range(self.rule.max_match + 1)],
-            [self.rule.depth(n) for n in range(self.rule.max_match + 1)],
-            ["", *(_source(n) for n in range(1, self.rule.max_match + 1))],
+            [self.rule.weight(n) for n in lengths],
+            [self.rule.depth(n) for n in lengths],
+            own,
+            predicted,
             self.rule.min_share,
         )
         self._text: list[int] = []
         self._where: dict[int, list[int]] = {}  # token -> its positions in _text
         # (token, next token) -> the next token's positions: its occurrences that match 2+ tokens
         self._pairs: dict[tuple[int, int], list[int]] = {}
+        self._predicted = len(prediction)  # the prediction is _text[:_predicted], first
+        for seq in [prediction] if prediction else []:
+            self._append(as_tokens(seq))
+            self._text.append(_SEPARATOR)
         for seq in sequences:
             self._append(as_tokens(seq))
             self._text.append(_SEPARATOR)
@@ -141,6 +151,9 @@ class SuffixDrafter:
         found = self._longer_matches(tail, first) if len(tail) > 1 else []
         if self.min_match == 1 and len(found) < rule.max_candidates:
             found += self._one_token_matches(tail, positions, first, rule.max_candidates - len(found))
+        if self._predicted:  # of matches as long, the prediction's first (then the latest)
+            end = self._predicted
+            found.sort(key=lambda match: (match[0], match[1] < end, match[1]), reverse=True)
         return found
 
     def _longer_matches(self, tail: list[int], first: int) -> list[tuple[int, int]]:
@@ -183,7 +196,7 @@ class SuffixDrafter:
     def propose(self, context: Sequence[int], budget: int) -> StepDraft:
         root = context[-1]
         found = self.matches(context) if budget > 0 else []
-        return StepDraft(_Votes(self._tables, self._text, found).draft(root, budget))
+        return StepDraft(_Votes(self._tables, self._text, found, self._predicted).draft(root, budget))
 
     def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
         self._append(as_tokens(tokens))
@@ -198,6 +211,7 @@ class _Tables(NamedTuple):
     weights: list[float]  # by match length
     depths: list[int]  # by match length
     sources: list[str]  # by match length
+    predicted: list[str]  # by match length, for a match in the prediction
     min_share: float
 
 
@@ -216,11 +230,15 @@ class _Votes:
     float: every sum adds the same votes in the same order (the candidates', longest first).
     """
 
-    def __init__(self, tables: _Tables, text: list[int], found: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, tables: _Tables, text: list[int], found: list[tuple[int, int]], predicted: int
+    ) -> None:
         self.text = text
         self.found = found
         self.weights = [tables.weights[length] for length, _ in found]
-        self.sources = [tables.sources[length] for length, _ in found]
+        self.sources = [
+            (tables.predicted if pos < predicted else tables.sources)[length] for length, pos in found
+        ]
         # Candidate i drafts text[starts[i] : ends[i]], up to a separator.
         self.starts = [pos + 1 for _, pos in found]
         self.ends = [min(pos + 1 + tables.depths[length], len(text)) for length, pos in found]

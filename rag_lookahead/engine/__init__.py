@@ -4,8 +4,8 @@
 (`scheduler`), which admits them, plans every step, runs it through the executor
 (`executor`, one forward over all rows) and updates each call (`request`) with what it
 accepted. `pricing` measures what forwards cost; `model_facts` holds what a call needs to know
-of the model and tokenizer; `scope` keeps documents in the trie across calls; `driving` lets
-the readers run the loop.
+of the model and tokenizer; `scope` keeps documents in the trie across calls. The loop runs in
+the model's own thread (`rag_lookahead.runtime.threads.ModelThread`).
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ from rag_lookahead.engine.pricing import measure_costs
 from rag_lookahead.engine.request import Call
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.scope import DocumentScope, document_texts
+from rag_lookahead.engine.scoring import PromptLogprobs, prompt_logprobs
 from rag_lookahead.interface import EngineBase, check_scope
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.runtime.runner import ModelRunner
-from rag_lookahead.runtime.threads import in_passing_thread
+from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
@@ -67,6 +68,7 @@ class LookaheadEngine(EngineBase):
         cache_dir: Path | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         progress: bool = False,
+        model_thread: ModelThread | None = None,
     ) -> None:
         """Wrap ``model`` and ``tokenizer``.
 
@@ -81,6 +83,11 @@ class LookaheadEngine(EngineBase):
                 ``{"enable_thinking": False}`` for Qwen3 (see `encode_prompt`).
             progress: Show a progress bar on standard error, when it is a terminal, while the
                 costs are measured (see `rag_lookahead.progress`).
+            model_thread: The thread every forward runs in (`ModelThread`): by default the
+                process's shared one, where `from_pretrained` loads its model. On a CPU every
+                thread that has run torch work holds an OpenMP team that slows the others'
+                forwards (see `rag_lookahead.runtime.threads`): load your own model inside
+                ``ModelThread.shared().call(...)`` where you can.
         """
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("rag-lookahead needs a decoder-only (causal) language model")
@@ -95,7 +102,7 @@ class LookaheadEngine(EngineBase):
                 f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
-        self.runner = ModelRunner(model, self.config.cpu_linear)
+        self.runner = ModelRunner(model, self.config.cpu_linear, model_thread)
         self.runner.costs.curve = cost_curve
         self.planner = StepPlanner(self.config, self.runner.costs)
         self.scheduler = _new_scheduler(self.runner, self.config)
@@ -122,17 +129,26 @@ class LookaheadEngine(EngineBase):
         from rag_lookahead.models import load_model
 
         options = LoadOptions.of(load, name_or_path, **loading)  # checked before a long load
-        model, tokenizer = load_model(
-            options.model,
-            device=options.device,
-            dtype=options.dtype,
-            trust_remote_code=options.trust_remote_code,
-            model_kwargs=options.model_kwargs,
-            tokenizer_kwargs=options.tokenizer_kwargs,
+        # Loaded where its forwards will run: the process's one thread that runs torch work.
+        model, tokenizer = ModelThread.shared().call(
+            functools.partial(
+                load_model,
+                options.model,
+                device=options.device,
+                dtype=options.dtype,
+                trust_remote_code=options.trust_remote_code,
+                model_kwargs=options.model_kwargs,
+                tokenizer_kwargs=options.tokenizer_kwargs,
+                progress=options.progress,
+            )
+        )
+        return cls(
+            model,
+            tokenizer,
+            config,
+            chat_template_kwargs=options.chat_template_kwargs,
             progress=options.progress,
         )
-        template_kwargs = options.chat_template_kwargs
-        return cls(model, tokenizer, config, chat_template_kwargs=template_kwargs, progress=options.progress)
 
     def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
         """This engine with other drafting settings: the same model, runner and trie.
@@ -240,11 +256,11 @@ class LookaheadEngine(EngineBase):
         cached curve they find too slow (or steeper than they are) is forgotten on disk, for the
         next process to measure, rather than measured while calls wait (`CurveCheck`). Also probes
         whether the model verifies trees, and takes the acceptance statistics stored by earlier
-        processes: everything a first answer would otherwise pay for. The forwards run in a
-        thread of their own (see `in_passing_thread`), not the caller's."""
+        processes: everything a first answer would otherwise pay for. The forwards run in the
+        model's thread (`ModelThread`), between the steps of running calls."""
         args = (self.runner, self.planner, self.config, self._cache_dir)
         measure = functools.partial(measure_costs, *args, remeasure=remeasure, progress=self._progress)
-        return in_passing_thread(measure)
+        return self.runner.thread.call(measure)
 
     def measure_ahead(self, *, remeasure: bool = False) -> None:
         """Measure what this engine's first drafting call would otherwise measure (`measure_costs`;
@@ -264,6 +280,7 @@ class LookaheadEngine(EngineBase):
         scope: DocumentScope | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         drafter: Drafter | None = None,
+        prediction: str | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt``, yielding new text as it is decided.
@@ -281,15 +298,25 @@ class LookaheadEngine(EngineBase):
             drafter: Your own `Drafter` for this call, in place of the trie's and Jacobi's (the
                 documents then reach the drafts only through it); the engine closes it when the
                 call ends. Its drafts are verified like any other, so the output is the same.
+            prediction: Text the answer is expected to copy (OpenAI's Predicted Outputs: the
+                file being edited, the document being rewritten): a document with priority,
+                drafted first wherever the answer's last tokens match it and trusted by the
+                planner from the start (see `rag_lookahead.drafting.prediction`); the answer is
+                the one plain decoding gives. The stats count its accepted and rejected tokens
+                (`DecodeStats.accepted_prediction_tokens`). An engine that decodes plainly
+                (``mode="off"``) drafts nothing from it.
         """
         if drafter is not None and self.config.mode == "off":
             raise ValueError("a drafter needs an engine that drafts: this one's mode is 'off'")
         params = (params or GenerationParams()).with_overrides(**overrides)
         texts = document_texts(documents)
+        if prediction is not None and not isinstance(prediction, str):
+            raise TypeError(f"prediction must be a string, got {type(prediction).__name__}")
         prompt_ids = self.encode(prompt, tools=tools)
         self._facts.check_prompt(prompt_ids)
         check_scope(scope, self)
         eos = self._facts.call_eos(params.eos_token_id)
+        self._facts.check_logit_bias(params.logit_bias)
         grammar = self._facts.grammar_state(params.grammar, eos)
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
@@ -299,6 +326,7 @@ class LookaheadEngine(EngineBase):
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
         sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts and drafter is None else []
+        predicted = self._tokenize(prediction) if drafts and prediction else []
         call = Call(
             prompt_ids=prompt_ids,
             config=self.config,
@@ -308,13 +336,14 @@ class LookaheadEngine(EngineBase):
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
             # The trie takes the call's texts once its prefill is under way.
             make_drafter=functools.partial(
-                call_drafter, self.config, self.trie, sequences, scope, grammar, drafter
+                call_drafter, self.config, self.trie, sequences, scope, grammar, drafter, predicted
             )
             if drafts
             else None,
             batchable=batchable,
             grammar=grammar,
             top_logprobs=params.top_logprobs if params.logprobs else None,
+            predicts=bool(predicted),
         )
         steps = self.scheduler.chunks(call)
         stream = TextStream(steps, call.recorder, cancel=functools.partial(self.scheduler.cancel, call))
@@ -330,6 +359,19 @@ class LookaheadEngine(EngineBase):
         scope = DocumentScope(self.trie, self._tokenize)
         scope.add(documents)
         return scope
+
+    def prompt_logprobs(self, prompt: Prompt, top_logprobs: int = 0) -> PromptLogprobs:
+        """``prompt``'s tokens scored by the model: each token's log probability given those
+        before it (the first has none), with the ``top_logprobs`` most likely tokens at each
+        position (0 to 20), as OpenAI's ``echo`` with ``logprobs`` reports them (see
+        `rag_lookahead.engine.scoring`). The forwards run in the model's thread (`ModelThread`),
+        between the steps of running calls."""
+        ids = self.encode(prompt)
+        self._facts.check_prompt(ids)
+        text = functools.cache(lambda token: str(self.tokenizer.decode([token])))  # once per call
+        return self.runner.thread.call(
+            functools.partial(prompt_logprobs, self.runner, text, ids, top_logprobs)
+        )
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """Drop-in for `model.generate`: see `rag_lookahead.engine.generate.generate`."""

@@ -98,6 +98,13 @@ class ModelFacts:
             raise ValueError(f"eos_token_id {bad} is outside the model's {vocab}-token vocabulary")
         return eos
 
+    def check_logit_bias(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
+        """Refuse a ``logit_bias`` for a token id outside the vocabulary."""
+        vocab = self.vocab_size
+        bad = next((t for t, _ in logit_bias if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias token id {bad} is outside the model's {vocab}-token vocabulary")
+
     def grammar_state(self, grammar: Grammar | None, eos: tuple[int, ...]) -> GrammarState | None:
         """A call's matcher for ``grammar`` ending on ``eos`` (none without a grammar)."""
         return None if grammar is None else self.grammars.state(grammar, eos, self.context_window)

@@ -1,4 +1,4 @@
-"""Continuous batching: every running call's step in one forward, driven by its readers.
+"""Continuous batching: every running call's step in one forward, in the model's thread.
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
 prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`). Where
@@ -18,14 +18,15 @@ plainly in their own cache, between steps.
 Every row is computed as if it were alone (its own positions, its own columns of the cache),
 so batching changes no output; only the rounding of batched kernels differs.
 
-No thread of its own runs the loop: a reader waiting for its call's next chunk runs one
-iteration for everybody (`LoopDriver`), so a lone caller decodes in its own thread, as a plain
-`generate` call would. A call nobody reads advances while others are read, and is ended when
-its stream is closed or dropped.
+The loop runs in the model's own thread (`ModelThread`), one iteration after another while
+any call is queued or running: a submitted call starts at once, whether or not it is read yet,
+and the threads that read its chunks only wait for them. A call nobody reads advances with the
+others, and is ended when its stream is closed or dropped.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -35,7 +36,6 @@ from typing import Any, TypeVar
 import torch
 
 from rag_lookahead.decoding.tree import StepDraft
-from rag_lookahead.engine.driving import LoopDriver
 from rag_lookahead.engine.executor import Executor
 from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import END as _END
@@ -50,10 +50,11 @@ from rag_lookahead.streaming.stream import StreamChunk
 __all__ = ["Scheduler"]
 
 T = TypeVar("T")
+_READ_SLICE_S = 0.5
 
 
 class Scheduler:
-    """The decoding loop of every call on one model, run by whichever reader waits."""
+    """The decoding loop of every call on one model, run by the model's thread."""
 
     def __init__(
         self,
@@ -66,7 +67,6 @@ class Scheduler:
         self.max_tokens_per_forward = max_tokens_per_forward
         self._lock = threading.Lock()  # guards the waiting queue
         self._waiting: deque[Call] = deque()
-        self.driver = LoopDriver(self._iterate)
         # Only the thread running an iteration touches these.
         self._joining: list[Call] = []  # prefilling apart, in order
         self._rows: list[Call] = []  # the batch, in row order (some may still be prefilling)
@@ -75,6 +75,8 @@ class Scheduler:
         self._executor = Executor(runner)
         self.pricing = Pricing(runner.costs, max_tokens_per_forward)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+        self._thread = runner.thread
+        self._thread.attach(self)
 
     @property
     def prompt_forwards(self) -> PromptForwards:
@@ -83,16 +85,18 @@ class Scheduler:
         return self.pricing.prompt_forwards
 
     def submit(self, call: Call) -> None:
-        """Queue ``call``; read what it releases with `chunks`."""
+        """Queue ``call``: it starts at the next step boundary; read what it releases with
+        `chunks`."""
         with self._lock:
             self._waiting.append(call)
+        self._thread.wake()
 
     def chunks(self, call: Call) -> Generator[StreamChunk, None, None]:
-        """What ``call`` releases, in its reader's thread (which drives the loop while it
-        waits); closing this generator (or an error in the reader's loop) cancels the call."""
+        """What ``call`` releases, as the model's thread releases it; closing this generator
+        (or an error in the reader's loop) cancels the call."""
         try:
             while True:
-                item = self.driver.next_item(call.outbox)
+                item = _next(call.outbox)
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
@@ -111,10 +115,28 @@ class Scheduler:
                 call.finish("abandoned")
                 call.outbox.put(_END)
                 call.ended.set()
-        if wait and not self.driver.in_iteration():  # (a finaliser inside one: the next retires it)
-            self.driver.wait(call.ended)
+        self._thread.wake()
+        if wait and not self._thread.in_thread():  # (a finaliser inside one: the next retires it)
+            call.ended.wait()
+
+    def has_work(self) -> bool:
+        """Whether a call is queued or running (asked by the model's thread, between
+        iterations: only the queue may change meanwhile)."""
+        return bool(self._waiting or self._joining or self._rows or self._alone)
 
     # ------------------------------------------------------------------ the loop
+
+    def iterate(self) -> None:
+        """One iteration of the loop, in the model's thread; a fault outside every phase's
+        guard ends every call with it (none is left waiting on a loop that cannot go on)."""
+        try:
+            self._iterate()
+        except Exception as err:
+            with self._lock:
+                waiting, self._waiting = list(self._waiting), deque()
+            for call in [*waiting, *self._joining, *self._rows, *self._alone]:
+                self._end(call, err)
+            self._rows, self._batch = [], BatchCache()
 
     def _iterate(self) -> None:
         # 1. admit waiting calls, up to the batch size
@@ -380,6 +402,16 @@ class Scheduler:
         left = set(gone)
         keep = [i for i in range(len(self._rows)) if i not in left]
         self._rows = [self._rows[i] for i in self._batch.keep_rows(keep)]
+
+
+def _next(outbox: queue.SimpleQueue[T]) -> T:
+    """The next item of ``outbox``, waited for in slices so that a signal (Ctrl-C) reaches a
+    reader in the main thread."""
+    while True:
+        try:
+            return outbox.get(timeout=_READ_SLICE_S)
+        except queue.Empty:
+            continue
 
 
 def _prompt_row(call: Call, tokens: int) -> RowPlan:

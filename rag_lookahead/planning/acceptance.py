@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.decoding.tree import DraftTree
+from rag_lookahead.decoding.tree import PREDICTION_LABEL, DraftTree
 from rag_lookahead.files import atomic_write
 
 __all__ = ["AcceptanceModel", "load_acceptance", "save_acceptance"]
@@ -39,6 +39,11 @@ class AcceptanceModel:
     are worth. Counts halve once a bucket (or scale) has seen ``horizon`` nodes, so they follow a
     changing workload. A bucket judged not worth drafting would never be tried again, so every
     ``explore_every``-th plan verifies at least its most likely node (`explore`).
+
+    A call's prediction is text its caller expects the answer to copy: its sources
+    (``PREDICTION_LABEL``) start from ``prediction_scale`` instead, so that its drafts are
+    verified deep from its first steps, where documents' would be trusted only once learned;
+    what the model accepts of them corrects it as fast as any other source's.
     """
 
     def __init__(
@@ -47,9 +52,11 @@ class AcceptanceModel:
         prior_scale: float = 0.5,
         horizon: float = 400.0,
         explore_every: int = 32,
+        prediction_scale: float = 0.9,
     ) -> None:
         self.prior_weight = prior_weight
         self.prior_scale = prior_scale
+        self.prediction_scale = prediction_scale
         self.horizon = horizon
         self.explore_every = explore_every
         self.observations = 0  # nodes recorded so far
@@ -64,7 +71,8 @@ class AcceptanceModel:
     def scale(self, source: str, first_level: bool) -> float:
         """Accepted over estimated for ``source``'s nodes at this level, with the prior."""
         accepted, estimated, _ = self._scales.get((source, first_level), (0.0, 0.0, 0.0))
-        return (accepted + self.prior_weight * self.prior_scale) / (estimated + self.prior_weight)
+        prior = self.prediction_scale if source.startswith(PREDICTION_LABEL) else self.prior_scale
+        return (accepted + self.prior_weight * prior) / (estimated + self.prior_weight)
 
     def probability(self, source: str, first_level: bool, estimate: float) -> float:
         """Calibrated chance that a node is accepted given that its parent was."""

@@ -58,12 +58,22 @@ class ReplyHeader:
 
 
 def usage(stats: DecodeStats) -> dict[str, Any]:
-    """Token counts as OpenAI's ``usage``, and the decode stats under ``"lookahead"``."""
+    """Token counts as OpenAI's ``usage``, and the decode stats under ``"lookahead"``.
+
+    ``completion_tokens_details`` counts a prediction's draft tokens as `DecodeStats` does:
+    accepted, those verified that the answer kept; rejected, those verified that it did not
+    (both 0 without a prediction). Unlike OpenAI, ``completion_tokens`` counts the answer's
+    tokens only, not the rejected ones.
+    """
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.new_tokens,
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": stats.accepted_prediction_tokens,
+            "rejected_prediction_tokens": stats.rejected_prediction_tokens,
+        },
         "lookahead": {
             "steps": stats.steps,
             "tokens_per_step": stats.tokens_per_step,

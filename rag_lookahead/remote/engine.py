@@ -167,6 +167,7 @@ class ServerEngine(EngineBase):
         documents: Iterable[str] = (),
         scope: ServerScope | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        prediction: str | None = None,
         **overrides: Any,
     ) -> TextStream:
         """Generate for ``prompt`` on the server, yielding new text as it arrives.
@@ -178,10 +179,13 @@ class ServerEngine(EngineBase):
         server's log probabilities (see `rag_lookahead.remote.logprobs`). The answer is checked
         as it is read (stop strings, the text ``max_new_tokens`` can hold, the config's
         ``deadline``), since a server may ignore what it was asked; see `ServerCall`.
+        A ``prediction`` goes as OpenAI's ``prediction`` field to a rag-lookahead or OpenAI
+        server; vLLM and SGLang have no such field (an error).
         """
         if tools:
             raise NotImplementedError(_NO_TOOLS)
         params = (params or GenerationParams()).with_overrides(**overrides)
+        predicted = _prediction_field(self.config, prediction)
         texts = [t for t in document_texts(documents) if t]
         server_prompt = normalise_prompt(prompt)
         check_scope(scope, self)
@@ -190,6 +194,7 @@ class ServerEngine(EngineBase):
             server_prompt = self._documents_in_prompt(server_prompt, shown)
             texts = []
         request = build_request(self.config, server_prompt, params)  # refused before any load
+        request = request.with_fields(predicted)
         limits = self._limits(params)
         sent = CallDocuments()
         if self._corpus is not None:
@@ -285,6 +290,20 @@ class ServerEngine(EngineBase):
         failure = self._corpus.remove_all([corpus_id] if corpus_id is not None else [])
         if failure is not None:
             self._corpus.warn(failure, "a call")
+
+
+def _prediction_field(config: ServerConfig, prediction: str | None) -> dict[str, Any]:
+    """A call's ``prediction`` as the request field of OpenAI's Predicted Outputs."""
+    if prediction is None or prediction == "":
+        return {}
+    if not isinstance(prediction, str):
+        raise TypeError(f"prediction must be a string, got {type(prediction).__name__}")
+    if config.kind not in ("rag-lookahead", "openai"):
+        raise ValueError(
+            f"a {config.kind} server has no predicted outputs (OpenAI's prediction field): "
+            "leave the prediction out, or use a rag-lookahead server or a local engine"
+        )
+    return {"prediction": {"type": "content", "content": prediction}}
 
 
 def _corpus_client(config: ServerConfig, client: Any) -> CorpusClient | None:

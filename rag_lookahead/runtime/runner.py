@@ -39,7 +39,7 @@ from rag_lookahead.runtime.kernels import linear_used, onednn_linear
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
 from rag_lookahead.runtime.probe import tree_support_problem
-from rag_lookahead.runtime.threads import in_passing_thread
+from rag_lookahead.runtime.threads import ModelThread
 
 __all__ = ["ModelRunner"]
 
@@ -48,19 +48,19 @@ _BATCH_CONTEXT = 256
 
 
 class ModelRunner:
-    """Forward passes of one model, serialised by its own lock (engine variants share it); on
-    a CPU its fp32 linear layers run on the kernels ``linear`` chooses by a forward's tokens
-    (`rag_lookahead.runtime.kernels`)."""
+    """Forward passes of one model, serialised by its own lock (engine variants share it) and
+    run by a `ModelThread` (``thread``, or the process's shared one); on a CPU its fp32 linear layers
+    run on the kernels ``linear`` chooses by a forward's tokens (`rag_lookahead.runtime.kernels`)."""
 
-    def __init__(self, model: Any, linear: CpuLinear = "auto") -> None:
+    def __init__(self, model: Any, linear: CpuLinear = "auto", thread: ModelThread | None = None) -> None:
         self.model = model
-        self.linear = linear_used(model, self.device, linear)
+        self.thread = thread or ModelThread.shared()
+        self.linear = self.thread.call(lambda: linear_used(model, self.device, linear))
         self.costs = CostModel()  # what its forwards cost, once measured (or given)
         self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
         self.layer_masks = LayerMasks.of(model.config)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._probe_lock = threading.Lock()
         self._probed = False
         self._tree_problem: str | None = None
 
@@ -87,24 +87,27 @@ class ModelRunner:
     def tree_problem(self) -> str | None:
         """Why this model cannot verify draft trees, or ``None``; probed once, warned once.
 
-        Once probed, the answer is read without a lock: every new call asks, and waiting for
-        the model's lock would hold it back behind the running batch's forwards (a thread
-        that loops over forwards may take that lock again before a waiting one wakes)."""
+        Once probed, the answer is read without waiting: every new call asks, and the probe's
+        forwards run in the model's thread, behind the running batch's steps."""
         if self._probed:
             return self._tree_problem
-        with self._probe_lock, self.lock:  # the probe's forwards run alone on the model
-            if not self._probed:
-                problem = in_passing_thread(  # leaves the caller no OpenMP team
-                    lambda: tree_support_problem(self.model, self.cache_arg, self.layer_masks)
-                )
-                self._tree_problem, self._probed = problem, True
-                if problem is not None:
-                    warnings.warn(
-                        f"rag-lookahead: this model cannot verify draft trees ({problem}); "
-                        "decoding plainly, without lookahead. Outputs are unaffected.",
-                        stacklevel=5,
-                    )
-            return self._tree_problem
+        problem, fresh = self.thread.call(self._probe)
+        if fresh and problem is not None:
+            warnings.warn(
+                f"rag-lookahead: this model cannot verify draft trees ({problem}); "
+                "decoding plainly, without lookahead. Outputs are unaffected.",
+                stacklevel=5,
+            )
+        return problem
+
+    def _probe(self) -> tuple[str | None, bool]:
+        """The probe's answer, and whether it was probed now: in the model's thread, which
+        runs one thing at a time, so it is probed once however many threads ask."""
+        if not self._probed:
+            self._tree_problem = tree_support_problem(self.model, self.cache_arg, self.layer_masks)
+            self._probed = True
+            return self._tree_problem, True
+        return self._tree_problem, False
 
     def forward(
         self, input_ids: torch.Tensor, cache: Any, last_only: bool = False, **kwargs: Any

@@ -1,10 +1,11 @@
-"""The FastAPI app: OpenAI's chat and completion routes over one engine, corpora, health and
-metrics."""
+"""The FastAPI app: OpenAI's chat, completion and (stateless) Responses routes over one
+engine, corpora, health and metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import time
@@ -21,15 +22,21 @@ from starlette.background import BackgroundTask
 
 from rag_lookahead.interface import Engine
 from rag_lookahead.protocol import CallPlan, ReplyHeader, plan_chat, plan_completion
+from rag_lookahead.protocol.responses import plan_response, response_header
+from rag_lookahead.rag.embedding import Embedder
 from rag_lookahead.serve.admission import Admission
 from rag_lookahead.serve.bodies import BodyDeadline, json_body
-from rag_lookahead.serve.calls import Caller
+from rag_lookahead.serve.calls import Caller, OpenAIShape, ReplyShape
 from rag_lookahead.serve.corpora import Corpora
 from rag_lookahead.serve.corpus_routes import corpus_routes
+from rag_lookahead.serve.echo import echo_reply
+from rag_lookahead.serve.embeddings import Embeddings
 from rag_lookahead.serve.errors import CLIENT_CLOSED, ApiError, install_handlers
 from rag_lookahead.serve.metrics import ServerMetrics
 from rag_lookahead.serve.readiness import measure_ahead
+from rag_lookahead.serve.responses import ResponsesShape
 from rag_lookahead.serve.settings import ServeSettings
+from rag_lookahead.serve.utility import utility_routes, version_route
 
 __all__ = ["ServerState", "create_app"]
 
@@ -53,15 +60,22 @@ class ServerState:
     corpora: Corpora
     caller: Caller
     created: int
+    embeddings: Embeddings
 
 
-def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, settings: ServeSettings | None = None, *, embedder: Embedder | None = None
+) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``: ``GET /v1/models``, ``POST
-    /v1/chat/completions``, ``POST /v1/completions``, the corpus routes (``/v1/corpora``),
-    ``GET /metrics`` and ``GET /health``. Its startup (before a server listens) measures what
-    the engine's first call would (`measure_ahead`), as `ask`, `chat` and `demo` do."""
+    /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, the corpus
+    routes (``/v1/corpora``), ``GET /metrics`` and ``GET /health``. Its startup (before a
+    server listens) measures what the engine's first call would (`measure_ahead`), as `ask`,
+    `chat` and `demo` do. ``POST /v1/embeddings`` embeds with ``embedder`` (one already loaded,
+    a `DocumentIndex`'s say), else with the model ``settings.embedder`` names (see
+    `rag_lookahead.serve.embeddings`); vLLM's ``/tokenize``, ``/detokenize`` and ``/version``
+    are served too."""
     settings = settings or ServeSettings()
-    state = _state(engine, settings)
+    state = _state(engine, settings, embedder)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +90,7 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             state.corpora.close()  # the engine may outlive the app: its trie is left clean
+            state.embeddings.close()
 
     app = FastAPI(title="rag-lookahead", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lookahead = state
@@ -86,6 +101,9 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
     serving = [*authorized, Depends(_serving(state.admission))]
     app.include_router(_api_routes(state), dependencies=serving)
     app.include_router(corpus_routes(state.corpora, settings.max_body_bytes), dependencies=serving)
+    check_model = functools.partial(_check_model, state)
+    app.include_router(utility_routes(engine, check_model, settings.max_body_bytes), dependencies=serving)
+    app.include_router(version_route())
     app.include_router(_metrics_route(state.metrics), dependencies=authorized)
 
     @app.get("/health", dependencies=[Depends(_serving(state.admission))])
@@ -95,7 +113,7 @@ def create_app(engine: Engine, settings: ServeSettings | None = None) -> FastAPI
     return app
 
 
-def _state(engine: Engine, settings: ServeSettings) -> ServerState:
+def _state(engine: Engine, settings: ServeSettings, embedder: Embedder | None) -> ServerState:
     metrics = ServerMetrics()
     admission = Admission(settings.max_running, settings.max_waiting, settings.retry_after_s, metrics)
     corpora = Corpora(engine, settings, metrics)
@@ -108,6 +126,7 @@ def _state(engine: Engine, settings: ServeSettings) -> ServerState:
         corpora=corpora,
         caller=Caller(engine, admission, corpora, metrics),
         created=int(time.time()),
+        embeddings=Embeddings(embedder or settings.embedder),
     )
 
 
@@ -127,10 +146,13 @@ def _api_routes(state: ServerState) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+        cards = [_model_card(state), _model_card(state, state.embeddings.name)]
+        return JSONResponse({"object": "list", "data": cards})
 
     @router.get("/v1/models/{model:path}")
     async def model(model: str) -> JSONResponse:
+        if model == state.embeddings.name:
+            return JSONResponse(_model_card(state, model))
         _check_model(state, model)
         return JSONResponse(_model_card(state))
 
@@ -144,7 +166,23 @@ def _api_routes(state: ServerState) -> APIRouter:
     async def completions(request: Request) -> Response:
         started = time.perf_counter()
         body = await json_body(request, state.settings.max_body_bytes)
-        return await _answer(state, request, plan_completion(body, state.settings.defaults), started)
+        plan = plan_completion(body, state.settings.defaults)
+        if plan.echo:
+            return await _echo_answer(state, request, plan, started)
+        return await _answer(state, request, plan, started)
+
+    @router.post("/v1/embeddings")
+    async def embeddings(request: Request) -> JSONResponse:
+        body = await json_body(request, state.settings.max_body_bytes)
+        return JSONResponse(await state.embeddings.answer(body, state.admission))
+
+    @router.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await json_body(request, state.settings.max_body_bytes)
+        plan = plan_response(body, state.engine, state.settings.defaults)
+        shape = ResponsesShape(plan, response_header(state.model_name))
+        return await _answer(state, request, plan.call, started, shape)
 
     return router
 
@@ -159,22 +197,36 @@ def _metrics_route(metrics: ServerMetrics) -> APIRouter:
     return router
 
 
-async def _answer(state: ServerState, request: Request, plan: CallPlan, started: float) -> Response:
+async def _answer(
+    state: ServerState, request: Request, plan: CallPlan, started: float, shape: ReplyShape | None = None
+) -> Response:
+    """``plan``'s call answered in ``shape`` (OpenAI's chat and completion replies unless told)."""
     if plan.model is not None:
         _check_model(state, plan.model)
     header = ReplyHeader.new(plan.kind, state.model_name)
+    shape = shape or OpenAIShape(plan, header)
     if not plan.stream:
         whole = await _unless_disconnected(request, state.caller.whole(plan, header, started))
-        return JSONResponse(whole) if whole is not None else Response(status_code=CLIENT_CLOSED)
+        return JSONResponse(shape.whole(whole)) if whole is not None else Response(status_code=CLIENT_CLOSED)
     call = await state.caller.open(plan, started)
     # The events' own cleanup closes the call; the background task closes it too when the
     # client left before the events were ever read.
     return EventSourceResponse(
-        state.caller.events(call, plan, header),
+        state.caller.events(call, shape.events()),
         background=BackgroundTask(call.close),
         sep="\n",
         shutdown_grace_period=state.settings.drain_s,  # a stopping server lets it finish
     )
+
+
+async def _echo_answer(state: ServerState, request: Request, plan: CallPlan, started: float) -> Response:
+    """A completion that echoes its prompt (see `rag_lookahead.serve.echo`): whole replies only."""
+    if plan.model is not None:
+        _check_model(state, plan.model)
+    header = ReplyHeader.new(plan.kind, state.model_name)
+    work = echo_reply(state.engine, state.admission, state.caller, plan, header, started)
+    whole = await _unless_disconnected(request, work)
+    return JSONResponse(whole) if whole is not None else Response(status_code=CLIENT_CLOSED)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
@@ -204,8 +256,14 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None
     return results[0] if results else None
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "rag-lookahead"}
+def _model_card(state: ServerState, name: str | None = None) -> dict[str, Any]:
+    """The served model's card (or the embedding model's, by its ``name``)."""
+    return {
+        "id": name or state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "rag-lookahead",
+    }
 
 
 def _check_model(state: ServerState, name: str) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import anyio
 
@@ -21,9 +21,11 @@ from rag_lookahead.serve.corpora import Corpora, CorpusLease
 from rag_lookahead.serve.errors import ApiError, error_body
 from rag_lookahead.serve.metrics import ServerMetrics
 from rag_lookahead.streaming import aiterate
+from rag_lookahead.streaming.logprobs import TokenLogprob
+from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.streaming.stream import StreamChunk, TextStream
 
-__all__ = ["Caller", "OpenCall"]
+__all__ = ["Caller", "ChatEvents", "OpenAIShape", "OpenCall", "ReplyEvents", "ReplyShape"]
 
 DONE = "[DONE]"
 _CUT = "the server stopped before this answer ended: its drain time ran out (retry the request)"
@@ -152,30 +154,83 @@ class Caller:
             raise ApiError(503, _CUT, code="shutting_down")
         return reply(plan, header, text, call.stream.stats, call.stream.logprobs)
 
-    async def events(
-        self, call: OpenCall, plan: CallPlan, header: ReplyHeader
-    ) -> AsyncIterator[dict[str, str]]:
-        """The reply's server-sent events, ``[DONE]`` last; a call that fails while generating,
-        or that the server cut as it stopped, sends an error event instead of its end (the
-        headers are gone by then), then ``[DONE]``: no client takes a cut answer for whole."""
-        out = ReplyStream(plan, header)
+    async def events(self, call: OpenCall, out: ReplyEvents) -> AsyncIterator[dict[str, str]]:
+        """The reply's server-sent events, as ``out`` writes them; a call that fails while
+        generating, or that the server cut as it stopped, ends with ``out``'s error events
+        instead of its end (the headers are gone by then): no client takes a cut answer for
+        whole."""
         try:
             try:
-                for chunk in out.start():
-                    yield _event(chunk)
+                for event in out.start():
+                    yield event
                 async for piece in call.pieces():
-                    for chunk in out.add(piece.text, piece.logprobs):
-                        yield _event(chunk)
+                    for event in out.add(piece.text, piece.logprobs):
+                        yield event
                 if call.cut:
-                    yield _event(error_body(503, _CUT, "shutting_down"))
+                    last = out.failed(error_body(503, _CUT, "shutting_down"))
                 else:
-                    for chunk in out.end(call.stream.stats):
-                        yield _event(chunk)
+                    last = out.end(call.stream.stats)
             except Exception as err:
-                yield _event(error_body(500, f"generation failed: {err}", "generation_failed"))
-            yield {"data": DONE}
+                last = out.failed(error_body(500, f"generation failed: {err}", "generation_failed"))
+            for event in last:
+                yield event
         finally:
             await call.close()
+
+
+class ReplyEvents(Protocol):
+    """A streamed reply in a route's shape, as server-sent events (``sse_starlette``'s dicts):
+    `start`, `add` for each piece of text, then `end`, or `failed` with the error object."""
+
+    def start(self) -> list[dict[str, str]]: ...
+
+    def add(self, text: str, logprobs: Sequence[TokenLogprob] | None) -> list[dict[str, str]]: ...
+
+    def end(self, stats: DecodeStats) -> list[dict[str, str]]: ...
+
+    def failed(self, error: dict[str, Any]) -> list[dict[str, str]]: ...
+
+
+class ReplyShape(Protocol):
+    """How a route answers its call: the whole reply, read off the call's OpenAI reply
+    (`reply`), and a streamed reply's events."""
+
+    def whole(self, reply: dict[str, Any]) -> dict[str, Any]: ...
+
+    def events(self) -> ReplyEvents: ...
+
+
+class OpenAIShape:
+    """``/v1/chat/completions`` and ``/v1/completions``: the OpenAI reply as it is."""
+
+    def __init__(self, plan: CallPlan, header: ReplyHeader) -> None:
+        self._plan = plan
+        self._header = header
+
+    def whole(self, reply: dict[str, Any]) -> dict[str, Any]:
+        return reply
+
+    def events(self) -> ReplyEvents:
+        return ChatEvents(self._plan, self._header)
+
+
+class ChatEvents:
+    """A chat or completion reply's events (`ReplyStream`'s chunks), ``[DONE]`` last."""
+
+    def __init__(self, plan: CallPlan, header: ReplyHeader) -> None:
+        self._out = ReplyStream(plan, header)
+
+    def start(self) -> list[dict[str, str]]:
+        return [_event(chunk) for chunk in self._out.start()]
+
+    def add(self, text: str, logprobs: Sequence[TokenLogprob] | None) -> list[dict[str, str]]:
+        return [_event(chunk) for chunk in self._out.add(text, logprobs)]
+
+    def end(self, stats: DecodeStats) -> list[dict[str, str]]:
+        return [*(_event(chunk) for chunk in self._out.end(stats)), {"data": DONE}]
+
+    def failed(self, error: dict[str, Any]) -> list[dict[str, str]]:
+        return [_event(error), {"data": DONE}]
 
 
 async def _release(lease: CorpusLease | None) -> None:

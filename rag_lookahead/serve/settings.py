@@ -79,6 +79,9 @@ class ServeSettings:
             (`run_app`'s server only).
         max_connections: Most connections open at once; one more is answered 503 and closed
             (`run_app`'s server only).
+        embedder: The sentence-transformers model directory ``/v1/embeddings`` serves, named
+            by this path (``None``: the built-in all-MiniLM-L6-v2); loaded on the first request
+            for vectors.
     """
 
     model_name: str | None = None
@@ -96,6 +99,7 @@ class ServeSettings:
     body_timeout_s: float = 60.0
     keep_alive_s: float = 5.0
     max_connections: int = 512
+    embedder: str | None = None
 
     def __post_init__(self) -> None:
         if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name):
@@ -114,5 +118,9 @@ class ServeSettings:
         _seconds("body_timeout_s", self.body_timeout_s, _MAX_READ_S, zero=False)
         _seconds("keep_alive_s", self.keep_alive_s, _MAX_READ_S, zero=False)
         _count("max_connections", self.max_connections, 1)
+        if self.embedder is not None and (not isinstance(self.embedder, str) or not self.embedder):
+            raise ValueError(
+                f"embedder must be a model directory (a non-empty string), got {self.embedder!r}"
+            )
         if not isinstance(self.defaults, GenerationParams):
             raise TypeError(f"defaults must be GenerationParams, got {type(self.defaults).__name__}")

@@ -31,6 +31,15 @@ class DecodeStats:
         finish_reason: Why generation stopped; ``None`` while the call is still running.
         cached_prompt_tokens: Leading prompt tokens whose KV entries were reused from an
             earlier prompt instead of prefilled (see ``LookaheadConfig.prefix_cache_mb``).
+        accepted_prediction_tokens: Draft tokens from the call's ``prediction`` (nodes whose
+            longest match lay in it) that the model verified and the answer kept (OpenAI's
+            "tokens in the prediction that appeared in the completion"): the tokens the
+            prediction saved a forward for.
+        rejected_prediction_tokens: Draft tokens from the ``prediction`` that were verified
+            and are not in the answer: the model chose otherwise, at that node or above it, or
+            the answer ended before them. Counted at each verification, as OpenAI counts
+            them, so a prediction token drafted at several steps may count more than once;
+            unlike OpenAI's, they are not added to ``new_tokens``.
     """
 
     prompt_tokens: int
@@ -43,6 +52,8 @@ class DecodeStats:
     seconds: float
     finish_reason: FinishReason | None
     cached_prompt_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -72,6 +83,8 @@ class DecodeStats:
             "seconds": self.seconds,
             "finish_reason": self.finish_reason,
             "cached_prompt_tokens": self.cached_prompt_tokens,
+            "accepted_prediction_tokens": self.accepted_prediction_tokens,
+            "rejected_prediction_tokens": self.rejected_prediction_tokens,
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_rate": self.acceptance_rate,
@@ -82,7 +95,10 @@ class DecodeStats:
 class StepRecorder:
     """One call's measurements as it runs, frozen into `DecodeStats` on demand.
 
-    Only the engine's decoding loop writes it; streams and adapters read `stats`.
+    Only the engine's decoding loop writes it; streams and adapters read `stats`. A step that
+    verified prediction nodes says which of its accepted tokens came from the prediction
+    (`predicted`); the tokens released next (`released`) settle them as accepted, and those
+    the answer ended before as rejected.
     """
 
     prompt_tokens: int
@@ -95,11 +111,30 @@ class StepRecorder:
     finish_reason: FinishReason | None = None
     ended: float | None = None
     cached_prompt_tokens: int = 0
+    accepted_prediction: int = 0
+    rejected_prediction: int = 0
+    # The last step's accepted draft tokens: whether each came from the prediction.
+    _predicted: tuple[bool, ...] = field(default=(), init=False, repr=False)
 
     def step(self, drafted: int, accepted: int, source: str) -> None:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         self.sources.append(source)
+
+    def predicted(self, path: tuple[bool, ...], rejected: int) -> None:
+        """This step's accepted draft tokens, in order: whether each came from the prediction;
+        and how many of the prediction's verified nodes the model did not accept."""
+        self._predicted = path
+        self.rejected_prediction += rejected
+
+    def released(self, tokens: int) -> None:
+        """The first ``tokens`` of the step's tokens reached the answer (the rest were cut)."""
+        self.new_tokens += tokens
+        if self._predicted:
+            kept = sum(self._predicted[:tokens])
+            self.accepted_prediction += kept
+            self.rejected_prediction += sum(self._predicted) - kept
+            self._predicted = ()
 
     def finish(self, reason: FinishReason) -> None:
         """Record why generation ended; the first reason stands."""
@@ -120,4 +155,6 @@ class StepRecorder:
             seconds=end - self.started,
             finish_reason=self.finish_reason,
             cached_prompt_tokens=self.cached_prompt_tokens,
+            accepted_prediction_tokens=self.accepted_prediction,
+            rejected_prediction_tokens=self.rejected_prediction,
         )

@@ -13,6 +13,8 @@ call to it) and looking at how the call comes out:
 
 `ToolFormat.parse` turns a generated text into content and `ToolCall` s (each with a fresh id);
 `ToolFormat.grammar` is the `Grammar` that forces a call to one named tool or to any of them.
+`ToolFormat.one_call` is the format that keeps a reply's first call only (OpenAI's
+``parallel_tool_calls: false``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rag_lookahead.structured.grammar import Grammar
@@ -248,12 +250,14 @@ class ToolFormat:
         open: The text that opens a call block (empty for ``"llama3"``: the reply is the call).
         close: The text that closes it.
         arguments_key: The key of a call's arguments (``"arguments"``, Llama's ``"parameters"``).
+        single_call: Whether `parse` keeps a reply's first call only (see `one_call`).
     """
 
     name: ToolFormatName
     open: str
     close: str
     arguments_key: str = "arguments"
+    single_call: bool = False
 
     @classmethod
     def named(cls, name: ToolFormatName) -> ToolFormat:
@@ -261,6 +265,12 @@ class ToolFormat:
         if name not in _FORMATS:
             raise ValueError(f"tool formats are {sorted(_FORMATS)}, got {name!r}")
         return _FORMATS[name]
+
+    def one_call(self) -> ToolFormat:
+        """This format, parsing at most one call out of a reply (OpenAI's
+        ``parallel_tool_calls: false``): the first; the calls after it are dropped, as vLLM
+        drops them. A forced call needs no cut: its `grammar` allows exactly one call."""
+        return replace(self, single_call=True)
 
     # ------------------------------------------------------------ grammar
 
@@ -319,11 +329,17 @@ class ToolFormat:
     # ------------------------------------------------------------ parsing
 
     def parse(self, text: str, make_id: Callable[[], str] = new_call_id) -> ParsedReply:
-        """Split a generated ``text`` into content and tool calls; ``make_id`` names each call."""
+        """Split a generated ``text`` into content and tool calls; ``make_id`` names each call
+        (the first call alone for a `one_call` format)."""
         if not isinstance(text, str):
             raise TypeError(f"a reply is a str, got {type(text).__name__}")
-        if self.name == "llama3":
-            return self._parse_bare(text, make_id)
+        bare = self.name == "llama3"
+        parsed = self._parse_bare(text, make_id) if bare else self._parse_blocks(text, make_id)
+        if self.single_call and len(parsed.calls) > 1:
+            return replace(parsed, calls=parsed.calls[:1])
+        return parsed
+
+    def _parse_blocks(self, text: str, make_id: Callable[[], str]) -> ParsedReply:
         content: list[str] = []
         calls: list[ToolCall] = []
         invalid: list[InvalidToolCall] = []

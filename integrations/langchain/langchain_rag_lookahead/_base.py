@@ -175,6 +175,13 @@ class LookaheadSettings(BaseModel):
         description="Stop sequences of any length; the output ends just before the first one. "
         "A `stop` passed at call time replaces these.",
     )
+    prediction: str | dict[str, Any] | None = Field(
+        default=None,
+        description="Text every answer is expected to copy (OpenAI's Predicted Outputs: the file "
+        "being edited), as a string or OpenAI's {'type': 'content', 'content': ...}; drafted from "
+        "first, never changing the answer. A call's `prediction=` replaces it. Its accepted and "
+        "rejected tokens are in `response_metadata['lookahead']`.",
+    )
     streaming: bool = Field(
         default=False,
         description="Whether `invoke` goes through the streaming path (LangChain's convention). "
@@ -322,6 +329,7 @@ class LookaheadSettings(BaseModel):
         documents += tool_result_documents(prompt)  # an agent's retrieved text, as documents
         settings = {name: getattr(self, name) for name in CALL_OPTIONS}
         request = {**settings, "stop": self.stop, **options, "documents": documents}
+        request["prediction"] = _prediction(options.get("prediction", self.prediction))
         if stop is not None:
             request["stop"] = stop  # a call's stops replace the settings'
         try:
@@ -377,6 +385,11 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
         "input_token_details": {"cache_read": stats.cached_prompt_tokens},
     }
+
+
+def _prediction(value: Any) -> Any:
+    """A prediction as OpenAI's request field: a string is its content."""
+    return {"type": "content", "content": value} if isinstance(value, str) else value
 
 
 def _document_texts(documents: Sequence[DocumentLike] | DocumentLike) -> list[str]:

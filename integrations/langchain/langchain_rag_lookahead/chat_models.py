@@ -45,9 +45,10 @@ class ChatLookahead(LookaheadSettings, BaseChatModel):  # type: ignore[misc]
 
     Construction never loads the model; the first call does (``get_engine()``). Messages go
     through the model's chat template (``rag_lookahead.prompts.encode_prompt``), and only the
-    new text comes back. Call-time options: ``stop``, ``documents``, ``max_tokens``,
-    ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``seed``, and those
-    `bind_tools` and `with_structured_output` set: ``tools``, ``tool_choice`` and
+    new text comes back. Call-time options: ``stop``, ``documents``, ``prediction`` (text the
+    answer is expected to copy, as ``ChatOpenAI`` takes it), ``max_tokens``, ``temperature``,
+    ``top_p``, ``top_k``, ``repetition_penalty``, ``seed``, and those `bind_tools` and
+    `with_structured_output` set: ``tools``, ``tool_choice`` and
     ``response_format`` (``{"type": "json_object"}`` or ``{"type": "json_schema",
     "json_schema": {"schema": ...}}``, decoded under that grammar).
     """

@@ -75,8 +75,9 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
     lock, and calls from several threads are safe), or a `rag_lookahead.remote.ServerEngine`
     to answer on a vLLM or SGLang server. Per call, ``stop=`` (a string or a list; it replaces
     the LLM's ``stop``), ``temperature=``, ``max_new_tokens=`` (or ``max_tokens=``), any other
-    `GenerationParams` field, ``documents=`` (texts to draft from) and ``scope=`` (a
-    `DocumentScope`) are accepted as keyword arguments; any other is a `TypeError`. Inside a
+    `GenerationParams` field, ``documents=`` (texts to draft from), ``prediction=`` (text the
+    answer is expected to copy, drafted from first) and ``scope=`` (a `DocumentScope`) are
+    accepted as keyword arguments; any other is a `TypeError`. Inside a
     `LookaheadQueryEngine` query the query's scope is used without being passed. Responses carry
     the exact token counts in ``raw["usage"]`` (where LlamaIndex's `TokenCountingHandler` reads
     them) and, with the decoding stats, in ``additional_kwargs`` (see `usage`); a stream's last
@@ -129,6 +130,12 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
     )
     top_logprobs: int | None = Field(
         default=None, ge=0, le=20, description="With `logprobs`: the most likely tokens per position."
+    )
+    prediction: str | None = Field(
+        default=None,
+        description="Text every answer is expected to copy (OpenAI's Predicted Outputs: the file "
+        "being edited), drafted from first; the answer is the same. A call's `prediction=` (a "
+        "string or OpenAI's {'type': 'content', 'content': ...}) replaces it.",
     )
     is_chat_model: bool = Field(
         default=True,
@@ -332,7 +339,9 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
         """Plan the call and start it: nothing runs until the stream is iterated."""
         asked = {"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
         generate = {**{k: v for k, v in asked.items() if v is not None}, **self.generate_kwargs}
-        settings = Settings(self.max_new_tokens, self.temperature, tuple(self.stop), generate)
+        settings = Settings(
+            self.max_new_tokens, self.temperature, tuple(self.stop), generate, self.prediction
+        )
         call = calls.plan(prompt, kwargs, self._engine, settings, chat=chat, response_format=response_format)
         engine = self._engine if self.lookahead else plain_engine(self._engine)
         return open_stream(self._engine, engine, call.plan, call.scope, self._retrievals), call

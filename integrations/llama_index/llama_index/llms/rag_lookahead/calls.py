@@ -26,7 +26,7 @@ from rag_lookahead.protocol import CallPlan, RequestError, plan_call
 __all__ = ["CALL_OPTIONS", "TOOL_OPTIONS", "Call", "Settings", "plan"]
 
 _REQUEST_KEYS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "documents"}
+    {"max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "documents", "prediction"}
 )
 # `GenerationParams` fields no OpenAI request carries: set on the plan's params.
 _ENGINE_FIELDS = frozenset({"do_sample", "eos_token_id", "grammar"})
@@ -44,6 +44,7 @@ class Settings:
     temperature: float
     stop: tuple[str, ...]
     generate_kwargs: Mapping[str, Any]
+    prediction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def _defaults(settings: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
     generate = {k: v for k, v in settings.generate_kwargs.items() if k != "stop_strings"}
     request, fields = _split(generate)
     stops = [*_as_list(settings.generate_kwargs.get("stop_strings")), *settings.stop]
-    request = {"temperature": settings.temperature, **request}
+    request = {"temperature": settings.temperature, **request, "prediction": _prediction(settings.prediction)}
     return {**request, "max_tokens": settings.max_new_tokens, "stop": stops}, fields
 
 
@@ -107,6 +108,8 @@ def _split(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     for key, value in options.items():
         if key in _ENGINE_FIELDS:
             fields[key] = value
+        elif key == "prediction":
+            request[key] = _prediction(value)
         elif key not in ("stop", "stop_strings", "max_tokens", "max_new_tokens"):
             request[key] = list(value) if key == "documents" and isinstance(value, tuple) else value
     given = [options[k] for k in ("stop", "stop_strings") if options.get(k) is not None]
@@ -142,6 +145,11 @@ def _with_fields(params: GenerationParams, fields: Mapping[str, Any], temperatur
     if given.get("do_sample") is True and temperature is not None and is_greedy(temperature):
         raise ValueError("sampling (do_sample=True) needs a temperature above 0")
     return dataclasses.replace(params, **given) if given else params
+
+
+def _prediction(value: Any) -> Any:
+    """A prediction as OpenAI's request field: a string is its content."""
+    return {"type": "content", "content": value} if isinstance(value, str) else value
 
 
 def _as_list(stop: Any) -> list[Any]:

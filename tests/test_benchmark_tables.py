@@ -1,0 +1,87 @@
+"""benchmarks/README.md's tables say what the committed JSON does (`benchmarks/tables.py`).
+
+No model and no timing: the tables are written from the JSON files in benchmarks/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def tables() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("benchmark_tables", BENCHMARKS / "tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _main(tables: ModuleType, *args: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = tables.main(list(args))
+    return code, err.getvalue()
+
+
+def test_every_table_of_the_page_is_what_its_json_gives(tables: ModuleType) -> None:
+    code, err = _main(tables, "--check")
+    assert code == 0, err
+
+
+def test_a_figure_changed_by_hand_is_named_with_its_table(tables: ModuleType, tmp_path: Path) -> None:
+    page = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    begin = page.index("<!-- tables:begin cpu -->")
+    row = page.index("| `llma_msmarco_rag.jsonl` |", begin)
+    edited = page[:row] + page[row:].replace("**1.83x**", "**1.93x**", 1)
+    assert edited != page
+    copy = tmp_path / "README.md"
+    copy.write_text(edited, encoding="utf-8")
+    code, err = _main(tables, "--check", "--readme", str(copy))
+    assert code == 1
+    assert "table 'cpu' differs" in err and "**1.93x**" in err and "**1.83x**" in err
+    # A run without --check writes the table back as the JSON gives it.
+    code, _ = _main(tables, "--no-charts", "--readme", str(copy))
+    assert code == 0
+    assert copy.read_text(encoding="utf-8") == page
+
+
+@pytest.mark.parametrize(
+    ("page", "error"),
+    [
+        (
+            "<!-- tables:begin no-such-table -->\n<!-- tables:end -->\n",
+            "name no table in tables.py: no-such-table",
+        ),
+        ("nothing marked here\n", "with no <!-- tables:begin NAME --> marker in the README: "),
+        ("<!-- tables:begin cpu -->\n| a |\n", "without its <!-- tables:end -->"),
+    ],
+)
+def test_a_marker_and_its_table_go_together(tables: ModuleType, page: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        tables.render(page)
+
+
+def test_a_marker_named_in_prose_is_not_a_marker(tables: ModuleType) -> None:
+    page = "the tables sit between `<!-- tables:begin NAME -->` and `<!-- tables:end -->`\n"
+    marked = "".join(f"<!-- tables:begin {name} -->\n<!-- tables:end -->\n" for name in tables.TABLES)
+    rendered = tables.render(page + marked)
+    assert rendered.startswith(page)
+    assert tables.check(rendered) == []
+
+
+def test_every_chart_is_drawn_from_json_that_is_here(tables: ModuleType, tmp_path: Path) -> None:
+    assert {"cpu-smollm2.png", "concurrency-dolly_context_qa.png"} <= set(tables.CHARTS)
+    for name in tables.CHARTS:
+        assert (BENCHMARKS / name).is_file(), name  # each chart the page shows is committed
+    pytest.importorskip("matplotlib")
+    tables.CHARTS["cpu-smollm2.png"](tmp_path / "cpu.png")
+    assert (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
