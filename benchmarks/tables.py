@@ -317,6 +317,33 @@ def model_thread_table() -> str:
     return markdown(header, rows)
 
 
+@table("prefill-budget")
+def prefill_budget_table() -> str:
+    """Joining prompts one chunk a step, first come first (`368cee4`), against a budget of
+    prompt tokens a step, the least left first; 6 alternate runs each, median and range
+    (`prefill-budget-clients8-dolly_context_qa-xeon.json`)."""
+    runs = load("prefill-budget-clients8-dolly_context_qa-xeon.json")["runs"]
+    figures = [
+        ("tok/s", "tokens_per_s"),
+        ("p50 latency s", "p50_latency_s"),
+        ("p95 latency s", "p95_latency_s"),
+        ("p50 first token s", "p50_ttft_s"),
+    ]
+    rows = []
+    for what, key in figures:
+        cells, medians = [], []
+        for code in ("before", "after"):
+            values = [run[key] for run in runs[code]]
+            medians.append(statistics.median(values))
+            spread = f"{fixed(min(values), 2)} to {fixed(max(values), 2)}"
+            cells.append(f"{fixed(medians[-1], 2)} ({spread})")
+        rows.append([f"8 clients: {what}", *cells, ratio(medians[1] / medians[0])])
+    same = [of(sum(run["identical_to_greedy"] for run in runs[code]), 48) for code in ("before", "after")]
+    rows.append(["identical to greedy", *same, ""])
+    header = ["median (range), 6 runs", "one chunk a step", "a budget, least left first", "after / before"]
+    return markdown(header, rows)
+
+
 @table("predicted-outputs")
 def predicted_outputs_table() -> str:
     """Editing with the file as the prediction, 8 tasks (`predicted-outputs-xeon.json`)."""

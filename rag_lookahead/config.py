@@ -71,6 +71,15 @@ class LookaheadConfig:
         max_tokens_per_forward: Most tokens one forward takes: all rows' drafts (and joining
             prompts' chunks riding along) together in a decoding step, or one chunk of a
             joining call's prompt forwarded apart while others decode.
+        max_prefill_tokens_per_step: Most prompt tokens forwarded apart between two steps of
+            the running calls, in chunks of up to ``max_tokens_per_forward`` (a chunk is begun
+            while fewer were forwarded, so at least one goes each time), the prompt with the
+            least left first (less what went to others while it waited): prompts arriving
+            together all start within a few steps rather than one chunk a step, short ones
+            first, while the running calls wait once for what a step lets in.
+            vLLM's OpenAI server on a CPU takes 2048 tokens a step by default
+            (``max_num_batched_tokens``). Fewer keeps running calls' tokens evenly spaced;
+            more starts joining calls sooner.
         draft_policy: What ``"auto"`` and ``"trie"`` draft from: ``"suffix"``, first the
             call's own text (prompt, documents, output so far), each earlier occurrence of the
             context's end drafting a branch as deep and weighing as much as its match is long
@@ -99,6 +108,7 @@ class LookaheadConfig:
     guess_set_size: int = 4
     max_batch_size: int = 8
     max_tokens_per_forward: int = 256
+    max_prefill_tokens_per_step: int = 2048
     prefix_cache_mb: int = 256
     draft_policy: DraftPolicy = "suffix"
     cpu_linear: CpuLinear = "auto"
@@ -116,6 +126,7 @@ class LookaheadConfig:
             "guess_set_size",
             "max_batch_size",
             "max_tokens_per_forward",
+            "max_prefill_tokens_per_step",
         ):
             _positive(name, getattr(self, name))
         if self.draft_policy not in ("trie", "suffix"):

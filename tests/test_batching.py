@@ -7,6 +7,7 @@ import itertools
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -131,11 +132,20 @@ def assert_each_greedy(model, engine: LookaheadEngine, jobs, stagger) -> None:
     calls=st.integers(2, 5),
     stagger=st.integers(0, 3),
     batch=st.sampled_from([2, 3, 8]),
+    prefill_budget=st.sampled_from([1, 30, 2048]),  # a chunk a step, a few, every prompt at once
 )
-def test_concurrent_calls_give_each_its_own_greedy_output(family, mode, seed, calls, stagger, batch) -> None:
+def test_concurrent_calls_give_each_its_own_greedy_output(
+    family, mode, seed, calls, stagger, batch, prefill_budget
+) -> None:
     rng = random.Random(seed)
     model = tiny_model(family)
-    config = LookaheadConfig(mode=mode, min_query_length=1, max_batch_size=batch, max_tokens_per_forward=24)
+    config = LookaheadConfig(
+        mode=mode,
+        min_query_length=1,
+        max_batch_size=batch,
+        max_tokens_per_forward=24,
+        max_prefill_tokens_per_step=prefill_budget,
+    )
     engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=None)
     if mode == "auto":
         from rag_lookahead.planning.costs import CostCurve
@@ -360,10 +370,12 @@ def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one(
         torch.testing.assert_close(logits[i, : len(drafts[i])], alone, rtol=1e-4, atol=1e-4)
 
 
-def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama"):
+def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama", **settings: Any):
     """An engine whose forwards cost as ``curve`` says (rows times width for a batch)."""
     model = tiny_model(family)
-    config = LookaheadConfig(mode="trie", min_query_length=1, max_tokens_per_forward=max_tokens_per_forward)
+    config = LookaheadConfig(
+        mode="trie", min_query_length=1, max_tokens_per_forward=max_tokens_per_forward, **settings
+    )
     engine = LookaheadEngine(model, CharTokenizer(), config)
     engine.planner.cost_curve = curve
     return model, engine
@@ -420,13 +432,17 @@ def test_a_joining_prompt_rides_in_the_running_rows_steps_with_the_same_output(f
     assert all(b[1] - a[1] >= min(4, 45 - a[1]) and b[0] > a[0] for a, b in steps)
 
 
-def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_steps() -> None:
+@pytest.mark.parametrize(("budget", "per_step"), [(1, 1), (16, 2), (2048, 6)])
+def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_steps(
+    budget: int, per_step: int
+) -> None:
     """Where a wider forward costs (a CPU), the prompt goes apart, in the chunks that prefill
-    the most of it per second, and the running row steps between two chunks."""
+    the most of it per second, as many between two steps of the running row as the step's
+    prefill budget lets in."""
     from rag_lookahead.planning.costs import CostCurve
 
     knee = CostCurve((1, 8, 64), (1.0, 2.0, 200.0))  # dearer per token past 8
-    model, engine = joining_engine(knee, max_tokens_per_forward=64)
+    model, engine = joining_engine(knee, max_tokens_per_forward=64, max_prefill_tokens_per_step=budget)
     chunks: list[tuple[int, int]] = []
     forward = engine.runner.forward
     first = engine.stream([3, 14, 15], max_new_tokens=40)
@@ -445,8 +461,10 @@ def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_step
     assert outputs[0].token_ids == greedy_reference(model, [3, 14, 15], 40)
     assert outputs[1].token_ids == greedy_reference(model, long_prompt, 12)
     assert [size for size, _ in chunks] == [8, 8, 8, 8, 8, 5]  # the most prompt per second
-    ran = [tokens for _, tokens in chunks]
-    assert all(b > a for a, b in itertools.pairwise(ran))  # it stepped between chunks
+    ran = [tokens for _, tokens in chunks]  # the running row's tokens at each chunk
+    groups = [(tokens, len(list(group))) for tokens, group in itertools.groupby(ran)]
+    assert [count for _, count in groups] == [per_step] * (6 // per_step)
+    assert all(a < b for (a, _), (b, _) in itertools.pairwise(groups))  # it stepped in between
 
 
 def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -216,6 +216,7 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
         {"max_batch_size": 8, "max_tokens_per_forward": 4},
         "one token per row",
     ),
+    ("no prompt tokens between steps", {"max_prefill_tokens_per_step": 0}, "must be a positive integer"),
     ("n-grams past the budget", {"decoding_length": 2, "ngram_size": 5}, "more than decoding_length"),
     ("a negative prefix cache", {"prefix_cache_mb": -1}, "prefix_cache_mb must be from 0"),
     ("a prefix cache as a float", {"prefix_cache_mb": 0.5}, "prefix_cache_mb must be an integer"),

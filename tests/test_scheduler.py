@@ -69,6 +69,10 @@ class RecordingBatch:
     def row_view(self, index: int) -> None:
         return None
 
+    def add_row(self, cache: Any, expected_rows: int = 0) -> int:
+        self.lengths.append(0)
+        return len(self.lengths) - 1
+
 
 class ScriptedExecutor:
     """Returns, per row, logits whose argmax is the scripted tokens; records the plans."""
@@ -80,6 +84,17 @@ class ScriptedExecutor:
     def run(self, plan: StepPlan, batch: Any) -> StepOutput:
         self.plans.append(plan)
         return StepOutput(tuple(_logits(tokens) for tokens in self.rows), 0.001)
+
+
+class ApartExecutor:
+    """Prefills prompts' chunks apart, recording each chunk's size and whose it was."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, int]] = []  # (the prompt's first token, the chunk's tokens)
+
+    def prompt_apart(self, tokens: list[int], cache: Any) -> tuple[torch.Tensor, Any, float]:
+        self.chunks.append((tokens[0] // 1000, len(tokens)))
+        return _logits([3]), cache, 0.001
 
 
 def _logits(tokens: list[int]) -> torch.Tensor:
@@ -113,11 +128,16 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
     return call
 
 
-def scheduler_with(rows: list[Call], executor: ScriptedExecutor | None = None) -> Scheduler:
+def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int = 2048) -> Scheduler:
     # No model thread runs its loop: each test runs the phases itself.
     idle = SimpleNamespace(attach=lambda _: None, wake=lambda: None, in_thread=lambda: True)
     runner = SimpleNamespace(costs=CostModel(), thread=idle)
-    scheduler = Scheduler(runner, max_batch_size=4, max_tokens_per_forward=256)  # type: ignore[arg-type]
+    scheduler = Scheduler(
+        runner,  # type: ignore[arg-type]
+        max_batch_size=4,
+        max_tokens_per_forward=256,
+        max_prefill_tokens_per_step=prefill_budget,
+    )
     scheduler._rows = list(rows)
     scheduler._batch = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
     if executor is not None:
@@ -227,3 +247,63 @@ def _raise(error: Exception) -> Any:
         raise error
 
     return raising
+
+
+def prompt(k: int, tokens: int) -> Call:
+    """A joining call whose prompt's tokens are ``k`` thousand and up."""
+    return new_call(list(range(k * 1000, k * 1000 + tokens)), prefilled=0)
+
+
+@pytest.mark.parametrize(
+    ("budget", "chunks", "started"),
+    [
+        (1, [(1, 256)], [False, False, False]),  # one chunk a step, at least
+        (512, [(1, 256), (1, 44), (2, 256)], [True, False, False]),  # begun while under it
+        (2048, [(1, 256), (1, 44), (2, 256), (2, 44), (3, 256), (3, 44)], [True, True, True]),
+    ],
+)
+def test_joining_prompts_of_equal_length_are_prefilled_apart_in_arrival_order_up_to_the_budget(
+    budget: int, chunks: list[tuple[int, int]], started: list[bool]
+) -> None:
+    running = new_call([1, 2], drafter=ChainDrafter())
+    executor = ApartExecutor()
+    scheduler = scheduler_with([running], executor, prefill_budget=budget)
+    joining = [prompt(k, 300) for k in (1, 2, 3)]
+    scheduler._joining = list(joining)
+    scheduler._prefill_joining()
+    assert executor.chunks == chunks
+    assert [call.status is CallStatus.DECODING for call in joining] == started
+    # each prefilled call took its first token and became a row, in order
+    assert scheduler._rows == [running, *(c for c, s in zip(joining, started, strict=True) if s)]
+    assert scheduler._joining == [c for c, s in zip(joining, started, strict=True) if not s]
+
+
+def test_a_cancelled_joining_call_stops_the_prefills_until_it_is_retired() -> None:
+    executor = ApartExecutor()
+    scheduler = scheduler_with([new_call([1, 2], drafter=ChainDrafter())], executor)
+    first, second = prompt(1, 300), prompt(2, 300)
+    first.cancelled = True
+    scheduler._joining = [first, second]
+    scheduler._prefill_joining()
+    assert executor.chunks == []
+
+
+def test_the_shortest_prompt_goes_first_and_a_long_one_once_passed_over_by_what_it_has_left() -> None:
+    executor = ApartExecutor()
+    scheduler = scheduler_with([new_call([1, 2], drafter=ChainDrafter())], executor, prefill_budget=1)
+    scheduler._joining = [prompt(1, 600), prompt(2, 200)]  # the long one came first
+    scheduler._prefill_joining()  # the short one: the long one is passed over by 200
+    scheduler._joining.append(prompt(3, 200))
+    scheduler._prefill_joining()  # 400 left against 200: the newcomer goes (passed over: 400)
+    scheduler._joining.append(prompt(4, 200))
+    scheduler._prefill_joining()  # 600 - 400 left against 200: the first come goes
+    assert executor.chunks == [(2, 200), (3, 200), (1, 256)]
+
+
+def test_a_call_submitted_while_prompts_are_prefilled_competes_from_the_next_chunk() -> None:
+    executor = ApartExecutor()
+    scheduler = scheduler_with([new_call([1, 2], drafter=ChainDrafter())], executor)
+    scheduler._joining = [prompt(1, 600)]
+    scheduler.submit(prompt(2, 200))  # queued: clients starting together submit a moment apart
+    scheduler._prefill_joining()
+    assert executor.chunks == [(1, 256), (2, 200), (1, 256), (1, 88)]

@@ -25,6 +25,7 @@ import ray
 from ray import serve
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
+from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER
 from rag_lookahead.serve import ServeSettings
 from rag_lookahead.serve.ray_serve import APP_NAME, deployment, ray_application
 from rag_lookahead.serve.replica import CORPORA_REFUSED, REPLICA_HEADER, EngineLoad
@@ -180,7 +181,7 @@ def test_streamed_and_completions_are_the_engine_s(client: openai.OpenAI, engine
 
 
 def test_models_and_health(client: openai.OpenAI, cluster: Cluster) -> None:
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, DEFAULT_EMBEDDER]  # the embedding model second
     health = httpx.get(f"{cluster.url}/health", timeout=_WAIT_S)
     assert health.status_code == 200 and health.headers[REPLICA_HEADER]
 

@@ -157,9 +157,10 @@ class LookaheadEngine(EngineBase):
         from (and add outputs to) the same trie. Only when ``config`` changes the trie's own
         settings (``max_query_length``, ``branch_length``, ``max_trie_nodes``) does the variant
         get a trie of its own, and only when it changes ``max_batch_size``,
-        ``max_tokens_per_forward`` or ``prefix_cache_mb`` does it batch its calls apart (and
-        keep prompt prefixes apart; forwards still take turns). ``cpu_linear`` is the runner's:
-        another one needs another engine (`ValueError`).
+        ``max_tokens_per_forward``, ``max_prefill_tokens_per_step`` or ``prefix_cache_mb``
+        does it batch its calls apart (and keep prompt prefixes apart; forwards still take
+        turns). ``cpu_linear`` is the runner's: another one needs another engine
+        (`ValueError`).
         """
         if config.cpu_linear != self.config.cpu_linear:
             raise ValueError(
@@ -402,13 +403,22 @@ def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:
     return config.max_query_length, config.branch_length, config.max_trie_nodes
 
 
-def _batch_settings(config: LookaheadConfig) -> tuple[int, int, int]:
-    return config.max_batch_size, config.max_tokens_per_forward, config.prefix_cache_mb
+def _batch_settings(config: LookaheadConfig) -> tuple[int, ...]:
+    return (
+        config.max_batch_size,
+        config.max_tokens_per_forward,
+        config.max_prefill_tokens_per_step,
+        config.prefix_cache_mb,
+    )
 
 
 def _new_scheduler(runner: ModelRunner, config: LookaheadConfig) -> Scheduler:
     return Scheduler(
-        runner, config.max_batch_size, config.max_tokens_per_forward, config.prefix_cache_mb << 20
+        runner,
+        config.max_batch_size,
+        config.max_tokens_per_forward,
+        config.prefix_cache_mb << 20,
+        config.max_prefill_tokens_per_step,
     )
 
 

@@ -6,8 +6,8 @@ the measured costs say so (`Pricing.should_fuse`: a wider forward is cheap, as o
 call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
 running rows' steps, chunk by chunk, straight into its row, for as long as the costs (timed
 by those steps too) still say so; else it is prefilled in its own cache, in chunks between
-their steps (a whole prompt at once when nobody waits on it), and that cache then becomes its
-row.
+their steps (a whole prompt at once when nobody waits on it; up to a budget of the joining
+prompts' tokens between two steps, the shortest first), and that cache then becomes its row.
 Each step is data (`rag_lookahead.engine.step`): it drafts for every row and plans how much
 of each draft the batch verifies (a `StepPlan`, priced by `Pricing`), the `Executor` runs one
 forward over all of them (a `StepOutput`), and per row the update chooses the model's tokens,
@@ -62,9 +62,11 @@ class Scheduler:
         max_batch_size: int,
         max_tokens_per_forward: int,
         prefix_cache_bytes: int = 0,
+        max_prefill_tokens_per_step: int = 2048,
     ) -> None:
         self.max_batch_size = max_batch_size
         self.max_tokens_per_forward = max_tokens_per_forward
+        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self._lock = threading.Lock()  # guards the waiting queue
         self._waiting: deque[Call] = deque()
         # Only the thread running an iteration touches these.
@@ -140,13 +142,7 @@ class Scheduler:
 
     def _iterate(self) -> None:
         # 1. admit waiting calls, up to the batch size
-        with self._lock:
-            running = len(self._joining) + len(self._rows) + len(self._alone)
-            while self._waiting and running < self.max_batch_size:
-                call = self._waiting.popleft()
-                call.status = CallStatus.PREFILLING
-                self._joining.append(call)
-                running += 1
+        self._admit()
         # 2. end what was cancelled
         self._retire_cancelled()
         # 3. rows prefilling in the batch's steps that now cost it more than apart go apart
@@ -160,9 +156,18 @@ class Scheduler:
         # 6. one step of each call outside the batch
         for call in list(self._alone):
             self._guarded([call], self._alone_step)
-        # 7. one chunk of one prompt apart (the call steps from the next iteration)
-        if self._joining:
-            self._guarded([self._joining[0]], self._prefill)
+        # 7. joining prompts' chunks apart, up to the budget (they step from the next iteration)
+        self._prefill_joining()
+
+    def _admit(self) -> None:
+        """Waiting calls join, in order, while fewer than ``max_batch_size`` run."""
+        with self._lock:
+            running = len(self._joining) + len(self._rows) + len(self._alone)
+            while self._waiting and running < self.max_batch_size:
+                call = self._waiting.popleft()
+                call.status = CallStatus.PREFILLING
+                self._joining.append(call)
+                running += 1
 
     def _fuse_joining(self) -> None:
         """Joining calls whose prompts ride in the batch's steps from now on (in order, while
@@ -236,6 +241,32 @@ class Scheduler:
         self._drop_rows(gone)
 
     # ------------------------------------------------------------------ phases
+
+    def _prefill_joining(self) -> None:
+        """Chunks of the joining prompts forwarded apart while fewer than
+        ``max_prefill_tokens_per_step`` tokens were this iteration: prompts arriving together
+        start within a few steps of each other, not one chunk per step of the running rows.
+
+        The prompt with the least left to prefill goes first, less what was forwarded for
+        others while it waited (arrival order among equals): behind a long document short
+        questions would all wait for it, while it waits for them only as long as they are
+        short — once as many tokens as it has left went to others, it goes next."""
+        spent = 0
+        while self._joining and spent < self.max_prefill_tokens_per_step:
+            if spent:  # calls submitted meanwhile (clients starting together) compete too
+                self._admit()
+            call = min(self._joining, key=lambda c: len(c.prompt_ids) - c.prefilled - c.passed_over)
+            if call.cancelled:  # retired at the next iteration's start
+                return
+            before = self.pricing.prompt_forwards.tokens
+            self._guarded([call], self._prefill)
+            forwarded = self.pricing.prompt_forwards.tokens - before
+            if forwarded == 0 and call in self._joining:
+                return  # (nothing went: never spin on one call)
+            for other in self._joining:
+                if other is not call:
+                    other.passed_over += forwarded
+            spent += forwarded
 
     def _prefill(self, call: Call) -> None:
         """A chunk of ``call``'s prompt forwarded apart, in its own cache (all of it when

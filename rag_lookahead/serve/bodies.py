@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -12,9 +13,10 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag_lookahead.protocol import RequestError
 from rag_lookahead.serve.errors import CLIENT_CLOSED, ApiError
 
-__all__ = ["MAX_JSON_DEPTH", "BodyDeadline", "json_body"]
+__all__ = ["MAX_JSON_DEPTH", "BodyDeadline", "json_body", "known_fields"]
 
 #: The deepest nesting of arrays and objects a request body may have. No request needs more;
 #: far deeper would exhaust the parser's stack, or a schema compiler's later.
@@ -109,3 +111,23 @@ class BodyDeadline:
             return message
 
         await self._app(scope, timed, send)
+
+
+def known_fields(body: object, keys: frozenset[str], check_model: Callable[[str], None]) -> dict[str, Any]:
+    """The request's keys with a value, once each is known and its model is the one served."""
+    if not isinstance(body, Mapping):
+        raise RequestError(f"the request body is a JSON object, got {type(body).__name__}")
+    given = {key: value for key, value in body.items() if value is not None}
+    unknown = sorted(set(given) - keys)
+    if unknown:
+        raise RequestError(
+            f"unknown parameter {unknown[0]!r}; known: {', '.join(sorted(keys))}",
+            str(unknown[0]),
+            "unknown_parameter",
+        )
+    model = given.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise RequestError(f"model is the served model's name, got {model!r}", "model")
+        check_model(model)
+    return given

@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from rag_lookahead.protocol import RequestError
 from rag_lookahead.protocol.errors import checked_text
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
 from rag_lookahead.serve.admission import Admission
+from rag_lookahead.serve.bodies import known_fields
 from rag_lookahead.serve.errors import ApiError
 
 __all__ = ["MAX_INPUTS", "OPENAI_ENCODING", "Embeddings"]
@@ -173,24 +175,7 @@ class Embeddings:
 def _checked(body: object, served: str) -> dict[str, Any]:
     """The request's fields, each checked: ``input`` (as texts or lists of ids), ``dimensions``
     and ``encoding_format``; a model other than ``served`` is HTTP 404."""
-    if not isinstance(body, Mapping):
-        raise RequestError(f"the request body is a JSON object, got {type(body).__name__}")
-    given = {key: value for key, value in body.items() if value is not None}
-    unknown = sorted(set(given) - _KEYS)
-    if unknown:
-        raise RequestError(
-            f"unknown parameter {unknown[0]!r}; known: {', '.join(sorted(_KEYS))}",
-            str(unknown[0]),
-            "unknown_parameter",
-        )
-    model = given.get("model")
-    if model is not None and model != served:
-        raise ApiError(
-            404,
-            f"the model {model!r} gives no embeddings here; this server embeds with {served!r}",
-            code="model_not_found",
-            param="model",
-        )
+    given = known_fields(body, _KEYS, functools.partial(_check_served, served))
     encoding_format = given.get("encoding_format", "float")
     if encoding_format not in _FORMATS:
         raise RequestError(
@@ -208,6 +193,16 @@ def _checked(body: object, served: str) -> dict[str, Any]:
         "encoding_format": encoding_format,
         "dimensions": dimensions,
     }
+
+
+def _check_served(served: str, model: str) -> None:
+    if model != served:
+        raise ApiError(
+            404,
+            f"the model {model!r} gives no embeddings here; this server embeds with {served!r}",
+            code="model_not_found",
+            param="model",
+        )
 
 
 def _inputs(value: object) -> Inputs:

@@ -22,7 +22,7 @@ from rag_lookahead import __version__
 from rag_lookahead.interface import Engine
 from rag_lookahead.protocol import RequestError, plan_chat
 from rag_lookahead.protocol.errors import checked_text
-from rag_lookahead.serve.bodies import json_body
+from rag_lookahead.serve.bodies import json_body, known_fields
 
 __all__ = ["utility_routes", "version_route"]
 
@@ -47,12 +47,12 @@ def utility_routes(engine: Engine, check_model: Callable[[str], None], max_body_
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
-        body = _known(await json_body(request, max_body_bytes), _TOKENIZE_KEYS, check_model)
+        body = known_fields(await json_body(request, max_body_bytes), _TOKENIZE_KEYS, check_model)
         return JSONResponse(await anyio.to_thread.run_sync(_tokenized, engine, body))
 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
-        body = _known(await json_body(request, max_body_bytes), _DETOKENIZE_KEYS, check_model)
+        body = known_fields(await json_body(request, max_body_bytes), _DETOKENIZE_KEYS, check_model)
         return JSONResponse(await anyio.to_thread.run_sync(_detokenized, engine, body))
 
     return router
@@ -67,26 +67,6 @@ def version_route() -> APIRouter:
         return JSONResponse({"version": __version__})
 
     return router
-
-
-def _known(body: object, keys: frozenset[str], check_model: Callable[[str], None]) -> dict[str, Any]:
-    """The request's keys with a value, once each is known and its model is the one served."""
-    if not isinstance(body, Mapping):
-        raise RequestError(f"the request body is a JSON object, got {type(body).__name__}")
-    given = {key: value for key, value in body.items() if value is not None}
-    unknown = sorted(set(given) - keys)
-    if unknown:
-        raise RequestError(
-            f"unknown parameter {unknown[0]!r}; known: {', '.join(sorted(keys))}",
-            str(unknown[0]),
-            "unknown_parameter",
-        )
-    model = given.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise RequestError(f"model is the served model's name, got {model!r}", "model")
-        check_model(model)
-    return given
 
 
 def _tokenized(engine: Engine, body: Mapping[str, Any]) -> dict[str, Any]:
