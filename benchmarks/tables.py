@@ -1218,6 +1218,13 @@ def http_epyc_table() -> str:
     return _http("vllm-peer-http-dolly_context_qa-epyc.json")
 
 
+@table("http-xeon-model-thread")
+def http_xeon_model_thread_table() -> str:
+    """Over HTTP on the Xeon at normal priority, with the model's thread and the prefill
+    budget (`vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json`)."""
+    return _http("vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json")
+
+
 # ---- on a GPU --------------------------------------------------------------------------------
 
 GPU_SETS = ("llma_msmarco_rag", "dolly_context_qa", "piarena_rag_qa")
