@@ -417,8 +417,8 @@ def _new_scheduler(runner: ModelRunner, config: LookaheadConfig) -> Scheduler:
         runner,
         config.max_batch_size,
         config.max_tokens_per_forward,
-        config.prefix_cache_mb << 20,
         config.max_prefill_tokens_per_step,
+        config.prefix_cache_mb << 20,
     )
 
 

@@ -61,8 +61,8 @@ class Scheduler:
         runner: ModelRunner,
         max_batch_size: int,
         max_tokens_per_forward: int,
+        max_prefill_tokens_per_step: int,
         prefix_cache_bytes: int = 0,
-        max_prefill_tokens_per_step: int = 2048,
     ) -> None:
         self.max_batch_size = max_batch_size
         self.max_tokens_per_forward = max_tokens_per_forward
