@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from retrieval_build import cpu_name
 
 LIBRARIES = ("bm25s", "rank_bm25", "tantivy")
 
@@ -131,13 +132,6 @@ def child(library: str, paths: list[str], repeat: int) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result |= {"rss_mb": round((peak - base) / 1024, 1), "documents": len(docs), "queries": len(queries)}
     print(json.dumps(result))
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> int:

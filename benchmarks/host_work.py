@@ -76,14 +76,16 @@ class StepClock:
         self.profile = cProfile.Profile() if profile else None
         self.profiling = False  # within an iteration at full batch, outside its forward
         scheduler, runner = engine.scheduler, engine.runner
-        iterate, forward_batch = scheduler.driver._iterate, runner.forward_batch
+        name = "forward_packed" if runner.packs() else "forward_batch"  # the steps' forward
+        iterate, forward_batch = scheduler.driver._iterate, getattr(runner, name)
 
         def timed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
             if self.profiling:
                 self.profile.disable()  # type: ignore[union-attr]
             start, cpu = time.perf_counter(), time.thread_time()
-            logits = forward_batch(*args, **kwargs)  # [B, T, V]
-            self.width = logits.shape[1]
+            logits = forward_batch(*args, **kwargs)  # [B, T, V], or [K, V] packed
+            inputs = args[0]
+            self.width = -(-logits.shape[0] // len(inputs.sizes)) if logits.dim() == 2 else logits.shape[1]
             if logits.device.type == "cuda":
                 torch.cuda.synchronize(logits.device)
             self.forward += time.perf_counter() - start
@@ -110,7 +112,7 @@ class StepClock:
                 self.steps.append((elapsed, self.forward, cpu - self.forward_cpu))
                 self.shapes.append((self.width, sum(len(call.ids) for call in calls) - before))
 
-        runner.forward_batch = timed_forward  # type: ignore[method-assign]
+        setattr(runner, name, timed_forward)
         scheduler.driver._iterate = timed_iterate
 
     def summary(self) -> dict[str, Any]:

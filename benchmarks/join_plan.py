@@ -39,7 +39,7 @@ def main() -> None:
     engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
     engine.measure_costs()
     limit = engine.config.max_tokens_per_forward
-    pricing = Pricing(engine.runner.costs, limit)
+    pricing = Pricing(engine.runner.costs, limit, engine.runner.packs)
     # The scheduler calibrates prompts' chunks by the prompts it forwards alone: one here.
     prompt = torch.tensor([[(7 * i + 3) % 1000 for i in range(args.prompt)]])
     started = time.perf_counter()

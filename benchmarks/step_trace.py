@@ -195,10 +195,12 @@ class Tracer:
             for name in names:
                 setattr(owner, name, self._phase(name.strip("_"), getattr(owner, name)))
         batching.plan_batch = self._plan(batching.plan_batch)
+        batching.plan_packed = self._plan(batching.plan_packed)
         runner = ModelRunner
         runner.forward = self._forward(runner.forward, _chunk_kind)  # type: ignore[method-assign]
         runner.forward_step = self._forward(runner.forward_step, _step_kind)  # type: ignore[method-assign]
         runner.forward_batch = self._forward(runner.forward_batch, _batch_kind)  # type: ignore[method-assign]
+        runner.forward_packed = self._forward(runner.forward_packed, _packed_kind)  # type: ignore[method-assign]
 
     def _run(self, scheduler: Scheduler) -> Run:
         run: Run | None = getattr(scheduler, "_traced_run", None)  # (ids of freed engines recur)
@@ -318,6 +320,14 @@ def _step_kind(draft: Any, *args: Any, **kwargs: Any) -> tuple[str, int, int]:
 def _batch_kind(inputs: Any, cache: Any, lengths: Any, keep: Any = None) -> tuple[str, int, int]:
     rows, width = inputs.input_ids.shape
     return ("batch" if keep is None else "fused"), int(rows), int(width)
+
+
+def _packed_kind(inputs: Any, cache: Any, lengths: Any, keep: Any = None) -> tuple[str, int, int]:
+    """A packed step: its width is its tokens per row, rounded up; a prompt's chunk in it leaves
+    some of its tokens unread."""
+    rows, tokens = len(inputs.sizes), int(inputs.input_ids.shape[1])
+    fused = keep is not None and len(keep) < tokens
+    return ("fused" if fused else "batch"), rows, -(-tokens // rows)
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -322,7 +322,21 @@ def prefill_budget_table() -> str:
     """Joining prompts one chunk a step, first come first (`368cee4`), against a budget of
     prompt tokens a step, the least left first; 6 alternate runs each, median and range
     (`prefill-budget-clients8-dolly_context_qa-xeon.json`)."""
-    run = load("prefill-budget-clients8-dolly_context_qa-xeon.json")
+    columns = ("one chunk a step", "a budget, least left first")
+    return _alternate_runs("prefill-budget-clients8-dolly_context_qa-xeon.json", columns)
+
+
+@table("packed-clients8")
+def packed_clients_table() -> str:
+    """Every batched step padded (`d1a3015`) against packed, 8 clients, 7 alternate runs each,
+    median and range (`packed-clients8-dolly_context_qa-xeon.json`)."""
+    columns = ("padded steps", "packed steps")
+    return _alternate_runs("packed-clients8-dolly_context_qa-xeon.json", columns)
+
+
+def _alternate_runs(name: str, columns: tuple[str, str]) -> str:
+    """8-client runs of the code before and after, alternately: each figure's median and range."""
+    run = load(name)
     runs = run["runs"]
     figures = [
         ("tok/s", "tokens_per_s"),
@@ -344,11 +358,36 @@ def prefill_budget_table() -> str:
         for code in ("before", "after")
     ]
     rows.append(["identical to greedy", *same, ""])
+    header = [f"median (range), {len(runs['after'])} runs", *columns, "after / before"]
+    return markdown(header, rows)
+
+
+@table("packed-steps")
+def packed_steps_table() -> str:
+    """One step over 8 rows of the dolly rows' lengths, padded and packed, by draft sizes, on
+    both models (`packed-steps-xeon.json`, `packed-steps-gemma3-xeon.json`)."""
+    rows = []
+    for name, model in (("packed-steps-xeon.json", "SmolLM2"), ("packed-steps-gemma3-xeon.json", "Gemma 3")):
+        rows += [
+            [
+                model,
+                ", ".join(map(str, step["sizes"])),
+                fixed(step["padded_ms"], 1),
+                fixed(step["packed_ms"], 1),
+                ratio(step["padded_ms"] / step["packed_ms"]),
+                f"{step['max_abs_diff']:.0e}",
+                "yes" if step["same_greedy"] else "no",
+            ]
+            for step in load(name)["steps"]
+        ]
     header = [
-        f"median (range), {len(runs['after'])} runs",
-        "one chunk a step",
-        "a budget, least left first",
-        "after / before",
+        "model",
+        "draft tokens per row",
+        "padded ms",
+        "packed ms",
+        "faster",
+        "max logit diff",
+        "same greedy",
     ]
     return markdown(header, rows)
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import DraftTree, StepDraft, packed_inputs
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kv_cache import new_tree_cache
@@ -82,6 +82,67 @@ def test_a_batched_step_matches_each_row_alone(family: str) -> None:
         torch.testing.assert_close(logits[i, : len(draft)], alone[i], rtol=1e-4, atol=1e-4)
 
 
+def test_packed_inputs_are_the_padded_rows_without_their_padding() -> None:
+    drafts = [StepDraft(TREE), StepDraft(DraftTree.root_only(4)), StepDraft(DraftTree((5, 6), (-1, 0)))]
+    padded = batch_inputs(drafts, [3, 2, 5], torch.device("cpu"), torch.float32)
+    packed = packed_inputs(drafts, [3, 2, 5], torch.device("cpu"), torch.float32)
+    assert packed.input_ids.tolist() == [[7, 8, 9, 10, 4, 5, 6]]
+    assert packed.position_ids.tolist() == [[3, 4, 5, 4, 2, 5, 6]]
+    assert (packed.offsets, packed.sizes) == ((0, 4, 5), (4, 1, 2))
+    assert packed.rows.tolist() == [0, 0, 0, 0, 1, 2, 2]
+    assert packed.masks[1] is None  # a lone root sees its whole cache and itself
+    assert packed.masks[0] is not None and packed.masks[2] is not None
+    torch.testing.assert_close(packed.masks[0], padded.attention_mask[:1, :, :4, :7])
+    torch.testing.assert_close(packed.masks[2], padded.attention_mask[2:, :, :2, :7])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_packed_step_matches_the_padded_one_and_writes_the_same_cache(family: str) -> None:
+    runner = ModelRunner(tiny_model(family))
+    assert runner.packs()
+    prompts = [[3, 14, 15, 9, 26, 5], [2, 7], [18, 28, 18, 28, 45, 90, 45, 23, 5]]
+    branchy = DraftTree((5, 8, 9, 10), (-1, 0, 1, 0))
+    chunk = DraftTree((23, 5, 7), (-1, 0, 1))  # a prompt's chunk: a chain
+    drafts = [StepDraft(branchy), StepDraft(DraftTree.root_only(7)), StepDraft(chunk)]
+    batches = []
+    for _ in range(2):
+        batch = BatchCache()
+        for prompt in prompts:
+            batch.add_row(prefilled(runner, prompt[:-1]))
+        batches.append(batch)
+    batches[0].prepare()
+    padded = batch_inputs(drafts, batches[0].lengths, runner.device, torch.float32)
+    want = runner.forward_batch(padded, batches[0].cache, batches[0].lengths)  # [3, 4, V]
+    packed = packed_inputs(drafts, batches[1].lengths, runner.device, torch.float32)
+    batches[1].prepare(packed)
+    got = runner.forward_packed(packed, batches[1].cache, batches[1].lengths)  # [8, V]
+    keep = [0, 1, 2, 3, 4, 7]  # every draft node, and the chunk's last token
+    kept = runner.forward_packed(packed, batches[1].cache, batches[1].lengths, keep)
+    torch.testing.assert_close(kept, got[keep])
+    for i, (offset, size) in enumerate(zip(packed.offsets, packed.sizes, strict=True)):
+        torch.testing.assert_close(got[offset : offset + size], want[i, :size], rtol=1e-4, atol=1e-4)
+    nodes = [[0, 3], [0], [0, 1, 2]]
+    for batch in batches:
+        batch.keep_accepted(4 if batch is batches[0] else 3, nodes)
+    assert batches[0].lengths == batches[1].lengths == [7, 2, 11]
+    for ours, theirs in zip(batches[1].cache.layers, batches[0].cache.layers, strict=True):
+        for i, length in enumerate(batches[0].lengths):
+            torch.testing.assert_close(ours.key_buffer[i, :, :length], theirs.key_buffer[i, :, :length])
+            torch.testing.assert_close(ours.value_buffer[i, :, :length], theirs.value_buffer[i, :, :length])
+
+
+def test_a_model_attending_its_own_way_is_not_packed() -> None:
+    """Packing needs the engine's own attention function: an eager model (as, on CUDA, every
+    model) steps padded, and the probe never assumes."""
+    from transformers import AutoModelForCausalLM
+
+    from rag_lookahead.testing.models import tiny_config
+
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="eager").eval()
+    runner = ModelRunner(model)
+    assert runner.tree_problem() is None and not runner.packs()
+
+
 def test_each_row_keeps_only_its_accepted_path() -> None:
     runner = ModelRunner(tiny_model("llama"))
     batch = BatchCache()
@@ -133,9 +194,10 @@ def assert_each_greedy(model, engine: LookaheadEngine, jobs, stagger) -> None:
     stagger=st.integers(0, 3),
     batch=st.sampled_from([2, 3, 8]),
     prefill_budget=st.sampled_from([1, 30, 2048]),  # a chunk a step, a few, every prompt at once
+    packed=st.booleans(),
 )
 def test_concurrent_calls_give_each_its_own_greedy_output(
-    family, mode, seed, calls, stagger, batch, prefill_budget
+    family, mode, seed, calls, stagger, batch, prefill_budget, packed
 ) -> None:
     rng = random.Random(seed)
     model = tiny_model(family)
@@ -147,6 +209,7 @@ def test_concurrent_calls_give_each_its_own_greedy_output(
         max_prefill_tokens_per_step=prefill_budget,
     )
     engine = LookaheadEngine(model, CharTokenizer(), config, cost_curve=None)
+    steps_padded(engine, not packed)
     if mode == "auto":
         from rag_lookahead.planning.costs import CostCurve
 
@@ -235,7 +298,8 @@ def test_one_call_at_a_time_with_a_batch_of_one() -> None:
 def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on() -> None:
     model = tiny_model("llama")
     engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
-    forward_batch = engine.runner.forward_batch
+    name = batched_forward(engine.runner)
+    forward_batch = getattr(engine.runner, name)
     failures = [1]
 
     def flaky(*args, **kwargs):
@@ -244,7 +308,7 @@ def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on() -> None:
             raise RuntimeError("device lost")
         return forward_batch(*args, **kwargs)
 
-    engine.runner.forward_batch = flaky  # type: ignore[method-assign]
+    setattr(engine.runner, name, flaky)
     jobs = [
         ([3, 14, 15], GenerationParams(max_new_tokens=10)),
         ([2, 7, 1], GenerationParams(max_new_tokens=10)),
@@ -381,19 +445,33 @@ def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama"
     return model, engine
 
 
+def steps_padded(engine: LookaheadEngine, padded: bool) -> None:
+    """Run ``engine``'s batched steps padded, as on a GPU or for sliding-window models, where
+    ``padded`` (on a CPU they are packed wherever the probe allows)."""
+    if padded:
+        engine.runner.tree_problem()
+        engine.runner._packs = False  # (the probe's answer, overridden)
+
+
+def batched_forward(runner: ModelRunner) -> str:
+    """The runner's method that runs the engine's batched steps."""
+    return "forward_packed" if runner.packs() else "forward_batch"
+
+
 def record_steps(engine: LookaheadEngine, watched: list[int]) -> list[tuple[int, int, int]]:
     """After each batched forward: the rows, the first row's tokens so far, and how much of
     the ``watched`` prompt is prefilled (0 before it joins the batch)."""
     scheduler, log = engine.scheduler, []
-    forward_batch = engine.runner.forward_batch
+    name = batched_forward(engine.runner)
+    forward_batch = getattr(engine.runner, name)
 
     def logged(inputs, *args, **kwargs):
         logits = forward_batch(inputs, *args, **kwargs)
         joined = [c.prefilled for c in scheduler._rows if c.prompt_ids == watched]
-        log.append((inputs.input_ids.shape[0], len(scheduler._rows[0].ids), joined[0] if joined else 0))
+        log.append((len(args[1]), len(scheduler._rows[0].ids), joined[0] if joined else 0))
         return logits
 
-    engine.runner.forward_batch = logged  # type: ignore[method-assign]
+    setattr(engine.runner, name, logged)
     return log
 
 
@@ -479,7 +557,8 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     model, engine = joining_engine(CostCurve.flat(), max_tokens_per_forward=64)
     scheduler, clock = engine.scheduler, [0.0]
     monkeypatch.setattr(batch_forward, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    forward_batch, forward, alone = engine.runner.forward_batch, engine.runner.forward, []
+    name = batched_forward(engine.runner)
+    forward_batch, forward, alone = getattr(engine.runner, name), engine.runner.forward, []
 
     def timed(inputs, *args, **kwargs):  # a step with a prompt's chunk in it: 100x its price
         clock[0] += 100.0 if any(c.prefilled < len(c.prompt_ids) for c in scheduler._rows) else 1.0
@@ -490,7 +569,8 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
             alone.append(input_ids.shape[1])
         return forward(input_ids, *args, **kwargs)
 
-    engine.runner.forward_batch, engine.runner.forward = timed, counting  # type: ignore[method-assign]
+    setattr(engine.runner, name, timed)
+    engine.runner.forward = counting  # type: ignore[method-assign]
     prompts = [[(7 * i) % VOCAB for i in range(45)], [(5 * i + 4) % VOCAB for i in range(45)]]
     first = engine.stream([3, 14, 15], max_new_tokens=80)
     next(first.chunks())
@@ -511,9 +591,10 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     calls=st.integers(2, 5),
     stagger=st.integers(0, 3),
     budget=st.sampled_from([4, 9, 24]),
+    packed=st.booleans(),
 )
 def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
-    family, seed, calls, stagger, budget
+    family, seed, calls, stagger, budget, packed
 ) -> None:
     """Prompts prefilled in the running rows' steps (a flat curve), from a kept prefix or
     not, several at once, with drafts beside them: each output is the greedy one."""
@@ -523,6 +604,7 @@ def test_calls_joining_in_the_running_steps_give_each_its_own_greedy_output(
     model = tiny_model(family)
     config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=4, max_tokens_per_forward=budget)
     engine = LookaheadEngine(model, CharTokenizer(), config)
+    steps_padded(engine, not packed)
     engine.planner.cost_curve = CostCurve.flat()
     assert_each_greedy(model, engine, random_jobs(rng, calls, shortest=1), stagger)
 

@@ -21,6 +21,7 @@ from rag_lookahead.planning.planner import (
     fused_prefill,
     plan_batch,
     plan_draft,
+    plan_packed,
     rank_draft,
     separate_prefill,
 )
@@ -237,6 +238,26 @@ def test_a_batch_plan_widens_only_while_the_rate_grows() -> None:
     assert [len(t) for t in steep] == [1, 1]
     capped = plan_batch(ranked, lambda width: 1.0, max_tokens=4)
     assert [len(t) for t in capped] == [2, 2]
+
+
+def test_a_packed_plan_takes_the_best_nodes_of_any_row_while_the_rate_grows() -> None:
+    """Packed, a row's nodes cost their own tokens only: a sure node of one row is taken before
+    a doubtful one of another, and a row with nothing worth verifying stays at its root."""
+    sure = DraftTree((1, 2, 3), (-1, 0, 1), "trie", (1.0, 0.9, 0.9))
+    doubtful = DraftTree((4, 5, 6), (-1, 0, 1), "trie", (1.0, 0.1, 0.1))
+    ranked = [rank_draft(sure, no_exploring()), rank_draft(doubtful, no_exploring())]
+    # A forward of n tokens: 10 for the weights, 1 a token; a node pays if its chance beats
+    # the rate's share of a token (gain / cost).
+    plan = plan_packed(ranked, lambda tokens: 10.0 + tokens)
+    assert [t.tokens for t in plan] == [(1, 2, 3), (4,)]
+    free = plan_packed(ranked, lambda tokens: 1.0)
+    assert [len(t) for t in free] == [3, 3]
+    capped = plan_packed(ranked, lambda tokens: 1.0, max_tokens=4)
+    assert [len(t) for t in capped] == [3, 1]  # the cap's two nodes go to the sure row
+    steep = plan_packed(ranked, lambda tokens: float(tokens))
+    assert [len(t) for t in steep] == [1, 1]
+    fixed = [rank_draft(doubtful, no_exploring(), fixed=True), rank_draft(doubtful, no_exploring())]
+    assert [len(t) for t in plan_packed(fixed, lambda tokens: float(tokens))] == [3, 1]  # whole
 
 
 def cpu_like(rows: int, width: int) -> float:

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.runtime.batch import batch_inputs
-from rag_lookahead.runtime.kv_cache import cache_kwarg
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks, cut_window
 from rag_lookahead.runtime.probe import tree_support_problem
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import (
     SLIDING_FAMILIES,
     SLIDING_WINDOW,
@@ -131,16 +132,54 @@ def test_the_whole_answer_in_the_trie_is_verified_in_trees_past_the_window(famil
     assert completion.stats.steps < NEW_TOKENS // 2  # more than two tokens per forward
 
 
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "cohere2", "qwen2"])
+def test_a_packed_step_past_the_window_matches_the_padded_one(family: str) -> None:
+    """Each row's queries in a sliding layer see only the window before their own position."""
+    runner = ModelRunner(sliding_model(family))
+    assert runner.packs()
+    rng = random.Random(family)
+    lengths = [3 * SLIDING_WINDOW, 2, SLIDING_WINDOW + 1]
+    drafts = [
+        StepDraft(random_tree(rng, 5)),
+        StepDraft(DraftTree.root_only(7)),
+        StepDraft(random_tree(rng, 3)),
+    ]
+    prompts = [[rng.randrange(VOCAB) for _ in range(length)] for length in lengths]
+    batches = []
+    for _ in range(2):
+        batch = BatchCache()
+        for prompt in prompts:
+            cache = new_tree_cache()
+            runner.forward(torch.tensor([prompt]), cache, last_only=True)
+            batch.add_row(cache)
+        batches.append(batch)
+    batches[0].prepare()
+    padded = batch_inputs(drafts, lengths, runner.device, torch.float32)
+    want = runner.forward_batch(padded, batches[0].cache, lengths)  # [3, 5, V]
+    packed = runner.packed_inputs(drafts, lengths)
+    batches[1].prepare(packed)
+    got = runner.forward_packed(packed, batches[1].cache, lengths)  # [9, V]
+    for i, (offset, size) in enumerate(zip(packed.offsets, packed.sizes, strict=True)):
+        torch.testing.assert_close(got[offset : offset + size], want[i, :size], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("family", ["gemma3", "mistral", "gpt_oss"])
 @pytest.mark.parametrize("inside", [False, True])
-def test_batched_calls_on_a_sliding_model_each_get_their_own_greedy_output(family: str, inside: bool) -> None:
-    """``inside``: joining prompts ride in the running rows' steps (a flat cost curve)."""
+@pytest.mark.parametrize("packed", [False, True])
+def test_batched_calls_on_a_sliding_model_each_get_their_own_greedy_output(
+    family: str, inside: bool, packed: bool
+) -> None:
+    """``inside``: joining prompts ride in the running rows' steps (a flat cost curve);
+    ``packed``: the steps packed where the model allows it (not gpt_oss: eager attention)."""
     from rag_lookahead.planning.costs import CostCurve
 
     rng = random.Random(family)
     model = sliding_model(family)
     config = LookaheadConfig(mode="trie", min_query_length=1, max_batch_size=4, max_tokens_per_forward=24)
     engine = LookaheadEngine(model, CharTokenizer(), config)
+    assert engine.runner.packs() == (family != "gpt_oss")
+    if not packed:
+        engine.runner._packs = False  # (the probe's answer, overridden: padded steps)
     engine.planner.cost_curve = CostCurve.flat() if inside else None
     jobs = []
     for _ in range(4):

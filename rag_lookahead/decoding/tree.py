@@ -8,14 +8,23 @@ in which each node sees the whole cache, its ancestors and itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from rag_lookahead.decoding.masks import ancestors, step_mask
 
-__all__ = ["PREDICTION_LABEL", "DraftTree", "SideRows", "StepDraft", "TreeInputs", "step_inputs"]
+__all__ = [
+    "PREDICTION_LABEL",
+    "DraftTree",
+    "PackedInputs",
+    "SideRows",
+    "StepDraft",
+    "TreeInputs",
+    "packed_inputs",
+    "step_inputs",
+]
 
 # The source label of nodes drafted from a call's prediction (OpenAI's Predicted Outputs): the
 # planner trusts them from the start, the stats count them.
@@ -45,6 +54,30 @@ class TreeInputs:
     input_ids: torch.Tensor  # [B, T]
     position_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, 1, T, max(lengths) + T], 0 = visible, dtype min = hidden
+
+
+@dataclass(frozen=True)
+class PackedInputs:
+    """Model inputs for one step's forward with every row's draft side by side, unpadded.
+
+    Row ``i``'s ``sizes[i]`` tokens are ``input_ids[0, offsets[i] : offsets[i] + sizes[i]]``;
+    they attend over its own cache and draft alone, ``masks[i]`` ``[1, 1, sizes[i],
+    lengths[i] + sizes[i]]`` (``None``: a single token, which sees all of them), and in a
+    sliding-window layer under ``sliding[i]``.
+    """
+
+    input_ids: torch.Tensor  # [1, N], N = sum(sizes)
+    position_ids: torch.Tensor  # [1, N]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    masks: tuple[torch.Tensor | None, ...]
+    sliding: tuple[torch.Tensor | None, ...]
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """Each token's row ``[N]``."""
+        sizes = torch.tensor(self.sizes, device=self.input_ids.device)
+        return torch.repeat_interleave(torch.arange(len(self.sizes), device=sizes.device), sizes)
 
 
 @dataclass(frozen=True)
@@ -247,6 +280,50 @@ def step_inputs(
         input_ids=torch.tensor(flat.ids, device=device).view(rows, width),
         position_ids=positions,
         attention_mask=step_mask(seen, sizes, lengths, dtype),
+    )
+
+
+def packed_inputs(
+    drafts: Sequence[StepDraft],
+    lengths: Sequence[int],
+    device: torch.device,
+    dtype: torch.dtype,
+    layer_masks: Callable[[TreeInputs, Sequence[int]], torch.Tensor | dict[str, torch.Tensor]] | None = None,
+) -> PackedInputs:
+    """`step_inputs` without the padding: the rows' drafts one after another in one sequence,
+    each with its own mask over its own cache (the padded mask's row, cut to its real slots
+    and columns: row ``i``'s draft sits at columns ``lengths[i]`` on in both). ``layer_masks``:
+    the model's masks from the padded inputs (a sliding window cut out, for its sliding
+    layers: `rag_lookahead.runtime.layer_masks.LayerMasks`)."""
+    padded = step_inputs(drafts, lengths, device, dtype)
+    argument = padded.attention_mask if layer_masks is None else layer_masks(padded, lengths)
+    if isinstance(argument, dict):
+        full, sliding = argument["full_attention"], argument["sliding_attention"]
+    else:
+        full = sliding = argument
+    sizes = [len(d) for d in drafts]
+    width = padded.input_ids.shape[1]
+    real = torch.tensor([i * width + k for i, n in enumerate(sizes) for k in range(n)], device=device)
+    offsets = [0]
+    for size in sizes[:-1]:
+        offsets.append(offsets[-1] + size)
+
+    def rows(mask: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # A lone root sees its whole cache and itself, unless a window hides some of it.
+        alone = mask is padded.attention_mask
+        return tuple(
+            None if n == 1 and alone else mask[i : i + 1, :, :n, : length + n]
+            for i, (n, length) in enumerate(zip(sizes, lengths, strict=True))
+        )
+
+    masks = rows(full)
+    return PackedInputs(
+        input_ids=padded.input_ids.view(-1)[real][None],
+        position_ids=padded.position_ids.view(-1)[real][None],
+        offsets=tuple(offsets),
+        sizes=tuple(sizes),
+        masks=masks,
+        sliding=masks if sliding is full else rows(sliding),
     )
 
 

@@ -1,7 +1,8 @@
 """The forwards the scheduler plans, run on the model and timed; nothing here plans or prices.
 
 A `StepPlan` runs as one forward over the `BatchCache`: every row's draft (or its prompt's
-next chunk) at its own positions, padded to the widest. A batch of one row runs exactly the
+next chunk) at its own positions — side by side, unpadded, where the runner `packs` (on a CPU),
+else padded to the widest. A batch of one row runs exactly the
 forward it would have alone (the model's own causal path for a chain, its tree masks for a
 draft). Besides the batch's steps, a prompt's chunk forwarded apart in the call's own cache,
 and a plain step of a call decoding outside the batch. Each returns its seconds, for the
@@ -33,6 +34,8 @@ class Executor:
         step's columns; `BatchCache.keep_accepted` keeps those the rows accept)."""
         if batch.rows == 1:
             return self._one_row(plan, batch)
+        if self.runner.packs():
+            return self._packed(plan, batch)
         steps = [row.draft for row in plan.rows]
         keep = plan.logit_positions()
         batch.prepare()
@@ -49,6 +52,25 @@ class Executor:
             else:
                 rows.append(logits[i, :0])  # [0, V]
         return StepOutput(tuple(rows), seconds)
+
+    def _packed(self, plan: StepPlan, batch: BatchCache) -> StepOutput:
+        """The rows' drafts side by side in one sequence, each over its own cache."""
+        drafts = [row.draft for row in plan.rows]
+        inputs = self.runner.packed_inputs(drafts, batch.lengths)
+        keep: list[int] = []  # the tokens whose logits are read, ascending
+        read = []  # per row, its part of them
+        for row, offset, size in zip(plan.rows, inputs.offsets, inputs.sizes, strict=True):
+            if not row.prompt:
+                tokens = range(offset, offset + size)
+            else:
+                tokens = range(offset + size - 1, offset + size) if row.ends_prompt else range(0)
+            read.append(slice(len(keep), len(keep) + len(tokens)))
+            keep += tokens
+        batch.prepare(inputs)
+        started = time.perf_counter()
+        logits = self.runner.forward_packed(inputs, batch.cache, batch.lengths, keep)  # [K, V]
+        seconds = time.perf_counter() - started
+        return StepOutput(tuple(logits[part] for part in read), seconds)
 
     def prompt_apart(self, tokens: list[int], cache: Any) -> tuple[torch.Tensor, Any, float]:
         """A prompt's ``tokens`` forwarded in its own ``cache`` (``None``: a new one): the

@@ -10,6 +10,7 @@ prompts' chunks forwarded alone per size class, one row's steps by draft size an
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,13 @@ from rag_lookahead.engine.request import Call
 from rag_lookahead.engine.step import StepPlan
 from rag_lookahead.models import default_cache_dir
 from rag_lookahead.planning.costs import Calibration, CostCurve, CostModel, model_digest
-from rag_lookahead.planning.planner import StepPlanner, fused_prefill, plan_batch, separate_prefill
+from rag_lookahead.planning.planner import (
+    StepPlanner,
+    fused_prefill,
+    plan_batch,
+    plan_packed,
+    separate_prefill,
+)
 from rag_lookahead.runtime.runner import ModelRunner
 
 __all__ = ["Pricing", "PromptForwards", "measure_costs"]
@@ -48,9 +55,12 @@ class Pricing:
     joining prompts are prefilled apart, in chunks of ``max_tokens_per_forward``.
     """
 
-    def __init__(self, costs: CostModel, max_tokens_per_forward: int) -> None:
+    def __init__(
+        self, costs: CostModel, max_tokens_per_forward: int, packed: Callable[[], bool] = lambda: False
+    ) -> None:
         self.costs = costs  # the runner's, shared with every planner of the model
         self.max_tokens_per_forward = max_tokens_per_forward
+        self.packed = packed  # whether batched steps run packed (the runner's answer, once probed)
         self.calibration = Calibration()  # batched steps, by rows and width class
         # The one-row curve is measured for drafts, a few tokens wide, and only extrapolated
         # to a prompt's chunks: how much steeper or flatter the prompts forwarded alone find
@@ -150,7 +160,12 @@ class Pricing:
         # width, against the batch costs as calibrated so far.
         ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
         widest = max(len(r.tree) for r in ranked)
-        by_width = self._by_width(len(calls), widest) if self.costs.batched() is not None else None
+        measured = self.costs.batched() is not None
+        if measured and self.packed():  # each row as wide as its own nodes are worth
+            most = sum(len(r.tree) for r in ranked)
+            by_tokens = self._by_tokens(len(calls), most)
+            return [StepDraft(tree) for tree in plan_packed(ranked, by_tokens, self.max_tokens_per_forward)]
+        by_width = self._by_width(len(calls), widest) if measured else None
         return [StepDraft(tree) for tree in plan_batch(ranked, by_width, self.max_tokens_per_forward)]
 
     # ------------------------------------------------------------------ learning
@@ -158,13 +173,15 @@ class Pricing:
     def observe(self, plan: StepPlan, seconds: float, cached: int) -> None:
         """The batch ran ``plan`` in ``seconds`` (its one row held ``cached`` tokens before,
         when it had one): every later decision is priced from it."""
+        rows = len(plan.rows)
+        packed = rows > 1 and self.packed()
+        width = plan.tokens / rows if packed else plan.width  # tokens per row the forward ran
         if not plan.prompts:
-            self.width = plan.width
-        if len(plan.rows) > 1:
+            self.width = math.ceil(width)
+        if rows > 1:
             batched = self.costs.batched()
             if batched is not None:
-                rows, width = len(plan.rows), plan.width
-                self.calibration.record(rows, width, batched(rows, width), seconds)
+                self.calibration.record(rows, math.ceil(width), batched(rows, width), seconds)
         elif plan.prompts:
             self.observe_prompt(plan.width, seconds)
         else:  # calibrates the one-row curve (planning only; tokens never change)
@@ -199,6 +216,18 @@ class Pricing:
             last = curve(curve.sizes[-1])
             price = self._prefill_classes[size] = last + (curve(size) - last) * self.prompts.factor(1, size)
         return price
+
+    def _by_tokens(self, rows: int, most: int) -> Callable[[int], float]:
+        """Seconds of a packed step of ``rows`` rows by its tokens (up to ``most``): priced as
+        so many tokens spread evenly over the rows, between the calibrated widths around."""
+        by_width = self._by_width(rows, math.ceil(most / rows) + 1)
+
+        def seconds(tokens: int) -> float:
+            width = max(tokens / rows, 1.0)
+            low = math.floor(width)
+            return by_width(low) + (width - low) * (by_width(low + 1) - by_width(low))
+
+        return seconds
 
     def _by_width(self, rows: int, widest: int) -> Callable[[int], float]:
         """Seconds of a step of ``rows`` rows by width, as calibrated, never cheaper for a

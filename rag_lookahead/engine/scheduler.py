@@ -75,7 +75,7 @@ class Scheduler:
         self._alone: list[Call] = []  # decoding plainly outside the batch
         self._batch = BatchCache()
         self._executor = Executor(runner)
-        self.pricing = Pricing(runner.costs, max_tokens_per_forward)
+        self.pricing = Pricing(runner.costs, max_tokens_per_forward, runner.packs)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         self._thread = runner.thread
         self._thread.attach(self)

@@ -45,8 +45,13 @@ class StepPlan:
 
     @property
     def width(self) -> int:
-        """The forward's tokens per row: every row is padded to the widest."""
+        """The forward's tokens per row when every row is padded to the widest."""
         return max(len(row.draft) for row in self.rows)
+
+    @property
+    def tokens(self) -> int:
+        """The forward's tokens when the rows lie side by side, unpadded (packed)."""
+        return sum(len(row.draft) for row in self.rows)
 
     @property
     def prompts(self) -> bool:

@@ -79,8 +79,9 @@ class CostCurve:
             raise ValueError("cost curve seconds must be finite and positive")
         object.__setattr__(self, "seconds", tuple(itertools.accumulate(map(float, self.seconds), max)))
 
-    def __call__(self, tokens: int) -> float:
-        """Seconds for a forward over ``tokens`` new tokens (linear beyond the last point)."""
+    def __call__(self, tokens: float) -> float:
+        """Seconds for a forward over ``tokens`` new tokens (linear between and beyond the
+        measured points; a fraction: a packed batch's tokens per row)."""
         sizes, secs = self.sizes, self.seconds
         if tokens <= sizes[0]:
             return secs[0]
@@ -114,8 +115,9 @@ class BatchCosts:
         if not rows or rows != sorted(set(rows)) or rows[0] < 2:
             raise ValueError("batch costs need increasing row counts of at least 2")
 
-    def __call__(self, rows: int, width: int) -> float:
-        """Seconds of a forward over ``rows`` rows of ``width`` tokens each."""
+    def __call__(self, rows: int, width: float) -> float:
+        """Seconds of a forward over ``rows`` rows of ``width`` tokens each (on average, when
+        packed)."""
         below = [(n, c) for n, c in self.curves if n <= rows] or [self.curves[0]]
         above = [(n, c) for n, c in self.curves if n >= rows] or [self.curves[-1]]
         (low, low_curve), (high, high_curve) = below[-1], above[0]
@@ -177,7 +179,7 @@ class CostModel:
             return curve
         return calibration.apply(curve, context)
 
-    def batched(self) -> Callable[[int, int], float] | None:
+    def batched(self) -> Callable[[int, float], float] | None:
         """Seconds of a batched forward by rows and width: as measured, else one row's curve
         over all the batch's tokens (a `Calibration` corrects it), else nothing to plan with."""
         if self.batch is not None:

@@ -32,6 +32,7 @@ __all__ = [
     "fused_prefill",
     "plan_batch",
     "plan_draft",
+    "plan_packed",
     "rank_draft",
     "separate_prefill",
 ]
@@ -115,6 +116,36 @@ def plan_batch(
                 best_width, best_rate = width, rate
     # Every width tried is at least each row's least size (under the cap): fixed rows stay whole.
     return [d.take(min(len(d.tree), best_width)) for d in drafts]
+
+
+def plan_packed(
+    drafts: Sequence[RankedDraft], cost: Callable[[int], float], max_tokens: int | None = None
+) -> list[DraftTree]:
+    """One tree per row for a forward in which the rows' drafts lie side by side, unpadded.
+
+    The forward costs ``cost(tokens)``, all rows' tokens together: each row starts at its
+    least size, then nodes are added best chance first whichever row they are in, and the
+    plan keeps the count with the best rate of expected tokens (all rows together) per second.
+    No more than ``max_tokens`` in all (each row at least its least size).
+    """
+    sizes = [d.least for d in drafts]
+    gain, tokens = sum(d.gain(size) for d, size in zip(drafts, sizes, strict=True)), sum(sizes)
+    # Every node past its row's least size, by chance: a row's chances only fall, so its
+    # nodes come in order and each added prefix is a connected tree.
+    nodes = sorted(
+        ((d.chances[k - 1], i) for i, d in enumerate(drafts) for k in range(sizes[i], len(d.tree))),
+        key=lambda node: -node[0],
+    )
+    room = len(nodes) if max_tokens is None else max(min(len(nodes), max_tokens - tokens), 0)
+    best, best_rate = 0, gain / cost(tokens)
+    for added, (chance, _) in enumerate(nodes[:room], start=1):
+        gain += chance
+        rate = gain / cost(tokens + added)
+        if rate > best_rate:
+            best, best_rate = added, rate
+    for _, row in nodes[:best]:
+        sizes[row] += 1
+    return [d.take(size) for d, size in zip(drafts, sizes, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ padded column. Within `ragged_rows` (the engine's batched forwards on CPU) a row
 much shorter than the longest is attended over its own columns only, one row at a time, when
 that reads far fewer columns than the padded batch: the same result (the padded columns are
 hidden, so they weigh exactly nothing), up to the rounding of a smaller kernel.
+
+Within `packed_rows` the batch's drafts come unpadded, one after another in a single sequence
+(`rag_lookahead.decoding.tree.PackedInputs`): the linear layers then cost the rows' real tokens
+only, and each row's queries attend over that row's keys alone, under its own mask (its
+windowed one in a layer that transformers calls with a ``sliding_window``).
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rag_lookahead.decoding.tree import PackedInputs
+
 __all__ = [
     "ATTENTION_NAME",
     "attention_used",
     "grouped_attention",
     "grouped_sdpa_attention",
+    "packed_rows",
     "ragged_rows",
     "register",
 ]
@@ -48,6 +56,10 @@ ATTENTION_NAME = "rag_lookahead_sdpa"
 # The rows of the batched forward under way: how many key columns each one uses (its cache and
 # its new tokens). Set by `ragged_rows` for one forward, in the thread that runs it.
 _ROW_SPANS: ContextVar[tuple[int, ...] | None] = ContextVar("rag_lookahead_row_spans", default=None)
+# The packed forward under way: per row, its queries' first index and count in the sequence,
+# its key columns, and its masks in full and in sliding-window layers (``None``: it sees all).
+_Packed = tuple[tuple[int, int, int, torch.Tensor | None, torch.Tensor | None], ...]
+_PACKED: ContextVar[_Packed | None] = ContextVar("rag_lookahead_packed_rows", default=None)
 # Rows are attended one by one only when the padded batch reads at least this many times the
 # columns they use: a call per row costs more than one call for the batch.
 _SPLIT_WASTE = 1.5
@@ -65,6 +77,47 @@ def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         _ROW_SPANS.reset(token)
+
+
+@contextmanager
+def packed_rows(inputs: PackedInputs, lengths: Sequence[int]) -> Iterator[None]:
+    """Within this block, an attention of the one packed sequence of ``inputs`` over a batch of
+    rows' keys (rows of ``lengths`` cached tokens) attends row ``i``'s queries over that row's
+    keys alone, under its own mask (in a sliding-window layer, its windowed one)."""
+    rows = tuple(
+        (offset, size, length + size, mask, sliding)
+        for offset, size, length, mask, sliding in zip(
+            inputs.offsets, inputs.sizes, lengths, inputs.masks, inputs.sliding, strict=True
+        )
+    )
+    token = _PACKED.set(rows)
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
+
+
+def _packed(
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [B, KV, L, D]
+    value: torch.Tensor,  # [B, KV, L, D]
+    scaling: float | None,
+    rows: _Packed,
+    sliding: bool,
+) -> torch.Tensor:
+    """Each row's queries over its own keys: ``[1, N, H, D]``."""
+    outs = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, offset : offset + size],
+            key[i : i + 1, :, :span],
+            value[i : i + 1, :, :span],
+            attn_mask=windowed if sliding else mask,
+            scale=scaling,
+            enable_gqa=True,
+        )  # [1, H, size, D]
+        for i, (offset, size, span, mask, windowed) in enumerate(rows)
+    ]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
 def _split_rows(query: torch.Tensor, key: torch.Tensor, plain: bool) -> tuple[int, ...] | None:
@@ -90,6 +143,12 @@ def grouped_sdpa_attention(
     within `ragged_rows`, without reading a short row's padded columns)."""
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
+    packed = _PACKED.get()
+    if packed is not None:
+        if plain or query.shape[0] != 1 or key.shape[0] != len(packed):  # (the probe finds this)
+            raise RuntimeError("this attention cannot be computed on packed rows")
+        sliding = kwargs.get("sliding_window") is not None  # (how transformers' layers say it)
+        return _packed(query, key, value, scaling, packed, sliding), None
     if attention_mask is not None and (spans := _split_rows(query, key, plain)) is not None:
         rows = [
             grouped_sdpa_attention(

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rag_lookahead.decoding.tree import step_inputs
+from rag_lookahead.decoding.tree import PackedInputs, step_inputs
 from rag_lookahead.runtime.kv_cache import GrowingCache, keep_accepted, new_tree_cache, with_room
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
@@ -38,6 +38,9 @@ class _Rows:
     def __init__(self, lengths: list[int]) -> None:
         self.lengths = lengths  # the batch's own list, kept up to date by it
         self.starts: torch.Tensor | None = None  # [B], on the device, for the forward in flight
+        # For a packed forward (its rows' tokens side by side, unpadded): each token's row and
+        # column [N], and the columns the rows use after it.
+        self.packed: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 class RowLayer(DynamicLayer):
@@ -62,6 +65,8 @@ class RowLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rows.packed is not None:
+            return self._update_packed(key_states, value_states, *self._rows.packed)
         new = key_states.shape[-2]
         used = max(self._rows.lengths) + new
         self.reserve(len(self._rows.lengths), used)
@@ -71,6 +76,21 @@ class RowLayer(DynamicLayer):
         keys, values = self.rows()
         _scatter_columns(keys, where, key_states)
         _scatter_columns(values, where, value_states)
+        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
+        return self.keys, self.values
+
+    def _update_packed(
+        self,
+        key_states: torch.Tensor,  # [1, KV, N, D]
+        value_states: torch.Tensor,
+        rows: torch.Tensor,  # [N]
+        columns: torch.Tensor,  # [N]
+        used: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reserve(len(self._rows.lengths), used)
+        keys, values = self.rows()
+        keys[rows, :, columns] = key_states[0].transpose(0, 1)  # [N, KV, D]
+        values[rows, :, columns] = value_states[0].transpose(0, 1)
         self.keys, self.values = keys[:, :, :used], values[:, :, :used]
         return self.keys, self.values
 
@@ -203,11 +223,20 @@ class BatchCache:
         self.lengths[:] = [self.lengths[i] for i in order]
         return order
 
-    def prepare(self) -> None:
-        """Before a batched forward: where each row's new columns go."""
-        if isinstance(self.cache, RowCache):
-            device = self.cache.row_layers()[0].key_buffer.device  # type: ignore[union-attr]
-            self.cache.rows.starts = torch.tensor(self.lengths, device=device)
+    def prepare(self, packed: PackedInputs | None = None) -> None:
+        """Before a batched forward (of ``packed`` inputs, or padded ones): where each row's
+        new columns go."""
+        if not isinstance(self.cache, RowCache):
+            return
+        rows = self.cache.rows
+        device = self.cache.row_layers()[0].key_buffer.device  # type: ignore[union-attr]
+        rows.starts = torch.tensor(self.lengths, device=device)
+        rows.packed = None
+        if packed is not None:
+            row = packed.rows.to(device)  # [N]
+            slot = torch.arange(row.numel(), device=device) - torch.tensor(packed.offsets, device=device)[row]
+            used = max(length + size for length, size in zip(self.lengths, packed.sizes, strict=True))
+            rows.packed = (row, rows.starts[row] + slot, used)
 
     @torch.inference_mode()
     def keep_accepted(self, width: int, nodes: Sequence[Sequence[int]]) -> None:

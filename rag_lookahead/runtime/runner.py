@@ -6,6 +6,7 @@ The engine decides what to run; this module runs it over a KV cache — the prom
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from rag_lookahead.config import CpuLinear
-from rag_lookahead.decoding.tree import DraftTree, StepDraft, TreeInputs
+from rag_lookahead.decoding.tree import DraftTree, PackedInputs, StepDraft, TreeInputs, packed_inputs
 from rag_lookahead.planning.costs import (
     BatchCosts,
     CostCurve,
@@ -34,7 +35,13 @@ from rag_lookahead.planning.costs import (
 )
 from rag_lookahead.planning.load import watch_load
 from rag_lookahead.progress import progress_bar
-from rag_lookahead.runtime.attention import attention_used, grouped_attention, ragged_rows
+from rag_lookahead.runtime.attention import (
+    ATTENTION_NAME,
+    attention_used,
+    grouped_attention,
+    packed_rows,
+    ragged_rows,
+)
 from rag_lookahead.runtime.kernels import linear_used, onednn_linear
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
@@ -63,17 +70,19 @@ class ModelRunner:
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._probed = False
         self._tree_problem: str | None = None
+        self._packs = False  # probed with the trees
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @contextmanager
-    def _running(self, tokens: int) -> Iterator[None]:
-        """One forward of ``tokens`` tokens: alone on the model, without autograd, with the
+    def _running(self, tokens: int, locked: bool = True) -> Iterator[None]:
+        """One forward of ``tokens`` tokens: alone on the model (``locked``: the probe, in the
+        model's thread, runs while a caller may hold the lock), without autograd, with the
         grouped attention and the linear kernel chosen for so many tokens on CPU."""
         with (
-            self.lock,
+            self.lock if locked else contextlib.nullcontext(),
             torch.inference_mode(),
             grouped_attention(self.model, self.device),
             onednn_linear(self.linear.onednn(tokens)),
@@ -105,6 +114,8 @@ class ModelRunner:
         runs one thing at a time, so it is probed once however many threads ask."""
         if not self._probed:
             self._tree_problem = tree_support_problem(self.model, self.cache_arg, self.layer_masks)
+            own = attention_used(self.model, self.device) == ATTENTION_NAME
+            self._packs = own and self._tree_problem is None and _packed_matches(self)
             self._probed = True
             return self._tree_problem, True
         return self._tree_problem, False
@@ -132,12 +143,23 @@ class ModelRunner:
         """Logits ``[B, T, V]`` for batched step inputs (see `rag_lookahead.runtime.batch`)
         over rows of ``lengths`` cached tokens; with ``keep`` (ascending), only at those
         positions of every row, ``[B, len(keep), V]``."""
+        return self._padded(inputs, cache, lengths, keep)
+
+    def _padded(
+        self,
+        inputs: TreeInputs,
+        cache: Any,
+        lengths: Sequence[int],
+        keep: Sequence[int] | None = None,
+        locked: bool = True,
+    ) -> torch.Tensor:
         kwargs: dict[str, Any] = {self.cache_arg: cache}
         where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
         if where is not None and self._logits_to_keep:
             kwargs["logits_to_keep"], where = where, None  # the model projects those alone
         width = inputs.input_ids.shape[1]
-        with self._running(inputs.input_ids.numel()), ragged_rows([length + width for length in lengths]):
+        spans = [length + width for length in lengths]
+        with self._running(inputs.input_ids.numel(), locked), ragged_rows(spans):
             out = self.model(
                 input_ids=inputs.input_ids,
                 position_ids=inputs.position_ids,
@@ -146,6 +168,53 @@ class ModelRunner:
                 **kwargs,
             )
         return out.logits if where is None else out.logits[:, where]
+
+    def forward_packed(
+        self, inputs: PackedInputs, cache: Any, lengths: Sequence[int], keep: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Logits ``[N, V]`` for packed step inputs over rows of ``lengths`` cached tokens (see
+        `rag_lookahead.runtime.batch`); with ``keep`` (ascending), only at those of the ``N``
+        tokens, ``[len(keep), V]``. Only where `packs`."""
+        return self._packed(inputs, cache, lengths, keep)
+
+    def _packed(
+        self,
+        inputs: PackedInputs,
+        cache: Any,
+        lengths: Sequence[int],
+        keep: Sequence[int] | None = None,
+        locked: bool = True,
+    ) -> torch.Tensor:
+        kwargs: dict[str, Any] = {self.cache_arg: cache}
+        where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
+        if where is not None and self._logits_to_keep:
+            kwargs["logits_to_keep"], where = where, None
+        tokens = inputs.input_ids.shape[1]
+        # Each row's mask reaches the attention through `packed_rows`; the model is handed a
+        # 4-D mask only so that it builds none of its own (its values are never read).
+        columns = max(length + size for length, size in zip(lengths, inputs.sizes, strict=True))
+        unused = torch.zeros((1, 1, tokens, columns), dtype=self.model.dtype, device=self.device)
+        with self._running(tokens, locked), packed_rows(inputs, lengths):
+            out = self.model(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.position_ids,
+                attention_mask=unused,
+                use_cache=True,
+                **kwargs,
+            )
+        logits = out.logits[0]
+        return logits if where is None else logits[where]
+
+    def packs(self) -> bool:
+        """Whether batched steps run packed (`forward_packed`): on a CPU model attending with
+        `grouped_sdpa_attention`, where the probe's packed forward matched the padded one
+        (probed with the trees, `tree_problem`)."""
+        return self.tree_problem() is None and self._packs
+
+    def packed_inputs(self, drafts: Sequence[StepDraft], lengths: Sequence[int]) -> PackedInputs:
+        """The inputs of a packed step of ``drafts`` over rows of ``lengths`` cached tokens,
+        with this model's masks (sliding windows cut out where its layers slide)."""
+        return packed_inputs(drafts, lengths, self.device, self.model.dtype, self.layer_masks)
 
     def forward_step(self, draft: StepDraft, cache: Any, past: int) -> tuple[torch.Tensor, Any]:
         """Logits ``[len(draft), V]`` for a step's tree (then its side rows) after ``past`` tokens."""
@@ -219,6 +288,7 @@ class ModelRunner:
                 **self._curve_key(max_width),
                 "rows": rows,
                 "context": _BATCH_CONTEXT,
+                "packed": self.packs(),
             }
             measure = functools.partial(self._measure_batch, rows, max_width, progress)
             curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
@@ -242,12 +312,21 @@ class ModelRunner:
             _, cache = self.forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
             batch.add_row(cache)
 
+        packs = self.packs()  # timed as the engine's steps run
+
         def seconds(width: int) -> float:
             chain = DraftTree(tuple(range(3, 3 + width)), tuple(range(-1, width - 1)))
-            batch.prepare()
-            inputs = batch_inputs([StepDraft(chain)] * rows, batch.lengths, self.device, self.model.dtype)
-            start = time.perf_counter()
-            self.forward_batch(inputs, batch.cache, batch.lengths)
+            drafts, dtype = [StepDraft(chain)] * rows, self.model.dtype
+            if packs:
+                packed = self.packed_inputs(drafts, batch.lengths)
+                batch.prepare(packed)
+                start = time.perf_counter()
+                self.forward_packed(packed, batch.cache, batch.lengths)
+            else:
+                batch.prepare()
+                inputs = batch_inputs(drafts, batch.lengths, self.device, dtype)
+                start = time.perf_counter()
+                self.forward_batch(inputs, batch.cache, batch.lengths)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             return time.perf_counter() - start  # nothing kept: the rows' lengths stay as they were
@@ -272,6 +351,40 @@ class ModelRunner:
             return elapsed
 
         return seconds
+
+
+def _packed_matches(runner: ModelRunner) -> bool:
+    """Whether a packed forward of two rows (a tree after 5 cached tokens, one token after 9,
+    each past the sliding window if the model has one) gives the padded forward's logits: a
+    model that reads its keys' or mask's shapes in its own way, or attends with something the
+    packed rows cannot express, fails it."""
+    from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+
+    model, vocab = runner.model, int(runner.model.config.vocab_size)
+    drafts = [
+        StepDraft(DraftTree(tuple(i % vocab for i in (11, 12, 13, 14)), (-1, 0, 0, 2))),
+        StepDraft(DraftTree((15 % vocab,), (-1,))),
+    ]
+    try:
+        batch = BatchCache()
+        past = runner.layer_masks.window or 0  # the rows outgrow a sliding window: it is cut
+        for length in (5 + past, 9 + past):
+            prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(length)]], device=runner.device)
+            cache = new_tree_cache()
+            with torch.inference_mode():
+                model(input_ids=prompt, use_cache=True, **{runner.cache_arg: cache})
+            batch.add_row(cache, expected_rows=2)
+        batch.prepare()
+        padded = batch_inputs(drafts, batch.lengths, runner.device, model.dtype)
+        want = runner._padded(padded, batch.cache, batch.lengths, locked=False).float()  # [2, 4, V]
+        want = torch.cat([want[0], want[1, :1]])  # [5, V]
+        packed = runner.packed_inputs(drafts, batch.lengths)
+        batch.prepare(packed)
+        got = runner._packed(packed, batch.cache, batch.lengths, locked=False).float()  # [5, V]
+    except Exception:  # any failure means "padded steps", never a crash
+        return False
+    tolerance = 1e-3 if runner.model.dtype == torch.float32 else 5e-2
+    return bool((got - want).abs().max().item() <= tolerance * max(want.abs().max().item(), 1e-6))
 
 
 def _watched(progress: bool, what: str, forward: Callable[[int], float], max_tokens: int) -> CostCurve:
