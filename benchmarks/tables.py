@@ -334,6 +334,14 @@ def packed_clients_table() -> str:
     return _alternate_runs("packed-clients8-dolly_context_qa-xeon.json", columns)
 
 
+@table("packed-clients8-gemma3")
+def packed_clients_gemma3_table() -> str:
+    """The same on Gemma 3 270M, 2 alternate runs each
+    (`packed-clients8-gemma3-dolly_context_qa-xeon.json`)."""
+    columns = ("padded steps", "packed steps")
+    return _alternate_runs("packed-clients8-gemma3-dolly_context_qa-xeon.json", columns)
+
+
 def _alternate_runs(name: str, columns: tuple[str, str]) -> str:
     """8-client runs of the code before and after, alternately: each figure's median and range."""
     run = load(name)
