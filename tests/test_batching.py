@@ -770,6 +770,26 @@ def test_a_wider_batch_step_is_never_planned_as_cheaper_than_a_narrower_one() ->
     assert all(seconds(w) <= seconds(w + 1) for w in range(1, 12))
 
 
+def test_a_packed_step_is_priced_by_its_tokens_and_calibrated_per_row() -> None:
+    """Packed, a step of 4 rows and 6 tokens costs what 1.5 tokens a row cost (between the
+    calibrated widths 1 and 2), and its timing calibrates the class of 2 tokens a row."""
+    from rag_lookahead.engine.pricing import Pricing
+    from rag_lookahead.engine.step import RowPlan, StepPlan
+    from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
+
+    widths = tuple(range(1, 9))
+    batch = BatchCosts(((4, CostCurve(widths, tuple(1.0 + 0.1 * w for w in widths))),))
+    pricing = Pricing(CostModel(CostCurve((1, 2), (1.0, 1.1)), batch), 256, lambda: True)
+    by_tokens = pricing._by_tokens(4, 16)
+    assert by_tokens(4) == pytest.approx(1.1) and by_tokens(6) == pytest.approx(1.15)
+    assert by_tokens(8) == pytest.approx(1.2)
+    rows = [RowPlan(StepDraft(DraftTree.root_only(7)))] * 2 + [RowPlan(StepDraft(TREE))] * 2
+    pricing.observe(StepPlan(tuple(rows)), 2 * 1.6, 0)  # 10 tokens: 2.5 a row, priced 1.25
+    assert pricing.width == 3
+    assert pricing.calibration.factor(4, 3) == pytest.approx(3.2 / 1.25)
+    assert pricing._by_tokens(4, 16)(12) == pytest.approx(1.3 * 3.2 / 1.25)
+
+
 def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:
     """The prompts' chunks calibrate each class of sizes apart: one slow short chunk must not
     price it above every longer one (a join would then look free beside it)."""

@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -153,21 +153,10 @@ class ModelRunner:
         keep: Sequence[int] | None = None,
         locked: bool = True,
     ) -> torch.Tensor:
-        kwargs: dict[str, Any] = {self.cache_arg: cache}
-        where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
-        if where is not None and self._logits_to_keep:
-            kwargs["logits_to_keep"], where = where, None  # the model projects those alone
         width = inputs.input_ids.shape[1]
-        spans = [length + width for length in lengths]
-        with self._running(inputs.input_ids.numel(), locked), ragged_rows(spans):
-            out = self.model(
-                input_ids=inputs.input_ids,
-                position_ids=inputs.position_ids,
-                attention_mask=self.layer_masks(inputs, lengths),
-                use_cache=True,
-                **kwargs,
-            )
-        return out.logits if where is None else out.logits[:, where]
+        rows = ragged_rows([length + width for length in lengths])
+        mask = self.layer_masks(inputs, lengths)
+        return self._step(inputs.input_ids, inputs.position_ids, mask, cache, keep, rows, locked)
 
     def forward_packed(
         self, inputs: PackedInputs, cache: Any, lengths: Sequence[int], keep: Sequence[int] | None = None
@@ -185,25 +174,35 @@ class ModelRunner:
         keep: Sequence[int] | None = None,
         locked: bool = True,
     ) -> torch.Tensor:
+        # Each row's mask reaches the attention through `packed_rows`; the model is handed a
+        # 4-D mask only so that it builds none of its own (its values are never read).
+        tokens = inputs.input_ids.shape[1]
+        columns = max(length + size for length, size in zip(lengths, inputs.sizes, strict=True))
+        unused = torch.zeros((1, 1, tokens, columns), dtype=self.model.dtype, device=self.device)
+        rows = packed_rows(inputs, lengths)
+        return self._step(inputs.input_ids, inputs.position_ids, unused, cache, keep, rows, locked)[0]
+
+    def _step(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        position_ids: torch.Tensor,  # [B, T]
+        mask: Any,
+        cache: Any,
+        keep: Sequence[int] | None,
+        attending: AbstractContextManager[None],
+        locked: bool,
+    ) -> torch.Tensor:
+        """Logits ``[B, T, V]`` of a batched step's forward (``[B, len(keep), V]`` with
+        ``keep``), its rows attending as ``attending`` has them."""
         kwargs: dict[str, Any] = {self.cache_arg: cache}
         where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
         if where is not None and self._logits_to_keep:
-            kwargs["logits_to_keep"], where = where, None
-        tokens = inputs.input_ids.shape[1]
-        # Each row's mask reaches the attention through `packed_rows`; the model is handed a
-        # 4-D mask only so that it builds none of its own (its values are never read).
-        columns = max(length + size for length, size in zip(lengths, inputs.sizes, strict=True))
-        unused = torch.zeros((1, 1, tokens, columns), dtype=self.model.dtype, device=self.device)
-        with self._running(tokens, locked), packed_rows(inputs, lengths):
+            kwargs["logits_to_keep"], where = where, None  # the model projects those alone
+        with self._running(input_ids.numel(), locked), attending:
             out = self.model(
-                input_ids=inputs.input_ids,
-                position_ids=inputs.position_ids,
-                attention_mask=unused,
-                use_cache=True,
-                **kwargs,
+                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True, **kwargs
             )
-        logits = out.logits[0]
-        return logits if where is None else logits[where]
+        return out.logits if where is None else out.logits[:, where]
 
     def packs(self) -> bool:
         """Whether batched steps run packed (`forward_packed`): on a CPU model attending with
