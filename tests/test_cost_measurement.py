@@ -5,14 +5,19 @@ really run, and measuring again on request. Fake timers only: no test here reads
 import json
 import math
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.engine import LookaheadEngine
+from rag_lookahead.engine import executor as executor_module
+from rag_lookahead.engine.executor import Executor
 from rag_lookahead.planning.costs import (
     LOADED_MAX_AGE_SECONDS,
     VERSION,
@@ -440,3 +445,30 @@ def test_a_curve_in_a_read_only_cache_is_not_forgotten(tmp_path, monkeypatch) ->
     assert not forget_curve(tmp_path, key, curve)
     monkeypatch.undo()
     assert cached_curve(tmp_path, key, lambda: CostCurve.flat()) == curve
+
+
+def test_each_timed_forward_waits_for_the_device_before_the_clock_is_read(monkeypatch) -> None:
+    """On a GPU a forward returns once its kernels are queued: the seconds that calibrate the
+    plan must be the device's, so every timed forward synchronises before the clock stops."""
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(executor_module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    config = LookaheadConfig(max_batch_size=1, decoding_length=3, window_size=1, ngram_size=2, mode="trie")
+    engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), config)
+
+    def device_done() -> None:
+        clock.now += 1.0  # the device's work, seen only by waiting for it
+
+    monkeypatch.setattr(engine.runner, "synchronize", device_done)
+    timed: list[float] = []
+    run, apart = Executor.run, Executor.prompt_apart
+    monkeypatch.setattr(Executor, "run", lambda self, *a: _kept(timed, run(self, *a), lambda o: o.seconds))
+    monkeypatch.setattr(
+        Executor, "prompt_apart", lambda self, *a: _kept(timed, apart(self, *a), lambda o: o[2])
+    )
+    engine.complete([3, 4, 5, 3, 4, 5, 3, 4, 5], max_new_tokens=6)
+    assert timed and all(seconds == 1.0 for seconds in timed)
+
+
+def _kept(seen: list[float], output: Any, seconds: Callable[[Any], float]) -> Any:
+    seen.append(seconds(output))
+    return output

@@ -22,7 +22,7 @@ for piece in smollm2 "$name"; do
     [ -d "$work/$piece" ] || cat .gpu/"$piece"-* | tar -x -C "$work"
 done
 python=${PYTHON:-python3}
-if ! "$python" -c 'import sys, transformers; sys.exit(tuple(map(int, transformers.__version__.split(".")[:2])) < (5, 24))'; then
+if ! PYTHONPATH=/tmp/site "$python" -c 'import sys, transformers; sys.exit(tuple(map(int, transformers.__version__.split(".")[:2])) < (5, 24))'; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$work"/smollm2/whl/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -47,6 +47,7 @@ PY
 fi
 "$python" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
 for set in $sets; do
+    echo "== $(date +%T) $name $set"
     common=(--data "$work/smollm2/data/$set.jsonl" --limit "$limit" --max-new-tokens 128
         --model "$model" --device "$device" --dtype "$dtype")
     "$python" -m rag_lookahead bench "${common[@]}" --methods greedy,prompt_lookup,lookahead \

@@ -56,6 +56,7 @@ class MethodResult:
     new_tokens: int = 0
     identical_to_greedy: int = 0
     steps: int = 0  # forward passes after the prefill (engine only)
+    drafted_steps: int = 0  # of them, those that verified a draft (engine only)
     outputs: list[list[int]] = field(default_factory=list)
 
     @property
@@ -86,7 +87,7 @@ def gold_inputs(engine: LookaheadEngine, records: Sequence[dict[str, str]]) -> l
     return [BenchInput(engine.encode(rag_messages(r["question"], r["context"]))) for r in records]
 
 
-Runner = Callable[[BenchInput], tuple[list[int], int]]
+Runner = Callable[[BenchInput], tuple[list[int], int, int]]  # tokens, steps, drafted steps
 
 
 def hf_generate(
@@ -129,7 +130,7 @@ def relative_costs(curve: CostCurve) -> dict[str, float]:
 
 
 def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Runner:
-    return lambda item: (hf_generate(engine, item.prompt_ids, max_new_tokens, **extra), 0)
+    return lambda item: (hf_generate(engine, item.prompt_ids, max_new_tokens, **extra), 0, 0)
 
 
 def prefill_timer(engine: LookaheadEngine, own: bool = True) -> Callable[[list[int]], float]:
@@ -170,9 +171,10 @@ def fresh_engine(engine: LookaheadEngine, config: LookaheadConfig) -> LookaheadE
 
 
 def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Runner:
-    def run(item: BenchInput) -> tuple[list[int], int]:
+    def run(item: BenchInput) -> tuple[list[int], int, int]:
         completion = engine.complete(item.prompt_ids, max_new_tokens=max_new_tokens, documents=item.documents)
-        return completion.token_ids, completion.stats.steps
+        stats = completion.stats
+        return completion.token_ids, stats.steps, sum(n > 0 for n in stats.drafted_per_step)
 
     return run
 
@@ -215,11 +217,12 @@ def run_benchmark(
         order = chosen[i % len(chosen) :] + chosen[: i % len(chosen)]
         for name in order:
             start = time.perf_counter()
-            tokens, steps = runners[name](item)
+            tokens, steps, drafted = runners[name](item)
             result = results[name]
             result.seconds += time.perf_counter() - start
             result.new_tokens += len(tokens)
             result.steps += steps
+            result.drafted_steps += drafted
             result.outputs.append(tokens)
     return _summary(engine, results, inputs, max_new_tokens, prefill_seconds)
 
@@ -246,6 +249,8 @@ def _summary(
             "identical_to_greedy": r.identical_to_greedy,
             # Tokens per forward after the prefill (each record's first token is the prefill's).
             "mean_accepted_per_step": round((r.new_tokens - records) / r.steps, 3) if r.steps else None,
+            # The share of those forwards that verified a draft (`auto` skips drafts it prices too dear).
+            "drafted_step_share": round(r.drafted_steps / r.steps, 3) if r.steps else None,
             "speedup_vs_greedy": round(r.tokens_per_s / greedy.tokens_per_s, 3),
             "speedup_vs_prompt_lookup": round(r.tokens_per_s / pld.tokens_per_s, 3) if pld else None,
             # The same ratio after each method's prompt forward is taken out.

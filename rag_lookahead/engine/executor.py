@@ -6,7 +6,7 @@ else padded to the widest. A batch of one row runs exactly the
 forward it would have alone (the model's own causal path for a chain, its tree masks for a
 draft). Besides the batch's steps, a prompt's chunk forwarded apart in the call's own cache,
 and a plain step of a call decoding outside the batch. Each returns its seconds, for the
-`Pricing` to learn from.
+`Pricing` to learn from (on a GPU, once the device has done the work, not once it was queued).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class Executor:
         inputs = batch_inputs(steps, batch.lengths, self.runner.device, self.runner.model.dtype)
         started = time.perf_counter()
         logits = self.runner.forward_batch(inputs, batch.cache, batch.lengths, keep)  # [B, K, V]
+        self.runner.synchronize()
         seconds = time.perf_counter() - started
         rows = []
         for i, row in enumerate(plan.rows):
@@ -69,6 +70,7 @@ class Executor:
         batch.prepare(inputs)
         started = time.perf_counter()
         logits = self.runner.forward_packed(inputs, batch.cache, batch.lengths, keep)  # [K, V]
+        self.runner.synchronize()
         seconds = time.perf_counter() - started
         return StepOutput(tuple(logits[part] for part in read), seconds)
 
@@ -77,6 +79,7 @@ class Executor:
         logits at the last token ``[1, V]``, the cache, and the seconds."""
         started = time.perf_counter()
         logits, cache = self.runner.forward(torch.tensor([tokens]), cache, last_only=True)
+        self.runner.synchronize()
         return logits[-1:], cache, time.perf_counter() - started
 
     def plain_step(self, token: int, cache: Any) -> tuple[torch.Tensor, Any]:
@@ -96,4 +99,5 @@ class Executor:
             logits = logits[-1:] if row.ends_prompt else logits[:0]  # [1, V] or [0, V]
         else:
             logits, _ = self.runner.forward_step(row.draft, batch.cache, batch.lengths[0])  # [T, V]
+        self.runner.synchronize()
         return StepOutput((logits,), time.perf_counter() - started)

@@ -204,6 +204,12 @@ class ModelRunner:
             )
         return out.logits if where is None else out.logits[:, where]
 
+    def synchronize(self) -> None:
+        """Waits for the work queued on the device: on a GPU a forward returns once its kernels
+        are launched, so a step timed without this would be timed by its launches alone."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def packs(self) -> bool:
         """Whether batched steps run packed (`forward_packed`): on a CPU model attending with
         `grouped_sdpa_attention`, where the probe's packed forward matched the padded one
@@ -237,9 +243,10 @@ class ModelRunner:
     ) -> CostCurve:
         """Forward seconds by size up to ``max_tokens``: cached on disk (unless ``remeasure``),
         else measured now (with a progress bar if ``progress``); `costs` holds them from now on.
-        On a CPU the forwards run calibrate the curve (`StepCalibration`), and a curve read from
-        the disk or measured under a load is checked against them (`CurveCheck`), and forgotten
-        on disk if they contradict it (`CostModel.retire_contradicted`)."""
+        The forwards run (timed once the device has done them) calibrate the curve
+        (`StepCalibration`), and a curve read from the disk or measured under a load is checked
+        against them (`CurveCheck`), and forgotten on disk if they contradict it
+        (`CostModel.retire_contradicted`)."""
         from rag_lookahead.models import default_cache_dir
 
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
@@ -256,12 +263,10 @@ class ModelRunner:
         curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
         if curve == self.costs.curve and not measured:
             return curve  # read back again (another variant): what was learned of it stands
-        # Only where a forward's time is known when it returns: a GPU's would need a sync.
-        timed = self.device.type == "cpu"
         self.costs.curve = curve
-        self.costs.calibration = StepCalibration() if timed else None  # a new curve, learned afresh
+        self.costs.calibration = StepCalibration()  # a new curve, learned afresh
         trusted = measured and not curve.loaded
-        self.costs.check = CurveCheck(context=context) if timed and not trusted else None
+        self.costs.check = None if trusted else CurveCheck(context=context)
         self.costs.forget = functools.partial(forget_curve, directory, key, curve)
         return curve
 
@@ -326,8 +331,7 @@ class ModelRunner:
                 inputs = batch_inputs(drafts, batch.lengths, self.device, dtype)
                 start = time.perf_counter()
                 self.forward_batch(inputs, batch.cache, batch.lengths)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self.synchronize()
             return time.perf_counter() - start  # nothing kept: the rows' lengths stay as they were
 
         return seconds
@@ -343,8 +347,7 @@ class ModelRunner:
             tree = DraftTree(chain, tuple(range(-1, tokens - 1)))
             start = time.perf_counter()
             self.forward_step(StepDraft(tree), cache, context_length)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self.synchronize()
             elapsed = time.perf_counter() - start
             cache.crop(-tokens)
             return elapsed
