@@ -1284,6 +1284,123 @@ def http_xeon_model_thread_table() -> str:
 # ---- on a GPU --------------------------------------------------------------------------------
 
 GPU_SETS = ("llma_msmarco_rag", "dolly_context_qa", "piarena_rag_qa")
+# The second lease's runs (`cuda/tables.sh`): each built-in model in its GPU dtype, by set.
+GPU_MODELS = (("smollm2", "SmolLM2-135M fp32"), ("gemma3", "Gemma 3 270M bf16"))
+GPU_LEASE_SETS = ("dolly_context_qa", "llma_msmarco_rag")
+
+
+def _margins(divergences: Sequence[dict[str, Any]]) -> str:
+    """The largest logit margin where an answer left greedy's, in units of the dtype's spacing
+    there (0 at rank 1: an exact tie); a dash where every answer is greedy's."""
+    if not divergences:
+        return "-"
+    return f"{max(d['margin'] / d['spacing'] for d in divergences):.0f} spacing"
+
+
+@table("gpu-lease-2")
+def gpu_lease_two() -> str:
+    """Single stream on an NVIDIA H200, second lease (`cuda/cuda-<model>-<set>.json`)."""
+    rows = []
+    for code, label in GPU_MODELS:
+        for name in GPU_LEASE_SETS:
+            run = load(f"cuda/cuda-{code}-{name}.json")
+            m = run["methods"]
+            la = m["lookahead"]
+            rows.append(
+                [
+                    label,
+                    f"`{name}` ({run['records']})",
+                    fixed(m["greedy"]["tokens_per_s"], 1),
+                    ratio(m["prompt_lookup"]["speedup_vs_greedy"]),
+                    bold(ratio(la["speedup_vs_greedy"])),
+                    ratio(la["speedup_vs_prompt_lookup"]),
+                    fixed(la["mean_accepted_per_step"], 2),
+                    fixed(la["drafted_step_share"], 2),
+                    f"{of(m['prompt_lookup']['identical_to_greedy'], run['records'])} / "
+                    f"{of(la['identical_to_greedy'], run['records'])}",
+                    _margins(la["divergences"] + m["prompt_lookup"]["divergences"]),
+                ]
+            )
+    header = [
+        "model",
+        "data set (records)",
+        "greedy tok/s",
+        "prompt lookup",
+        "**lookahead**",
+        "vs prompt lookup",
+        "tokens per forward",
+        "forwards with a tree",
+        "identical (PLD / lookahead)",
+        "largest margin left",
+    ]
+    return markdown(header, rows)
+
+
+@table("gpu-plan")
+def gpu_plan() -> str:
+    """What `auto` forwards under the H200's curve, replayed on a CPU (`cuda/flat-curve-plan-<set>.json`)."""
+    rows = []
+    for name in GPU_LEASE_SETS:
+        run = load(f"cuda/flat-curve-plan-{name.split('_')[0]}.json")
+        for variant, r in run["modes"].items():
+            rows.append(
+                [
+                    f"`{name}` ({run['records']})",
+                    code(variant),
+                    str(r["steps"]),
+                    of(r["offered_tree"], r["steps"]),
+                    of(r["kept_nodes"], r["offered_nodes"]),
+                    of(r["kept_window"], r["steps"]),
+                    fixed(r["priced"] / r["new_tokens"], 3),
+                ]
+            )
+    header = [
+        "data set (records)",
+        "planned as",
+        "forwards",
+        "with a tree offered",
+        "nodes forwarded",
+        "with the window",
+        "priced per token",
+    ]
+    return markdown(header, rows)
+
+
+@table("gpu-clients8")
+def gpu_clients_eight() -> str:
+    """8 clients at once on an NVIDIA H200 (`cuda/cuda-<model>-<set>-8clients.json`)."""
+    rows = []
+    for code, label in GPU_MODELS:
+        for name in GPU_LEASE_SETS:
+            path = HERE / f"cuda/cuda-{code}-{name}-8clients.json"
+            if not path.exists():  # the lease ran out before this run
+                continue
+            run = load(path.relative_to(HERE).as_posix())
+            m = run["concurrency"]["8"]["methods"]
+            s, b = m["serialised"], m["batched"]
+            rows.append(
+                [
+                    label,
+                    f"`{name}` ({run['records']})",
+                    fixed(s["tokens_per_s"], 1),
+                    fixed(b["tokens_per_s"], 1),
+                    bold(ratio(b["speedup_vs_serialised"])),
+                    f"{fixed(s['p95_latency_s'], 1)} / {fixed(b['p95_latency_s'], 1)}",
+                    f"{fixed(s['p50_ttft_s'], 2)} / {fixed(b['p50_ttft_s'], 2)}",
+                    of(b["identical_to_greedy"], b["answers"]),
+                ]
+            )
+    header = [
+        "model",
+        "data set (records)",
+        "serialised tok/s",
+        "batched tok/s",
+        "**batched**",
+        "p95 s (serialised / batched)",
+        "p50 first token s",
+        "identical (batched)",
+    ]
+    return markdown(header, rows)
 
 
 @table("gpu")

@@ -7,8 +7,11 @@
 #
 #   benchmarks/cuda/stage.sh /path/to/shared/data
 #
-# It writes .gpu/smollm2-NN and .gpu/gemma3-NN; carry each piece in turn (one per call; the
-# machine keeps what earlier calls brought while it stays warm), then run tables.sh.
+# It writes .gpu/smollm2-NN and .gpu/gemma3-NN. Carry them in turn, at most 64 MiB a call, each
+# call copying what it carried out of the way (the next call's carry replaces .gpu/ there; /tmp
+# stays while the machine is warm, 30 s after a call):
+#     mkdir -p /tmp/pieces && cp .gpu/* /tmp/pieces/
+# then run tables.sh (which reads /tmp/pieces) in the call that carries the last piece.
 set -euo pipefail
 data=${1:?usage: stage.sh DATA_DIR (holding dolly_context_qa.jsonl and llma_msmarco_rag.jsonl)}
 root=$(git rev-parse --show-toplevel)

@@ -8,7 +8,8 @@
 #
 # DEVICE defaults to cuda, LIMIT (questions per set) to 8, SETS to "dolly_context_qa
 # llma_msmarco_rag". SmolLM2 runs in fp32, Gemma 3 270M in bf16. Needs the pieces stage.sh
-# wrote in .gpu/ (the smollm2 pieces hold the wheels and the data for both models). JSON goes to
+# wrote in .gpu/, carried one call at a time and kept in /tmp/pieces there (stage.sh says how;
+# the smollm2 pieces hold the wheels and the data for both models). JSON goes to
 # $OUT (the device tool's; four files per model), else /tmp/gpu-out; the tables to the output.
 set -euo pipefail
 name=${1:?usage: tables.sh smollm2|gemma3 [DEVICE [LIMIT [SETS]]]}
@@ -18,8 +19,10 @@ sets=${4:-dolly_context_qa llma_msmarco_rag}
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu
 mkdir -p "$work" "$out"
+# A call's carried pieces replace .gpu/ there: each earlier call copied its own to /tmp/pieces.
+mkdir -p /tmp/pieces && cp .gpu/* /tmp/pieces/ 2>/dev/null || true
 for piece in smollm2 "$name"; do
-    [ -d "$work/$piece" ] || cat .gpu/"$piece"-* | tar -x -C "$work"
+    [ -d "$work/$piece" ] || cat /tmp/pieces/"$piece"-* | tar -x -C "$work"
 done
 python=${PYTHON:-python3}
 if ! PYTHONPATH=/tmp/site "$python" -c 'import sys, transformers; sys.exit(tuple(map(int, transformers.__version__.split(".")[:2])) < (5, 24))'; then
