@@ -112,7 +112,11 @@ def test_one_caller_retires_a_contradicted_curve_and_the_check_ends() -> None:
 
 
 def _engine(tmp_path) -> LookaheadEngine:
-    config = LookaheadConfig(max_batch_size=1, decoding_length=3, window_size=1, ngram_size=2)
+    # The kernel named: `auto` times both per engine, and on a busy machine two engines can
+    # choose differently, which keys their curves apart (two files where one is read back).
+    config = LookaheadConfig(
+        max_batch_size=1, decoding_length=3, window_size=1, ngram_size=2, cpu_linear="torch"
+    )
     return LookaheadEngine(tiny_model("llama"), CharTokenizer(), config, cache_dir=tmp_path)
 
 
