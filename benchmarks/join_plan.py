@@ -4,8 +4,7 @@ From the default model's measured forward costs (cached on disk, measured once o
 for each number of running rows and draft width, the chunk a join forwards apart between
 their steps (the most prompt tokens per second of its forward, up to
 ``max_tokens_per_forward``) and the width it would ride at inside their steps (the most
-prompt tokens per second it adds to theirs: padded, it widens every row; packed, it adds its
-own tokens; both count as a second too the row's share of a
+prompt tokens per second it adds to theirs; both count as a second too the row's share of a
 step that the joining call misses while it prefills), which of the two the scheduler takes, and how
 many of the running rows' steps a prompt of ``--prompt`` tokens then spans. Beyond the cost
 measurement, one prompt of that size is timed alone, as the scheduler calibrates by the
@@ -24,7 +23,7 @@ import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.engine.pricing import Pricing
-from rag_lookahead.planning.planner import separate_prefill
+from rag_lookahead.planning.planner import fused_prefill, separate_prefill
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 
 
@@ -59,10 +58,10 @@ def main() -> None:
             base = cost(rows, width)
             missed = base / rows  # a row's share of the step, which the joining call misses
             apart = separate_prefill(args.prompt, alone, limit, missed)
-            inside = pricing.fused_plan([args.prompt], rows, width, rows * width)
+            inside = fused_prefill([args.prompt], rows, width, cost, limit, missed)
             fused = inside.rate > apart.rate
             chunk = inside.tokens if fused else apart.tokens
-            added = min(args.prompt, inside.tokens) / inside.rate - missed  # what it adds to the step
+            added = cost(rows + 1, inside.tokens) - base
             print(
                 f"{rows} | {width} | {1000 * base:.0f} | {apart.tokens}, {1000 * alone(apart.tokens):.0f}, "
                 f"{apart.rate / 1000:.2f} | {inside.tokens}, {1000 * added:.0f}, {inside.rate / 1000:.2f} | "

@@ -545,8 +545,7 @@ def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_step
     assert all(a < b for (a, _), (b, _) in itertools.pairwise(groups))  # it stepped in between
 
 
-@pytest.mark.parametrize("padded", [True, False])
-def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPatch, padded: bool) -> None:
+def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch costs are measured a few tokens wide: a join priced from them may ride in the
     running rows' steps and turn out dear. Its steps are timed into the calibration, so the
     rest of its prompt goes on apart, from a copy of its row, and so does the next join."""
@@ -556,7 +555,6 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     from rag_lookahead.planning.costs import CostCurve
 
     model, engine = joining_engine(CostCurve.flat(), max_tokens_per_forward=64)
-    steps_padded(engine, padded)
     scheduler, clock = engine.scheduler, [0.0]
     monkeypatch.setattr(batch_forward, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     name = batched_forward(engine.runner)
@@ -581,10 +579,9 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     third = engine.stream(prompts[1], max_new_tokens=6)  # priced as the second's steps ran
     assert third.complete().token_ids == greedy_reference(model, prompts[1], 6)
     assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 80)
-    # The first prompt alone; padded, the second's last 13 tokens apart, after a step of 32
-    # (the batch's 64 over its 2 rows) turned out dear; packed, all 45 rode in that step; the
-    # third apart from the start.
-    assert alone == ([3, 13, 45] if padded else [3, 45])
+    # The first prompt alone; the second's last 13 tokens apart, after a step of 32 (the
+    # batch's 64 over its 2 rows) turned out dear; the third apart from the start.
+    assert alone == [3, 13, 45]
 
 
 @settings(max_examples=10, deadline=None)
@@ -791,26 +788,6 @@ def test_a_packed_step_is_priced_by_its_tokens_and_calibrated_per_row() -> None:
     assert pricing.width == 3
     assert pricing.calibration.factor(4, 3) == pytest.approx(3.2 / 1.25)
     assert pricing._by_tokens(4, 16)(12) == pytest.approx(1.3 * 3.2 / 1.25)
-
-
-def test_packed_a_join_rides_where_padded_it_would_widen_every_row() -> None:
-    """Padded, a prompt's chunk widens every running row, and a CPU sends it apart; packed, it
-    adds its own tokens, and riding in the step saves the forward apart."""
-    from rag_lookahead.engine.pricing import Pricing
-    from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
-
-    def cpu_like(rows: int, width: int) -> float:  # as in test_planner
-        return 30.0 + 5.0 * rows + 0.5 * rows * width
-
-    widths = tuple(range(1, 9))
-    batch = BatchCosts(tuple((n, CostCurve(widths, tuple(cpu_like(n, w) for w in widths))) for n in (8, 16)))
-    alone = CostCurve((1, 256), (35.0, 35.0 + 0.5 * 255))
-    padded = Pricing(CostModel(alone, batch), 256)
-    packed = Pricing(CostModel(alone, batch), 256, lambda: True)
-    assert not padded.should_fuse(8, 100)
-    assert packed.should_fuse(8, 100)
-    assert packed.fused_chunk([100], 8, 1, 8) == 100  # all of it: each token adds the same
-    assert packed.fused_chunk([300, 300], 8, 1, 8) == 124  # as much as the forward holds
 
 
 def test_a_longer_chunk_alone_is_never_priced_below_a_shorter_one() -> None:

@@ -18,7 +18,6 @@ from rag_lookahead.planning.costs import (
 from rag_lookahead.planning.planner import (
     AcceptanceModel,
     StepPlanner,
-    fused_packed,
     fused_prefill,
     plan_batch,
     plan_draft,
@@ -321,32 +320,6 @@ def test_a_chunk_apart_is_the_most_prompt_per_second_its_forward_and_the_missed_
         separate_prefill(1000, alone, 256, missed).rate
         > fused_prefill([1000], 8, 2, cpu_like, 256, missed).rate
     )
-
-
-def test_a_packed_join_adds_its_own_tokens_alone() -> None:
-    """Packed, a prompt's chunk widens no row: where a forward costs a fixed part plus each
-    token's, the chunk riding in the running rows' step saves the fixed part that a forward
-    apart pays, so it rides whole."""
-
-    def by_tokens(tokens: int) -> float:
-        return 30.0 + 0.5 * tokens
-
-    base, missed = by_tokens(16), by_tokens(16) / 8  # 8 rows of 2 tokens
-    plan = fused_packed([100], 16, by_tokens, base, 256, missed)
-    assert plan.tokens == 100 and plan.rate == pytest.approx(100 / (0.5 * 100 + missed))
-    alone = CostCurve((1, 256), (30.5, 30.0 + 0.5 * 256))
-    assert plan.rate > separate_prefill(100, alone, 256, missed).rate
-    # Within the forward's tokens: 8 prompts of 100 beside 16 draft tokens, at most 256.
-    assert fused_packed([100] * 8, 16, by_tokens, base, 256).tokens == 30
-    # Nobody decodes: the widest that fits; a token each at least.
-    assert fused_packed([300, 40], 0, by_tokens, 0.0, 256).tokens == 216
-    assert fused_packed([50] * 4, 254, by_tokens, by_tokens(254), 256).tokens == 1
-
-
-def test_a_packed_join_stops_before_a_dearer_stretch_of_the_curve() -> None:
-    knee = CostCurve((1, 64, 256), (30.0, 60.0, 400.0))  # dearer per token past 64
-    plan = fused_packed([200], 16, knee, knee(16), 256)
-    assert plan.tokens == 32 and plan.rate == pytest.approx(32 / (knee(48) - knee(16)))
 
 
 def test_a_variant_made_before_a_measurement_plans_with_it() -> None:

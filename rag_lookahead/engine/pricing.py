@@ -22,9 +22,7 @@ from rag_lookahead.engine.step import StepPlan
 from rag_lookahead.models import default_cache_dir
 from rag_lookahead.planning.costs import Calibration, CostCurve, CostModel, model_digest
 from rag_lookahead.planning.planner import (
-    PrefillPlan,
     StepPlanner,
-    fused_packed,
     fused_prefill,
     plan_batch,
     plan_packed,
@@ -121,8 +119,10 @@ class Pricing:
         running rows less in their steps' forwards than forwarded apart between them."""
         if not self.measured or decode_rows == 0:
             return False
-        fused = self.fused_plan([remaining], decode_rows, self.width, decode_rows * self.width)
         limit, share = self.max_tokens_per_forward, self.row_share(decode_rows)
+        fused = fused_prefill(
+            [remaining], decode_rows, self.width, self.step_seconds, limit, share, self._curve()
+        )
         return fused.rate >= separate_prefill(remaining, self.prefill_seconds, limit, share).rate
 
     def prefill_chunk(self, remaining: int, decode_rows: int) -> int:
@@ -138,22 +138,17 @@ class Pricing:
         share = self.row_share(decode_rows)
         return separate_prefill(remaining, curve, self.max_tokens_per_forward, share).tokens
 
-    def fused_chunk(self, remaining: Sequence[int], decode_rows: int, width: int, tokens: int) -> int:
+    def fused_chunk(self, remaining: Sequence[int], decode_rows: int, width: int) -> int:
         """The tokens of each prompt (``remaining`` each) that ride in a step with
-        ``decode_rows`` rows of drafts ``width`` wide, ``tokens`` in all (see `fused_plan`)."""
+        ``decode_rows`` rows of drafts ``width`` wide (see `fused_prefill`)."""
+        limit = self.max_tokens_per_forward
         if not self.measured:
             rows = decode_rows + len(remaining)
-            return max(min(max(remaining), self.max_tokens_per_forward // rows), width, 1)
-        return self.fused_plan(remaining, decode_rows, width, tokens).tokens
-
-    def fused_plan(self, remaining: Sequence[int], decode_rows: int, width: int, tokens: int) -> PrefillPlan:
-        """How prompts (``remaining`` tokens each) ride in a step beside ``decode_rows`` rows
-        of drafts ``width`` wide, ``tokens`` in all (once `measured`): padded, every row as wide
-        as the chunk (`fused_prefill`); packed, the chunks beside the drafts (`fused_packed`)."""
-        limit, share = self.max_tokens_per_forward, self.row_share(decode_rows)
-        if self.packed():
-            return self._fused_packed(remaining, decode_rows, tokens, share)
-        return fused_prefill(remaining, decode_rows, width, self.step_seconds, limit, share, self._curve())
+            return max(min(max(remaining), limit // rows), width, 1)
+        share = self.row_share(decode_rows)
+        return fused_prefill(
+            remaining, decode_rows, width, self.step_seconds, limit, share, self._curve()
+        ).tokens
 
     def plan_drafts(self, calls: Sequence[Call], proposals: Sequence[StepDraft]) -> list[StepDraft]:
         """What of each call's proposed draft the step verifies."""
@@ -221,30 +216,6 @@ class Pricing:
             last = curve(curve.sizes[-1])
             price = self._prefill_classes[size] = last + (curve(size) - last) * self.prompts.factor(1, size)
         return price
-
-    def _fused_packed(
-        self, remaining: Sequence[int], decode_rows: int, decode_tokens: int, share: float
-    ) -> PrefillPlan:
-        """`fused_packed` on the calibrated costs: the running rows' step alone (one row: the
-        one-row curve) against the step with the prompts' chunks beside it."""
-        limit = self.max_tokens_per_forward
-        if decode_rows == 0:  # nobody waits: the widest
-            return fused_packed(remaining, 0, lambda tokens: 0.0, 0.0, limit)
-        most = min(decode_tokens + max(remaining), limit)
-        with_prompts = self._packed_step(decode_rows + len(remaining), most)
-        if decode_rows == 1:
-            base = self.step_seconds(1, decode_tokens)
-        else:
-            base = self._packed_step(decode_rows, decode_tokens)(decode_tokens)
-        return fused_packed(remaining, decode_tokens, with_prompts, base, limit, share)
-
-    def _packed_step(self, rows: int, most: int) -> Callable[[int], float]:
-        """Seconds of a packed step of ``rows`` rows by its tokens (up to ``most``), never
-        below those tokens forwarded in one row: the batch curves are measured a few tokens a
-        row, and a prompt's chunk takes a step far past them, where its linear layers cost what
-        they cost a prompt forwarded alone."""
-        by_tokens = self._by_tokens(rows, most)
-        return lambda tokens: max(by_tokens(tokens), self.prefill_seconds(tokens))
 
     def _by_tokens(self, rows: int, most: int) -> Callable[[int], float]:
         """Seconds of a packed step of ``rows`` rows by its tokens (up to ``most``): priced as

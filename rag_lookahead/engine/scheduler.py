@@ -2,8 +2,7 @@
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
 prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`). Where
-the measured costs say so (`Pricing.should_fuse`: a wider forward is cheap, as on a GPU, or a
-packed step's chunk adds only its own tokens, as on a CPU), the
+the measured costs say so (`Pricing.should_fuse`: a wider forward is cheap, as on a GPU), the
 call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
 running rows' steps, chunk by chunk, straight into its row, for as long as the costs (timed
 by those steps too) still say so; else it is prefilled in its own cache, in chunks between
@@ -359,8 +358,7 @@ class Scheduler:
         if not left or len(calls) == 1:
             return max(left, default=0)
         width = max((len(draft) for draft in planned.values()), default=0)
-        tokens = sum(len(draft) for draft in planned.values())
-        return self.pricing.fused_chunk(left, len(planned), width, tokens)
+        return self.pricing.fused_chunk(left, len(planned), width)
 
     def _update(self, calls: list[Call], plan: StepPlan, output: StepOutput) -> None:
         """Each row's verdict on its part of the step, the accepted paths kept in the cache,

@@ -29,7 +29,6 @@ __all__ = [
     "PrefillPlan",
     "RankedDraft",
     "StepPlanner",
-    "fused_packed",
     "fused_prefill",
     "plan_batch",
     "plan_draft",
@@ -211,47 +210,6 @@ def fused_prefill(
         rate = progress / extra if extra > 0 else float("inf")
         if rate >= best.rate:
             best = PrefillPlan(tokens, rate)
-    return best
-
-
-def fused_packed(
-    remaining: Sequence[int],
-    decode_tokens: int,
-    cost: Callable[[int], float],
-    base: float,
-    max_tokens: int,
-    missed: float = 0.0,
-) -> PrefillPlan:
-    """The tokens of each prompt (``remaining`` each) that ride in a packed step beside the
-    running rows' drafts, ``decode_tokens`` in all, whose step alone costs ``base``.
-
-    Packed, no row is padded: a chunk adds its own tokens and nothing else, and the step costs
-    ``cost(tokens)`` by all of them. The plan takes the chunk, the step within ``max_tokens``,
-    that prefills the most prompt tokens per second it adds to the running rows' step (the
-    widest of equals), counting ``missed`` as `separate_prefill` does; with no running rows,
-    the widest. Chunk sizes are tried at the powers of two and the prompts' ends (a step's
-    price is interpolated between such sizes), and at the widest that fits.
-    """
-    room = max(max_tokens - decode_tokens, len(remaining))  # at least a token each
-
-    def tokens_at(chunk: int) -> int:
-        return sum(min(r, chunk) for r in remaining)
-
-    widest, above = 1, max(remaining) + 1  # the widest chunk that fits: within [widest, above)
-    while above - widest > 1:
-        middle = (widest + above) // 2
-        widest, above = (middle, above) if tokens_at(middle) <= room else (widest, middle)
-    if decode_tokens == 0:
-        return PrefillPlan(widest, float("inf"))
-    sizes = {widest, *(r for r in remaining if r < widest)}
-    sizes.update(1 << k for k in range(widest.bit_length()) if 1 << k < widest)
-    best = PrefillPlan(1, 0.0)
-    for chunk in sorted(sizes):
-        progress = tokens_at(chunk)
-        extra = cost(decode_tokens + progress) - base + missed
-        rate = progress / extra if extra > 0 else float("inf")
-        if rate >= best.rate:
-            best = PrefillPlan(chunk, rate)
     return best
 
 
