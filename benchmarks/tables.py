@@ -1235,6 +1235,8 @@ def _http(file_name: str) -> str:
     run = load(file_name)
     rows = []
     for method, label in HTTP_METHODS.items():
+        if method not in run["methods"]:  # not run this time (the server, say)
+            continue
         for i, (phase, phase_label) in enumerate(PHASES.items()):
             m = run["methods"][method][phase]
             rows.append(
@@ -1272,6 +1274,13 @@ def http_xeon_table() -> str:
 def http_epyc_table() -> str:
     """Over HTTP on the AMD EPYC at normal priority (`vllm-peer-http-dolly_context_qa-epyc.json`)."""
     return _http("vllm-peer-http-dolly_context_qa-epyc.json")
+
+
+@table("epyc-packed")
+def epyc_packed_table() -> str:
+    """In process on the Zen 5 EPYC at normal priority, with packed steps
+    (`vllm-peer-dolly_context_qa-epyc-2026-12-04.json`)."""
+    return _http("vllm-peer-dolly_context_qa-epyc-2026-12-04.json")
 
 
 @table("http-xeon-model-thread")
