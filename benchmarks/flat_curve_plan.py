@@ -7,7 +7,7 @@ forwards every node the drafter offers, and counts the steps. Where the curve is
 should keep every offered node and run the window on every step; the steps that verify no tree
 are the steps on which the drafter matched nothing.
 
-    python benchmarks/flat_curve_plan.py --data ../shared/data/dolly_context_qa.jsonl \
+    python benchmarks/flat_curve_plan.py --data dolly_context_qa.jsonl \
         --curve-from benchmarks/cuda/cuda-smollm2-dolly_context_qa.json \
         --json benchmarks/cuda/flat-curve-plan-dolly.json
 """

@@ -1381,10 +1381,10 @@ def gpu_clients_eight() -> str:
     rows = []
     for code, label in GPU_MODELS:
         for name in GPU_LEASE_SETS:
-            path = HERE / f"cuda/cuda-{code}-{name}-8clients.json"
-            if not path.exists():  # the lease ran out before this run
+            file_name = f"cuda/cuda-{code}-{name}-8clients.json"
+            if not (HERE / file_name).exists():  # the lease ran out before this run
                 continue
-            run = load(path.relative_to(HERE).as_posix())
+            run = load(file_name)
             m = run["concurrency"]["8"]["methods"]
             s, b = m["serialised"], m["batched"]
             rows.append(
