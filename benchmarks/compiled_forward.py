@@ -13,6 +13,7 @@ apart. The engine itself does not compile (`benchmarks/README.md`, *Compiled for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -24,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from rag_lookahead.models import default_model_dir
-from rag_lookahead.runtime.kernels import onednn_linear
+from rag_lookahead.runtime.kernels import OneDnnLayers
 
 VARIANTS = ("eager-torch", "eager-onednn", "compiled", "compiled-frozen")
 
@@ -105,8 +106,10 @@ def _forward(model: Any, variant: str) -> Callable[[torch.Tensor, DynamicCache, 
         inductor.freezing = variant == "compiled-frozen"  # weights as constants: oneDNN-packed linears
         call = torch.compile(model, dynamic=True)
 
+    layers = OneDnnLayers(model) if variant == "eager-onednn" else None
+
     def forward(ids: torch.Tensor, cache: DynamicCache, positions: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode(), onednn_linear(variant == "eager-onednn"):
+        with torch.inference_mode(), layers.installed() if layers else contextlib.nullcontext():
             out = call(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True)
         return out.logits[0]  # [w, V]
 

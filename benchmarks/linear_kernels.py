@@ -1,12 +1,13 @@
-"""torch's BLAS against oneDNN for the engine's CPU forwards (`cpu_linear`), timed in turn.
+"""torch's BLAS against oneDNN (over the weights as they are, and reordered: ``packed``) for the
+engine's CPU forwards (`cpu_linear`), timed in turn.
 
-Two parts, each kernel alternated with the other in one process, the median of the repeats:
+Two parts, each kernel alternated with the others in one process, the median of the repeats:
 
 - ``linear``: one fp32 linear layer of the default model's shapes (an MLP projection and the
   vocabulary head) for 1 to 32 rows, the rows a decoding step gives it;
 - ``forward``: the engine's runner over one row's chain of 1 to 17 draft tokens and over 8 rows,
-  after ``--context`` cached tokens, with the largest logit difference between the kernels and
-  whether every position's greedy token agrees.
+  after ``--context`` cached tokens, with the largest logit difference from torch's kernel and
+  whether every position's greedy token agrees with it.
 
     python benchmarks/linear_kernels.py --threads 2
 """
@@ -24,7 +25,7 @@ import torch
 from rag_lookahead import LookaheadEngine
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
-from rag_lookahead.runtime.kernels import onednn_linear
+from rag_lookahead.runtime.kernels import OneDnnLayers
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
 
@@ -40,22 +41,33 @@ def _alternated(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str
     return {name: 1000 * statistics.median(t[2:]) for name, t in times.items()}
 
 
-def _linear_runs(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], object]]:
-    def run(on: bool) -> object:
-        with torch.inference_mode(), onednn_linear(on):
-            return torch.nn.functional.linear(x, weight)
+KERNELS = ("torch", "onednn", "packed")
 
-    return {"torch": lambda: run(False), "onednn": lambda: run(True)}
+
+def _linear_runs(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], object]]:
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    layers = OneDnnLayers(layer)
+    layers.pack()
+
+    def run(kernel: str) -> object:
+        with torch.inference_mode():
+            if kernel == "torch":
+                return layer(x)
+            with layers.installed(packed=kernel == "packed"):
+                return layer(x)
+
+    return {kernel: functools.partial(run, kernel) for kernel in KERNELS}
 
 
 def linear_table(hidden: int, shapes: dict[str, int], rows: list[int], repeats: int) -> None:
-    print(f"{'layer':<10}{'rows':>5}{'torch ms':>10}{'onednn ms':>11}{'ratio':>7}")
+    print(f"{'layer':<10}{'rows':>5}" + "".join(f"{kernel + ' ms':>11}" for kernel in KERNELS) + "  vs torch")
     for name, out in shapes.items():
         weight = torch.randn(out, hidden)
         for n in rows:
             ms = _alternated(_linear_runs(torch.randn(1, n, hidden), weight), repeats)  # x [1, T, D]
-            ratio = ms["torch"] / ms["onednn"]
-            print(f"{name:<10}{n:>5}{ms['torch']:>10.3f}{ms['onednn']:>11.3f}{ratio:>6.2f}x")
+            ratios = " ".join(f"{ms['torch'] / ms[kernel]:.2f}x" for kernel in KERNELS[1:])
+            print(f"{name:<10}{n:>5}" + "".join(f"{ms[kernel]:>11.3f}" for kernel in KERNELS) + f"  {ratios}")
 
 
 def _step_runs(
@@ -79,10 +91,12 @@ def _step_runs(
 
 
 def forward_table(engine: LookaheadEngine, context: int, rows: int, widths: list[int], repeats: int) -> None:
-    runners = {kernel: ModelRunner(engine.model, kernel) for kernel in ("torch", "onednn")}
+    runners = {kernel: ModelRunner(engine.model, kernel) for kernel in KERNELS}  # type: ignore[arg-type]
     prompt = [(31 * i + 7) % 1000 + 5 for i in range(context)]
     print(
-        f"{'rows':>4}{'width':>6}{'torch ms':>10}{'onednn ms':>11}{'ratio':>7}{'max |diff|':>12}{'argmax':>8}"
+        f"{'rows':>4}{'width':>6}"
+        + "".join(f"{kernel + ' ms':>11}" for kernel in KERNELS)
+        + "  vs torch     max |diff|  argmax"
     )
     for n in (1, rows):
         batch = BatchCache()
@@ -93,11 +107,13 @@ def forward_table(engine: LookaheadEngine, context: int, rows: int, widths: list
             chain = StepDraft(DraftTree(tuple(prompt[:width]), tuple(range(-1, width - 1))))
             runs, logits = _step_runs(runners, batch, chain, context)
             ms = _alternated(runs, repeats)
-            diff = (logits["torch"] - logits["onednn"]).abs().max().item()
-            same = bool((logits["torch"].argmax(-1) == logits["onednn"].argmax(-1)).all())
+            diff = max((logits["torch"] - logits[kernel]).abs().max().item() for kernel in KERNELS[1:])
+            same = all(bool((logits["torch"].argmax(-1) == logits[k].argmax(-1)).all()) for k in KERNELS[1:])
+            ratios = " ".join(f"{ms['torch'] / ms[kernel]:.2f}x" for kernel in KERNELS[1:])
             print(
-                f"{n:>4}{width:>6}{ms['torch']:>10.1f}{ms['onednn']:>11.1f}"
-                f"{ms['torch'] / ms['onednn']:>6.2f}x{diff:>12.1e}{'equal' if same else 'DIFFER':>8}"
+                f"{n:>4}{width:>6}"
+                + "".join(f"{ms[kernel]:>11.1f}" for kernel in KERNELS)
+                + f"  {ratios}{diff:>11.1e}{'equal' if same else 'DIFFER':>8}"
             )
 
 

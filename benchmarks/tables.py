@@ -232,6 +232,29 @@ KERNEL_RUNS = {
 }
 
 
+# `decode_step.py` on the Zen 5 EPYC: the code before packed weights (oneDNN through a
+# `TorchFunctionMode`) and after, alternated: run 1 after, run 1 before, run 2 after, run 2 before.
+DECODE_STEP_RUNS = ("before-1", "after-1", "before-2", "after-2")
+DECODE_STEP_LABELS = {
+    ("before", "onednn"): "before: oneDNN through a `TorchFunctionMode`",
+    ("before", "torch"): "before: torch's kernel",
+    ("after", "onednn"): "after: oneDNN, layers shadowed",
+    ("after", "packed"): "after: `packed`",
+    ("after", "torch"): "after: torch's kernel",
+}
+
+
+@table("decode-step")
+def decode_step_table() -> str:
+    """The plain decoding step by kernel, before and after (`decode-step-*-dolly_context_qa-epyc.json`)."""
+    runs = {name: load(f"decode-step-{name}-dolly_context_qa-epyc.json") for name in DECODE_STEP_RUNS}
+    rows = []
+    for (code, kernel), label in DECODE_STEP_LABELS.items():
+        means = [statistics.mean(runs[f"{code}-{i}"]["ms_per_token"][kernel]) for i in (1, 2)]
+        rows.append([label, *(fixed(mean, 1) for mean in means)])
+    return markdown(["kernel", "ms per token, run 1", "ms per token, run 2"], rows)
+
+
 @table("kernel")
 def kernel_table() -> str:
     """piarena's long prompts on the Xeon, by linear kernel (`kernel-*-piarena_rag_qa-xeon.json`)."""
@@ -1281,6 +1304,19 @@ def epyc_packed_table() -> str:
     """In process on the Zen 5 EPYC at normal priority, with packed steps
     (`vllm-peer-dolly_context_qa-epyc-2026-12-04.json`)."""
     return _http("vllm-peer-dolly_context_qa-epyc-2026-12-04.json")
+
+
+@table("epyc-weights")
+def epyc_weights_table() -> str:
+    """In process on the Zen 5 EPYC at normal priority, with packed weights
+    (`vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json`)."""
+    return _http("vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json")
+
+
+@table("epyc-weights-llma")
+def epyc_weights_llma_table() -> str:
+    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-weights-2026-12-04.json`)."""
+    return _http("vllm-peer-llma_msmarco_rag-epyc-weights-2026-12-04.json")
 
 
 @table("http-xeon-model-thread")

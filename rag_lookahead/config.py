@@ -23,7 +23,7 @@ __all__ = [
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
 DraftPolicy = Literal["trie", "suffix"]
-CpuLinear = Literal["auto", "onednn", "torch"]
+CpuLinear = Literal["auto", "onednn", "packed", "torch"]
 
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
@@ -91,10 +91,13 @@ class LookaheadConfig:
             prefilling it again; ``0`` turns the reuse off.
         cpu_linear: The kernel of the engine's fp32 linear layers on a CPU: ``"onednn"``
             (oneDNN's, much cheaper for the few rows a decoding step has on some CPUs, see
-            `rag_lookahead.runtime.kernels`), ``"torch"`` (torch's default, as ``generate``
+            `rag_lookahead.runtime.kernels`), ``"packed"`` (oneDNN's over a copy of the
+            weights reordered once into its own layout: cheaper still, for a second copy of
+            the linear weights in memory), ``"torch"`` (torch's default, as ``generate``
             runs, faster on others), or ``"auto"``: whichever runs this model's linear layers
-            faster on this machine for a forward of so many tokens, timed when the engine is
-            built. The two agree up to rounding. Read once, by the engine built with it.
+            fastest on this machine for a forward of so many tokens, timed when the engine is
+            built (``"packed"`` only where its copy takes at most a quarter of the memory).
+            They agree up to rounding. Read once, by the engine built with it.
     """
 
     mode: Mode = "auto"
@@ -131,8 +134,10 @@ class LookaheadConfig:
             _positive(name, getattr(self, name))
         if self.draft_policy not in ("trie", "suffix"):
             raise ValueError(f"draft_policy must be 'trie' or 'suffix', got {self.draft_policy!r}")
-        if self.cpu_linear not in ("auto", "onednn", "torch"):
-            raise ValueError(f"cpu_linear must be 'auto', 'onednn' or 'torch', got {self.cpu_linear!r}")
+        if self.cpu_linear not in ("auto", "onednn", "packed", "torch"):
+            raise ValueError(
+                f"cpu_linear must be 'auto', 'onednn', 'packed' or 'torch', got {self.cpu_linear!r}"
+            )
         if self.ngram_size < 2:
             raise ValueError(f"ngram_size must be at least 2, got {self.ngram_size}")
         if self.mode in ("auto", "jacobi") and self.ngram_size - 1 > self.decoding_length:

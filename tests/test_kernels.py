@@ -1,15 +1,16 @@
-"""oneDNN linear layers in the engine's CPU forwards: torch's values up to rounding, only there."""
+"""oneDNN linear layers in the engine's CPU forwards (over the weights as they are, or reordered
+once into its layout): torch's values up to rounding, only there."""
 
 from __future__ import annotations
 
-import threading
+import copy
 from typing import Any
 
 import pytest
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.runtime.kernels import linear_used, onednn_available, onednn_linear
+from rag_lookahead.runtime.kernels import OneDnnLayers, linear_used, onednn_available
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, CharTokenizer, tiny_model
@@ -29,19 +30,54 @@ def _inputs() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     ]
 
 
+def _layer(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Linear:
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
 @needs_onednn
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("case", range(4))
-def test_onednn_linear_gives_torchs_values(case: int) -> None:
+def test_onednn_layers_give_torchs_values(case: int, packed: bool) -> None:
     x, weight, bias = _inputs()[case]
+    layer = _layer(weight, bias)
     expected = torch.nn.functional.linear(x, weight, bias)
-    with torch.inference_mode(), onednn_linear(True):
-        got = torch.nn.functional.linear(x, weight, bias)
+    layers = OneDnnLayers(layer)
+    if packed:
+        layers.pack()
+    with torch.inference_mode(), layers.installed(packed):
+        got = layer(x)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
-def test_only_fp32_cpu_calls_without_autograd_are_routed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_packed_weight_changed_in_place_is_reordered_again_and_a_new_one_is_read_as_it_is() -> None:
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(24, 48)
+    layers = OneDnnLayers(layer)
+    layers.pack()
+    x = torch.randn(3, 24)
+    first = layers.reordered(layer.weight)
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)  # e.g. `load_state_dict` into the same parameters
+    assert layers.reordered(layer.weight) is not first
+    for weight in (layer.weight, torch.nn.Parameter(torch.randn(48, 24))):
+        layer.weight = weight
+        with torch.inference_mode(), layers.installed(packed=True):
+            got = layer(x)
+        expected = torch.nn.functional.linear(x, weight.detach(), layer.bias.detach())
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_only_fp32_cpu_calls_without_autograd_are_routed_and_only_within_the_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[Any] = []
     real = torch.ops.mkldnn._linear_pointwise
 
@@ -51,24 +87,31 @@ def test_only_fp32_cpu_calls_without_autograd_are_routed(monkeypatch: pytest.Mon
             return real(*args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", Spy())
-    x, weight = torch.randn(2, 8), torch.randn(4, 8, requires_grad=True)
-    with onednn_linear(True):
-        torch.nn.functional.linear(x, weight).sum().backward()  # autograd: torch's own
-        assert weight.grad is not None
+    layer, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
+    layers = OneDnnLayers(layer)
+    with layers.installed():
+        layer(x).sum().backward()  # autograd: torch's own
+        assert layer.weight.grad is not None
         with torch.no_grad():
-            torch.nn.functional.linear(x.double(), weight.double())  # another dtype
-            torch.nn.functional.linear(x, weight)  # routed
-            other = threading.Thread(target=_plain_linear, args=(x, weight))  # another thread: as is
-            other.start()
-            other.join()
+            layer.double()(x.double())  # another dtype
+            layer.float()(x)  # routed
     with torch.no_grad():
-        torch.nn.functional.linear(x, weight)  # outside the block
-    assert len(calls) == 1
+        layer(x)  # outside the block
+    assert len(calls) == 1 and "forward" not in layer.__dict__
 
 
-def _plain_linear(x: torch.Tensor, weight: torch.Tensor) -> None:
-    with torch.no_grad():
-        torch.nn.functional.linear(x, weight)
+@needs_onednn
+def test_a_layer_with_its_own_forward_is_left_as_it_is() -> None:
+    """accelerate's hooks, for one, shadow a layer's forward on the instance: kept."""
+    layer = torch.nn.Linear(8, 4)
+    hook = layer.forward
+    layer.forward = lambda x: hook(x) + 1  # type: ignore[method-assign,assignment]
+    own = layer.forward
+    with torch.no_grad(), OneDnnLayers(layer).installed():
+        assert layer.forward is own
+        out = layer(torch.zeros(1, 8))
+    assert layer.forward is own
+    torch.testing.assert_close(out, layer.bias.detach()[None] + 1)
 
 
 def test_the_choice_applies_to_fp32_cpu_models_only() -> None:
@@ -77,6 +120,31 @@ def test_the_choice_applies_to_fp32_cpu_models_only() -> None:
     assert str(linear_used(model, cpu, "torch")) == "torch"
     assert str(linear_used(model, torch.device("cuda"), "onednn")) == "torch"
     assert str(linear_used(model, cpu, "onednn")) == ("onednn" if onednn_available() else "torch")
+    assert str(linear_used(model, cpu, "packed")) == ("packed" if onednn_available() else "torch")
+
+
+@needs_onednn
+def test_engines_over_one_model_share_its_kernels_and_one_reordered_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag_lookahead.runtime import kernels
+
+    timed: list[int] = []
+
+    def seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
+        timed.append(rows)
+        return {"torch": 1.0, "onednn": 0.5, "packed": 0.25}[kernel]
+
+    monkeypatch.setattr(kernels, "_layers_seconds", seconds)
+    model, cpu = copy.deepcopy(tiny_model("llama")), torch.device("cpu")
+    onednn = linear_used(model, cpu, "onednn")
+    assert onednn.layers is not None and not onednn.layers.packs  # no copy made for oneDNN alone
+    first, again = linear_used(model, cpu, "auto"), linear_used(model, cpu, "auto")
+    assert again is first and len(timed) == 3 * len(kernels._CLASSES) * 3  # timed once
+    assert first.layers is onednn.layers is linear_used(model, cpu, "packed").layers
+    assert str(first) == "packed" and first.layers.packs
+    other = linear_used(copy.deepcopy(model), cpu, "auto")
+    assert other.layers is not first.layers  # another model: its own
 
 
 def test_a_variant_keeps_its_engines_kernel() -> None:
@@ -92,9 +160,10 @@ def test_a_runner_on_either_kernel_gives_the_same_logits(family: str) -> None:
     model = tiny_model(family)
     logits = [
         ModelRunner(model, kernel).forward(torch.tensor([[3, 14, 15, 9, 2, 6]]), new_tree_cache())[0]
-        for kernel in ("onednn", "torch")
+        for kernel in ("onednn", "packed", "torch")
     ]
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[0], logits[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[1], logits[2], rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
@@ -112,14 +181,15 @@ def test_auto_takes_the_kernel_that_multiplies_this_models_layers_faster_for_so_
 ) -> None:
     from rag_lookahead.runtime import kernels
 
-    def seconds(weights: Any, rows: int, onednn: bool) -> float:
-        return onednn_seconds[rows] if onednn else 1.0
+    def seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
+        return {"torch": 1.0, "onednn": onednn_seconds[rows], "packed": 3.0}[kernel]
 
     monkeypatch.setattr(kernels, "_layers_seconds", seconds)
-    model = tiny_model("llama")
+    model = copy.deepcopy(tiny_model("llama"))  # its own: the kernels are chosen once per model
     used = linear_used(model, torch.device("cpu"), "auto")
     assert str(used) == chosen and str(ModelRunner(model, "auto").linear) == chosen
-    assert [used.onednn(n) for n in (1, 2, 3, 4, 15, 16, 63, 64, 300)] == [
+    assert used.layers is None or not used.layers.packs  # not chosen: no copy kept
+    assert [used.kernel(n) == "onednn" for n in (1, 2, 3, 4, 15, 16, 63, 64, 300)] == [
         onednn_seconds[1] < 1,
         *[onednn_seconds[4] < 1] * 3,
         *[onednn_seconds[16] < 1] * 3,
@@ -128,16 +198,37 @@ def test_auto_takes_the_kernel_that_multiplies_this_models_layers_faster_for_so_
     assert str(linear_used(model, torch.device("cuda"), "auto")) == "torch"  # nothing timed off a CPU
 
 
+@needs_onednn
+@pytest.mark.parametrize("fits", [True, False])
+def test_auto_takes_packed_weights_where_fastest_and_only_where_their_copy_fits(
+    fits: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_lookahead.runtime import kernels
+
+    def seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
+        return {"torch": 1.0, "onednn": 0.5, "packed": 0.25 if rows < 256 else 2.0}[kernel]
+
+    monkeypatch.setattr(kernels, "_layers_seconds", seconds)
+    monkeypatch.setattr(kernels, "_PACKED_SHARE", 0.25 if fits else 0.0)
+    model = copy.deepcopy(tiny_model("llama"))  # its own: the kernels are chosen once per model
+    used = linear_used(model, torch.device("cpu"), "auto")
+    assert str(used) == ("packed,64:onednn" if fits else "onednn")
+    assert used.layers is not None and used.layers.packs == fits
+    assert (used.layers.nbytes > 0) == fits
+
+
 def test_auto_times_each_distinct_weight_once_for_every_layer_of_its_shape() -> None:
-    from rag_lookahead.runtime.kernels import _distinct_weights
+    from rag_lookahead.runtime.kernels import _linear_weights
 
     model = tiny_model("llama")
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    weights = _distinct_weights(model)
+    weights = _linear_weights(model)
     assert sum(count for _, count in weights) == len(layers)
     assert len({tuple(w.shape) for w, _ in weights}) == len(weights) < len(layers)
     used = linear_used(model, torch.device("cpu"), "auto")
-    assert used.classes[0][0] == 1 and all(kernel in ("onednn", "torch") for _, kernel in used.classes)
+    assert used.classes[0][0] == 1 and all(
+        kernel in ("onednn", "packed", "torch") for _, kernel in used.classes
+    )
 
 
 def test_a_prompts_chunk_is_timed_without_the_output_head(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,7 +239,7 @@ def test_a_prompts_chunk_is_timed_without_the_output_head(monkeypatch: pytest.Mo
     head = model.get_output_embeddings().weight
     seen: dict[int, bool] = {}
 
-    def seconds(weights: Any, rows: int, onednn: bool) -> float:
+    def seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
         seen[rows] = any(w is head for w, _ in weights)
         return 1.0
 

@@ -6,42 +6,53 @@ the best kernel on some CPUs: on an AMD EPYC, MKL multiplies 2 or 3 rows one at 
 more rows at several times the cost of one, where the cost of oneDNN's (also inside torch, the
 library its compiled CPU graphs call) grows far more slowly with the rows
 (`benchmarks/README.md`, *oneDNN linear layers*). A wider forward is what drafting pays for,
-so its kernel decides what drafting gains.
+so its kernel decides what drafting gains. oneDNN is faster still when a weight was reordered
+beforehand into the blocked layout its kernels read (what torch's compiled CPU graphs do when
+they freeze weights): the ``packed`` kernel keeps such a copy of every fp32 linear weight — a
+second copy of those weights in memory, so ``"auto"`` considers it only where that copy is
+small beside the machine's memory (`packing_fits`).
 
-Within `onednn_linear` every fp32 ``torch.nn.functional.linear`` on CPU in this thread runs on
-oneDNN instead (a `TorchFunctionMode`: the model's code and weights are untouched, and other
-threads are not affected). The values are the same up to rounding, as between any two kernels
-(or two shapes of one kernel: a draft tree's rows already differ from a one-token step's in
-their last bits); greedy outputs are checked against ``generate`` by the test suite and every
-benchmark. Anything else — autograd, other dtypes or devices, a torch without the operator —
-runs as it would.
+Within `OneDnnLayers.installed` (an engine forward: `LinearKernels.running`) each fp32 CPU
+`torch.nn.Linear` of the model runs on oneDNN: the layer's ``forward`` is shadowed by an
+attribute of the instance for the block's duration, then removed — the model's code and
+weights are untouched, and a layer that already has an instance ``forward`` (an accelerate
+hook) is left as it is. (A `TorchFunctionMode` would do the same without touching the layers,
+but it intercepts every torch call of the forward, a cost measurable in the step:
+`benchmarks/README.md`, *Packed weights*.) The values are the same up to
+rounding, as between any two kernels (or two shapes of one kernel: a draft tree's rows already
+differ from a one-token step's in their last bits); greedy outputs are checked against
+``generate`` by the test suite and every benchmark. Anything else — autograd, other dtypes or
+devices, a torch without the operator — runs as it would. A weight changed in place is
+reordered again before its next use, and one replaced by another tensor is read as it is.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import statistics
 import time
+import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from rag_lookahead.config import CpuLinear
 
 __all__ = [
     "LinearKernels",
-    "OneDnnLinear",
+    "OneDnnLayers",
     "faster_linear",
     "linear_used",
     "onednn_available",
-    "onednn_linear",
+    "packing_fits",
 ]
 
-_LINEAR = torch.nn.functional.linear
+_F32 = torch.float32
 
 
 @cache
@@ -50,27 +61,164 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@dataclass
+class _Reordered:
+    """A weight's copy in oneDNN's layout, and what the weight was when it was made."""
+
+    weight: torch.Tensor
+    version: int
+    pointer: int
+    copy: torch.Tensor
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> _Reordered:
+        # The layout for 4 rows serves 1 to 256 rows as well as each one's own (measured).
+        with torch.inference_mode():
+            copy = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 4)
+        return cls(weight, _version(weight), weight.data_ptr(), copy)
+
+    def current(self, weight: torch.Tensor) -> bool:
+        return (
+            self.weight is weight and self.pointer == weight.data_ptr() and self.version == _version(weight)
+        )
+
+
+def _version(weight: torch.Tensor) -> int:
+    """How many times ``weight`` was changed in place (``-1`` for a tensor made in inference
+    mode, which counts none)."""
+    try:
+        return int(weight._version)
+    except RuntimeError:
+        return -1
+
+
+class OneDnnLayers:
+    """The fp32 CPU `torch.nn.Linear` layers of a model, run on oneDNN within `installed`
+    (``packed``: over their weights reordered into oneDNN's layout, `reordered`, once `pack`
+    made the copies)."""
+
+    def __init__(self, model: Any) -> None:
+        self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear and _fits_weight(m.weight)]
+        self._reordered: dict[int, _Reordered] = {}
+        self._forwards = {
+            packed: [functools.partial(self._forward, layer, packed) for layer in self.layers]
+            for packed in (False, True)
+        }
+        self.packs = False
+
+    def pack(self) -> None:
+        """Reorders every layer's weight now (``installed(packed=True)`` reads the copies)."""
+        for layer in self.layers:
+            self.reordered(layer.weight)
+        self.packs = True
+
+    def unpack(self) -> None:
+        """Frees the reordered copies."""
+        self._reordered.clear()
+        self.packs = False
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the reordered copies take."""
+        return sum(r.weight.numel() * r.weight.element_size() for r in self._reordered.values())
+
+    def reordered(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight``'s copy in oneDNN's layout (made again if ``weight`` changed since)."""
+        entry = self._reordered.get(id(weight))
+        if entry is None or not entry.current(weight):
+            entry = self._reordered[id(weight)] = _Reordered.of(weight)
+        return entry.copy
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> Any:
+        """``linear(x, weight, bias)`` on oneDNN (over the reordered weight if ``packed``)."""
+        read = self.reordered(weight) if packed else weight
+        return torch.ops.mkldnn._linear_pointwise(x, read, bias, "none", [], "")
+
+    @contextmanager
+    def installed(self, packed: bool = False) -> Iterator[None]:
+        """Within this block the layers run on oneDNN (``packed``: over reordered weights),
+        wherever they are called from."""
+        forwards = self._forwards[packed and self.packs]
+        shadowed = [i for i, layer in enumerate(self.layers) if "forward" not in layer.__dict__]
+        for i in shadowed:
+            self.layers[i].forward = forwards[i]  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for i in shadowed:
+                del self.layers[i].forward
+
+    def _forward(self, layer: torch.nn.Linear, packed: bool, x: Any) -> Any:
+        weight, bias = layer.weight, layer.bias
+        if _fits_input(x) and _fits_weight(weight) and (bias is None or _fits_bias(bias, weight)):
+            return self.linear(x, weight, bias, packed)
+        return torch.nn.functional.linear(x, weight, bias)
+
+
+def _fits_weight(weight: Any) -> bool:
+    return (
+        type(weight) in (torch.Tensor, torch.nn.Parameter)
+        and weight.dtype is _F32
+        and weight.device.type == "cpu"
+        and weight.layout == torch.strided
+        and weight.dim() == 2
+    )
+
+
+def _fits_bias(bias: Any, weight: torch.Tensor) -> bool:
+    return (
+        type(bias) in (torch.Tensor, torch.nn.Parameter)
+        and bias.dtype is _F32
+        and bias.device.type == "cpu"
+        and bias.shape == (weight.shape[0],)
+    )
+
+
+def _fits_input(x: Any) -> bool:
+    """Whether oneDNN computes a layer's ``linear`` of ``x`` as torch's would, up to rounding."""
+    return (
+        type(x) is torch.Tensor
+        and not torch.is_grad_enabled()
+        and x.dtype is _F32
+        and x.device.type == "cpu"
+        and x.layout == torch.strided
+        and x.dim() >= 2
+        and x.numel() > 0
+    )
+
+
 @dataclass(frozen=True)
 class LinearKernels:
     """The kernel of a forward's fp32 linear layers by its tokens (all rows together): from
-    each entry's least tokens on, its kernel, ascending."""
+    each entry's least tokens on, its kernel (``torch``, ``onednn`` or ``packed``), ascending;
+    ``layers`` runs the model's layers on the two oneDNN kernels."""
 
     classes: tuple[tuple[int, str], ...] = ((1, "torch"),)
+    layers: OneDnnLayers | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def one(cls, kernel: str) -> LinearKernels:
-        return cls(((1, kernel),))
+    def one(cls, kernel: str, layers: OneDnnLayers | None = None) -> LinearKernels:
+        return cls(((1, kernel),), layers)
 
-    def onednn(self, tokens: int) -> bool:
-        """Whether a forward of ``tokens`` tokens runs its linear layers on oneDNN."""
+    def kernel(self, tokens: int) -> str:
+        """The kernel of a forward of ``tokens`` tokens."""
         kernel = "torch"
         for least, name in self.classes:
             if tokens >= least:
                 kernel = name
-        return kernel == "onednn"
+        return kernel
+
+    def running(self, tokens: int) -> AbstractContextManager[Any]:
+        """Within this block the model's fp32 CPU linear layers run on the kernel of a forward
+        of ``tokens`` tokens."""
+        kernel = self.kernel(tokens)
+        if kernel == "torch" or self.layers is None:
+            return nullcontext()
+        return self.layers.installed(packed=kernel == "packed")
 
     def __str__(self) -> str:
-        """``torch``, ``onednn``, or by class, e.g. ``torch,4:onednn`` (the cost curves' key)."""
+        """``torch``, ``onednn``, ``packed``, or by class, e.g. ``torch,4:packed`` (the cost
+        curves' key)."""
         kernels = [name for _, name in self.classes]
         if len(set(kernels)) == 1:
             return kernels[0]
@@ -83,107 +231,128 @@ class LinearKernels:
 # draft or a batch; a prompt's chunk (its logits are read at its last token alone).
 _CLASSES = ((1, 1, True), (2, 4, True), (8, 16, True), (64, 256, False))
 
+# Classes of fewer tokens than this are timed over every layer's weight, not one per shape.
+_EVERY_LAYER_BELOW = 64
+
+# ``"auto"`` considers the packed kernel only where the reordered copy of the weights takes at
+# most this share of the machine's memory.
+_PACKED_SHARE = 0.25
+
 
 def linear_used(model: Any, device: torch.device, choice: CpuLinear) -> LinearKernels:
     """The kernels the engine's forwards of ``model`` on ``device`` run fp32 linear layers with
-    (``"auto"``: the faster of the two for its layers by a forward's tokens, `faster_linear`,
-    timed now)."""
+    (``"auto"``: the fastest here for its layers by a forward's tokens, `faster_linear`, timed
+    once per model and thread count; ``packed`` only where its copy of the weights fits,
+    `packing_fits`). Every engine over one model shares the choice and the reordered copy."""
     applies = choice != "torch" and device.type == "cpu" and model.dtype == torch.float32
     if not (applies and onednn_available()):
         return LinearKernels.one("torch")
-    return faster_linear(model) if choice == "auto" else LinearKernels.one("onednn")
+    layers = _LAYERS.get(model)
+    if layers is None:
+        layers = _LAYERS[model] = OneDnnLayers(model)
+    if choice == "onednn":
+        return LinearKernels.one("onednn", layers)
+    if choice == "packed":
+        layers.pack()
+        return LinearKernels.one("packed", layers)
+    chosen = _CHOSEN.setdefault(model, {})
+    threads = torch.get_num_threads()
+    if threads not in chosen:
+        chosen[threads] = faster_linear(model, pack=packing_fits(model), layers=layers)
+    return chosen[threads]
+
+
+# Per model (held weakly: they go with it), its layers on oneDNN and what ``"auto"`` chose for
+# each thread count, so that engines over one model time its kernels once and keep one copy of
+# its reordered weights.
+_LAYERS: weakref.WeakKeyDictionary[Any, OneDnnLayers] = weakref.WeakKeyDictionary()
+_CHOSEN: weakref.WeakKeyDictionary[Any, dict[int, LinearKernels]] = weakref.WeakKeyDictionary()
+
+
+def packing_fits(model: Any) -> bool:
+    """Whether a reordered copy of ``model``'s fp32 CPU linear weights takes at most
+    ``_PACKED_SHARE`` of this machine's memory (``False`` where that is not known)."""
+    weights = {id(w): w for w, _ in _linear_weights(model, every=True)}.values()
+    needed = sum(w.numel() * w.element_size() for w in weights)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return False
+    return needed <= _PACKED_SHARE * memory
 
 
 def faster_linear(
-    model: Any, classes: Sequence[tuple[int, int, bool]] = _CLASSES, repeats: int = 3
+    model: Any,
+    classes: Sequence[tuple[int, int, bool]] = _CLASSES,
+    repeats: int = 3,
+    pack: bool = False,
+    layers: OneDnnLayers | None = None,
 ) -> LinearKernels:
-    """Which kernel multiplies ``model``'s linear layers faster here, for each class of forwards
-    by their tokens (``(least tokens, tokens timed, with the head)``: a plain step, a draft, a
-    batch, a prompt's chunk): every distinct
-    weight timed with both kernels in turn, weighted by how many layers share its shape, the
-    median of ``repeats``. CPUs differ: on some AMD EPYCs oneDNN's kernel is much faster than
-    MKL's for a few rows, on some Intel Xeons slower for one."""
-    weights = _distinct_weights(model)
+    """Which kernel multiplies ``model``'s linear layers fastest here (torch's, oneDNN's, and
+    with ``pack`` oneDNN's over reordered weights), for each class of forwards by their tokens
+    (``(least tokens, tokens timed, with the head)``: a plain step, a draft, a batch, a
+    prompt's chunk): each kernel in turn, the median of ``repeats``. A class of a few tokens
+    reads every weight from memory, as its forward does: every layer's own weight is timed (one
+    weight per shape would be read from the cache its own last timing filled, which favours
+    another kernel than the forward's). A prompt's chunk computes far more than it reads: one
+    weight per shape, weighted by how many layers share it. CPUs differ: on some AMD EPYCs
+    oneDNN's kernel is much faster than MKL's for a few rows, on some Intel Xeons slower for
+    one. ``layers`` (the model's, `OneDnnLayers`) keep the reordered weights only if chosen."""
+    weights, every = _linear_weights(model), _linear_weights(model, every=True)
     if not weights:
         return LinearKernels.one("torch")
+    layers = layers or OneDnnLayers(model)
     head = (
         getattr(model.get_output_embeddings(), "weight", None)
         if hasattr(model, "get_output_embeddings")
         else None
     )
+    packed_before = layers.packs
+    if pack:
+        layers.pack()
+    kernels = ("torch", "onednn", "packed") if pack else ("torch", "onednn")
     chosen = []
     with torch.inference_mode():
         for least, count, with_head in classes:
-            timed = [(w, n) for w, n in weights if with_head or w is not head]
-            seconds: dict[bool, list[float]] = {False: [], True: []}
+            pool = every if count < _EVERY_LAYER_BELOW else weights
+            timed = [(w, n) for w, n in pool if with_head or w is not head]
+            seconds: dict[str, list[float]] = {kernel: [] for kernel in kernels}
             for _ in range(repeats):
-                for onednn in (False, True):  # in turn: a change in load meets both
-                    seconds[onednn].append(_layers_seconds(timed, count, onednn))
-            faster = statistics.median(seconds[True]) < statistics.median(seconds[False])
-            chosen.append((least, "onednn" if faster else "torch"))
+                for kernel in kernels:  # in turn: a change in load meets each
+                    seconds[kernel].append(_layers_seconds(timed, count, kernel, layers))
+            chosen.append((least, min(kernels, key=lambda kernel: statistics.median(seconds[kernel]))))
     merged = [entry for i, entry in enumerate(chosen) if i == 0 or entry[1] != chosen[i - 1][1]]
-    return LinearKernels(((1, merged[0][1]), *merged[1:]))
+    used = {kernel for _, kernel in merged}
+    if "packed" not in used and not packed_before:
+        layers.unpack()  # the reordered copies are not kept
+    return LinearKernels(((1, merged[0][1]), *merged[1:]), None if used == {"torch"} else layers)
 
 
-def _distinct_weights(model: Any) -> list[tuple[torch.Tensor, int]]:
-    """One fp32 linear weight per shape of ``model``'s, with how many layers have that shape."""
-    shapes: dict[tuple[int, ...], tuple[torch.Tensor, int]] = {}
+def _linear_weights(model: Any, every: bool = False) -> list[tuple[torch.Tensor, int]]:
+    """One fp32 CPU linear weight per shape of ``model``'s, with how many layers have that
+    shape (``every``: each distinct weight, with how many layers share it)."""
+    shapes: dict[Any, tuple[torch.Tensor, int]] = {}
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if isinstance(module, torch.nn.Linear) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
-            first, count = shapes.get(tuple(weight.shape), (weight, 0))
-            shapes[tuple(weight.shape)] = (first, count + 1)
+        if type(module) is torch.nn.Linear and _fits_weight(weight):
+            assert isinstance(weight, torch.Tensor)
+            key = id(weight) if every else tuple(weight.shape)
+            first, count = shapes.get(key, (weight, 0))
+            shapes[key] = (first, count + 1)
     return list(shapes.values())
 
 
-def _layers_seconds(weights: Sequence[tuple[torch.Tensor, int]], rows: int, onednn: bool) -> float:
+def _layers_seconds(
+    weights: Sequence[tuple[torch.Tensor, int]], rows: int, kernel: str, layers: OneDnnLayers
+) -> float:
     """Seconds of every linear layer of one forward of ``rows`` tokens, on one kernel."""
     total = 0.0
-    with onednn_linear(onednn):
-        for weight, count in weights:
-            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)  # [rows, in]
-            started = time.perf_counter()
+    for weight, count in weights:
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)  # [rows, in]
+        started = time.perf_counter()
+        if kernel == "torch":
             torch.nn.functional.linear(x, weight)
-            total += (time.perf_counter() - started) * count
+        else:
+            layers.linear(x, weight, None, packed=kernel == "packed")
+        total += (time.perf_counter() - started) * count
     return total
-
-
-class OneDnnLinear(TorchFunctionMode):
-    """fp32 CPU ``linear`` calls without autograd go to oneDNN; everything else runs as is."""
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is _LINEAR and _onednn_fits(*args, **kwargs):
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        return func(*args, **kwargs)
-
-
-def _onednn_fits(x: Any, weight: Any, bias: Any = None) -> bool:
-    """Whether oneDNN computes this ``linear`` exactly as torch's would, up to rounding."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    return (
-        not torch.is_grad_enabled()
-        and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
-        and all(
-            t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided for t in tensors
-        )
-        and weight.dim() == 2
-        and x.dim() >= 2
-        and x.shape[-1] == weight.shape[1]
-        and (bias is None or bias.shape == (weight.shape[0],))
-        and x.numel() > 0
-    )
-
-
-@contextmanager
-def onednn_linear(enabled: bool) -> Iterator[None]:
-    """Within this block (in this thread), fp32 CPU linear layers run on oneDNN if ``enabled``."""
-    if not enabled:
-        yield
-        return
-    with OneDnnLinear():
-        yield

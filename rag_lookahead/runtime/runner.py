@@ -42,7 +42,7 @@ from rag_lookahead.runtime.attention import (
     packed_rows,
     ragged_rows,
 )
-from rag_lookahead.runtime.kernels import linear_used, onednn_linear
+from rag_lookahead.runtime.kernels import linear_used
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
 from rag_lookahead.runtime.probe import tree_support_problem
@@ -85,7 +85,7 @@ class ModelRunner:
             self.lock if locked else contextlib.nullcontext(),
             torch.inference_mode(),
             grouped_attention(self.model, self.device),
-            onednn_linear(self.linear.onednn(tokens)),
+            self.linear.running(tokens),
         ):
             yield
 

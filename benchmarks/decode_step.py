@@ -1,0 +1,86 @@
+"""The engine's plain decoding step by the kernel of its linear layers (`cpu_linear`), the
+kernels alternated in one process.
+
+For each kernel an engine without drafts (``mode="off"``, no prefix cache) over the same loaded
+model answers the first ``--limit`` records of ``--data`` (each record's context and question
+as one user message), ``--max-new-tokens`` tokens each with end-of-sequence ignored, so that
+every call decodes as many steps; the figure is the mean over the records of the call's
+milliseconds per decoded token after its first (the prefill excluded), per round. Run it once
+per tree to compare two versions of the code (``PYTHONPATH=<other tree>``; ``--kernels
+onednn`` where the other lacks ``packed``).
+
+    python benchmarks/decode_step.py --data dolly_context_qa.jsonl --json decode-step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rag_lookahead import LookaheadConfig, LookaheadEngine
+
+
+def _messages(record: dict[str, str]) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{record['context']}\n\n{record['question']}"}]
+
+
+def _ms_per_token(engine: LookaheadEngine, records: list[dict[str, str]], tokens: int) -> float:
+    """Mean milliseconds per decoded token (after the first) over ``records``."""
+    figures = []
+    for record in records:
+        stream = engine.stream(_messages(record), max_new_tokens=tokens, eos_token_id=[])
+        "".join(stream)
+        stats = stream.stats
+        figures.append(1000 * (stats.seconds - stats.prefill_seconds) / (stats.new_tokens - 1))
+    return statistics.mean(figures)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="a JSONL set with context and question")
+    parser.add_argument("--limit", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernels", default="onednn,packed,torch", help="cpu_linear values, alternated")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with args.data.open(encoding="utf-8") as f:
+        records = [json.loads(line) for line, _ in zip(f, range(args.limit), strict=False)]
+    base = LookaheadEngine.from_pretrained()
+    engines = {
+        kernel: LookaheadEngine(
+            base.model,
+            base.tokenizer,
+            LookaheadConfig(mode="off", cpu_linear=kernel, prefix_cache_mb=0),  # type: ignore[arg-type]
+            model_thread=base.runner.thread,
+        )
+        for kernel in args.kernels.split(",")
+    }
+    rounds: dict[str, list[float]] = {kernel: [] for kernel in engines}
+    _ms_per_token(next(iter(engines.values())), records[:1], 8)  # warm-up
+    for _ in range(args.rounds):
+        for kernel, engine in engines.items():
+            rounds[kernel].append(round(_ms_per_token(engine, records, args.max_new_tokens), 2))
+    summary: dict[str, Any] = {
+        "data": args.data.name,
+        "records": len(records),
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "ms_per_token": rounds,
+        "kernels": {kernel: str(engine.runner.linear) for kernel, engine in engines.items()},
+    }
+    for kernel, figures in rounds.items():
+        print(f"{kernel:<8} ms per token by round: {figures}  (mean {statistics.mean(figures):.1f})")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
