@@ -56,7 +56,7 @@ def test_onednn_layers_give_torchs_values(case: int, packed: bool) -> None:
 
 
 @needs_onednn
-def test_a_packed_weight_changed_in_place_is_reordered_again_and_a_new_one_is_read_as_it_is() -> None:
+def test_a_packed_weight_changed_in_place_or_replaced_is_reordered_again() -> None:
     torch.manual_seed(1)
     layer = torch.nn.Linear(24, 48)
     layers = OneDnnLayers(layer)

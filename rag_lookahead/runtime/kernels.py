@@ -22,8 +22,9 @@ but it intercepts every torch call of the forward, a cost measurable in the step
 rounding, as between any two kernels (or two shapes of one kernel: a draft tree's rows already
 differ from a one-token step's in their last bits); greedy outputs are checked against
 ``generate`` by the test suite and every benchmark. Anything else — autograd, other dtypes or
-devices, a torch without the operator — runs as it would. A weight changed in place is
-reordered again before its next use, and one replaced by another tensor is read as it is.
+devices, a torch without the operator — runs as it would. A weight changed in place, or
+replaced by another tensor, is reordered again before its next use (a replaced weight's old
+copy is kept until `OneDnnLayers.unpack`).
 """
 
 from __future__ import annotations
