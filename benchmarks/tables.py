@@ -1254,8 +1254,11 @@ HTTP_METHODS = {
 PHASES = {"single": "1 client", "concurrent": "{clients} clients", "poisson": "Poisson {arrival_rate}/s"}
 
 
-def _http(file_name: str) -> str:
+def _http(file_name: str, plain_from: str | None = None) -> str:
+    """A `vllm_peer.py` run's table; a run without ``local_plain`` counts this engine's answers
+    identical to those of ``plain_from``'s (a run of the same records and tokens)."""
     run = load(file_name)
+    plain = load(plain_from)["methods"]["local_plain"]["single"]["texts"] if plain_from else None
     rows = []
     for method, label in HTTP_METHODS.items():
         if method not in run["methods"]:  # not run this time (the server, say)
@@ -1271,7 +1274,12 @@ def _http(file_name: str) -> str:
                     fixed(m["p95_latency_s"], 2),
                     fixed(m["p50_ttft_s"], 2),
                     fixed(m["p95_ttft_s"], 2),
-                    of(m["identical_to_own_greedy"], run["records"]),
+                    of(
+                        m["identical_to_own_greedy"]
+                        if "identical_to_own_greedy" in m
+                        else sum(a == b for a, b in zip(m["texts"], plain or [], strict=True)),
+                        run["records"],
+                    ),
                 ]
             )
     header = [
@@ -1311,6 +1319,16 @@ def epyc_weights_table() -> str:
     """In process on the Zen 5 EPYC at normal priority, with packed weights
     (`vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json`)."""
     return _http("vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json")
+
+
+@table("epyc-weights-served")
+def epyc_weights_served_table() -> str:
+    """Served and in process on the Zen 5 EPYC with packed weights, identity against the
+    in-process run's plain answers (`vllm-peer-http-dolly_context_qa-epyc-weights-2026-12-04.json`)."""
+    return _http(
+        "vllm-peer-http-dolly_context_qa-epyc-weights-2026-12-04.json",
+        plain_from="vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json",
+    )
 
 
 @table("epyc-weights-llma")
