@@ -2,8 +2,8 @@
 kernels alternated in one process.
 
 For each kernel an engine without drafts (``mode="off"``, no prefix cache) over the same loaded
-model answers the first ``--limit`` records of ``--data`` (each record's context and question
-as one user message), ``--max-new-tokens`` tokens each with end-of-sequence ignored, so that
+model answers the first ``--limit`` records of ``--data`` (as `rag-lookahead bench` asks them:
+`rag_messages`), ``--max-new-tokens`` tokens each with end-of-sequence ignored, so that
 every call decodes as many steps; the figure is the mean over the records of the call's
 milliseconds per decoded token after its first (the prefill excluded), per round. Run it once
 per tree to compare two versions of the code (``PYTHONPATH=<other tree>``; ``--kernels
@@ -22,18 +22,17 @@ from typing import Any
 
 import torch
 
-from rag_lookahead import LookaheadConfig, LookaheadEngine
-
-
-def _messages(record: dict[str, str]) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"{record['context']}\n\n{record['question']}"}]
+from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
+from rag_lookahead.bench.run import load_records
 
 
 def _ms_per_token(engine: LookaheadEngine, records: list[dict[str, str]], tokens: int) -> float:
     """Mean milliseconds per decoded token (after the first) over ``records``."""
     figures = []
     for record in records:
-        stream = engine.stream(_messages(record), max_new_tokens=tokens, eos_token_id=[])
+        stream = engine.stream(
+            rag_messages(record["question"], record["context"]), max_new_tokens=tokens, eos_token_id=[]
+        )
         "".join(stream)
         stats = stream.stats
         figures.append(1000 * (stats.seconds - stats.prefill_seconds) / (stats.new_tokens - 1))
@@ -51,8 +50,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    with args.data.open(encoding="utf-8") as f:
-        records = [json.loads(line) for line, _ in zip(f, range(args.limit), strict=False)]
+    records = load_records(args.data, args.limit)
     base = LookaheadEngine.from_pretrained()
     engines = {
         kernel: LookaheadEngine(

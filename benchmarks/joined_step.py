@@ -18,10 +18,11 @@ import statistics
 import time
 
 import torch
+from packed_steps import chain, prefilled_rows
 from retrieval_build import cpu_name
 
 from rag_lookahead import LookaheadEngine
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.runtime.batch import BatchCache
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
@@ -52,20 +53,6 @@ def main() -> None:
             json.dump(record, out, indent=1)
 
 
-def _chain(tokens: int) -> StepDraft:
-    return StepDraft(DraftTree(tuple(range(5, 5 + tokens)), tuple(range(-1, tokens - 1))))
-
-
-def _rows(runner: ModelRunner, lengths: tuple[int, ...]) -> BatchCache:
-    batch = BatchCache()
-    for row, length in enumerate(lengths):
-        cache = new_tree_cache()
-        prompt = torch.tensor([[(7 * j + row) % 1000 + 5 for j in range(length)]])
-        runner.forward(prompt, cache, last_only=True)
-        batch.add_row(cache, expected_rows=len(lengths))
-    return batch
-
-
 def _packed(runner: ModelRunner, batch: BatchCache, drafts: list[StepDraft]) -> float:
     """Seconds of one packed step, its inputs built in the timing (nothing kept)."""
     start = time.perf_counter()
@@ -76,17 +63,17 @@ def _packed(runner: ModelRunner, batch: BatchCache, drafts: list[StepDraft]) -> 
 
 
 def _time(runner: ModelRunner, chunk: int, repeats: int) -> dict[str, float]:
-    joined, running = _rows(runner, (*LENGTHS, 10)), _rows(runner, LENGTHS)
+    joined, running = prefilled_rows(runner, (*LENGTHS, 10)), prefilled_rows(runner, LENGTHS)
     names = ("packed_step_with_chunk", "chunk_apart", "step_without_chunk")
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
-        times["packed_step_with_chunk"].append(_packed(runner, joined, [_chain(2)] * 8 + [_chain(chunk)]))
+        times["packed_step_with_chunk"].append(_packed(runner, joined, [chain(2)] * 8 + [chain(chunk)]))
         cache = new_tree_cache()
         runner.forward(torch.tensor([[5] * 10]), cache, last_only=True)
         start = time.perf_counter()
         runner.forward(torch.tensor([list(range(5, 5 + chunk))]), cache, last_only=True)
         times["chunk_apart"].append(time.perf_counter() - start)
-        times["step_without_chunk"].append(_packed(runner, running, [_chain(2)] * 8))
+        times["step_without_chunk"].append(_packed(runner, running, [chain(2)] * 8))
     return {name: round(1000 * statistics.median(values[2:]), 1) for name, values in times.items()}
 
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,15 +67,26 @@ def main() -> None:
             json.dump(record, out, indent=1)
 
 
-def _compare(runner: ModelRunner, lengths: list[int], sizes: list[int], repeats: int) -> dict[str, Any]:
-    """One step of ``sizes`` tokens per row over rows of ``lengths``, padded and packed in turn."""
+def prefilled_rows(runner: ModelRunner, lengths: Sequence[int]) -> BatchCache:
+    """A batch of rows of ``lengths`` cached tokens (each its own made-up prompt)."""
     batch = BatchCache()
     for row, length in enumerate(lengths):
         cache = new_tree_cache()
         prompt = torch.tensor([[(7 * j + row) % 1000 + 5 for j in range(length)]])
         runner.forward(prompt, cache, last_only=True)
         batch.add_row(cache, expected_rows=len(lengths))
-    drafts = [StepDraft(DraftTree(tuple(range(5, 5 + n)), tuple(range(-1, n - 1)))) for n in sizes]
+    return batch
+
+
+def chain(tokens: int) -> StepDraft:
+    """A draft of ``tokens`` tokens in one branch."""
+    return StepDraft(DraftTree(tuple(range(5, 5 + tokens)), tuple(range(-1, tokens - 1))))
+
+
+def _compare(runner: ModelRunner, lengths: list[int], sizes: list[int], repeats: int) -> dict[str, Any]:
+    """One step of ``sizes`` tokens per row over rows of ``lengths``, padded and packed in turn."""
+    batch = prefilled_rows(runner, lengths)
+    drafts = [chain(n) for n in sizes]
     times: dict[str, list[float]] = {"padded": [], "packed": []}
     for _ in range(repeats):
         batch.prepare()

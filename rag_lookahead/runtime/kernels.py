@@ -73,7 +73,7 @@ class _Reordered:
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> _Reordered:
-        # The layout for 4 rows serves 1 to 256 rows as well as each one's own (measured).
+        # Laid out for a few rows (a step's or a draft's); oneDNN reads it for any number.
         with torch.inference_mode():
             copy = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 4)
         return cls(weight, _version(weight), weight.data_ptr(), copy)
