@@ -1,7 +1,8 @@
 """A call's trie branches leave with it: however the consumer stops, raises or forgets it.
 
-A call advances while it (or another call) is read, so a stream read once and left alone is
-a call still running: these tests look at its branches then.
+The engine's loop runs ahead of its readers; a short call could end between its first read
+and the next line, so the tests that look at a call's branches while it runs hold the loop
+(`holding`) until they have looked.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.streaming import aiterate
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.testing.holding import holding
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 16
@@ -49,27 +51,33 @@ def test_an_exception_in_the_consumer_loop_releases_the_branches() -> None:
         for _ in stream:
             raise RuntimeError("the consumer failed")
 
-    try:
-        consume()
-    except RuntimeError:
-        assert call_owners(engine)  # the traceback still holds the stream here
+    with holding(engine, PROMPT) as hold:
+        try:
+            consume()
+        except RuntimeError:
+            assert call_owners(engine)  # the traceback still holds the stream here
+            hold.release_soon()
     assert not call_owners(engine)  # the handled exception is gone, and the branches with it
 
 
 def test_a_break_out_of_an_unnamed_stream_releases_the_branches() -> None:
     engine = make_engine()
-    for _ in engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT]):
-        assert call_owners(engine)
-        break
+    with holding(engine, PROMPT) as hold:
+        for _ in engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT]):
+            assert call_owners(engine)
+            hold.release_soon()
+            break
     assert not call_owners(engine)
 
 
 def test_a_stream_dropped_half_read_releases_the_branches() -> None:
     engine = make_engine()
-    stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
-    next(stream)
-    assert call_owners(engine)
-    del stream
+    with holding(engine, PROMPT) as hold:
+        stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
+        next(stream)
+        assert call_owners(engine)
+        hold.release_soon()
+        del stream
     assert not call_owners(engine)
 
 
@@ -82,21 +90,25 @@ def test_a_stream_dropped_unread_releases_the_branches() -> None:
 
 def test_closing_the_chunks_closes_the_stream() -> None:
     engine = make_engine()
-    stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
-    chunks = stream.chunks()
-    next(chunks)
-    chunks.close()
+    with holding(engine, PROMPT) as hold:
+        stream = engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT])
+        chunks = stream.chunks()
+        next(chunks)
+        hold.release_soon()
+        chunks.close()
     assert not call_owners(engine) and stream.stats.finish_reason == "abandoned"
 
 
 def test_a_with_block_releases_the_branches_even_when_it_raises() -> None:
     engine = make_engine()
     with (
+        holding(engine, PROMPT) as hold,
         pytest.raises(KeyError),
         engine.stream(PROMPT, max_new_tokens=N, documents=[DOCUMENT]) as stream,
     ):
         next(stream)
         assert call_owners(engine)
+        hold.release_soon()
         raise KeyError("boom")
     assert not call_owners(engine)
 

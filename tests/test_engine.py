@@ -10,6 +10,7 @@ from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.streaming.stopping import Released, Stopping
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_config, tiny_model
+from rag_lookahead.testing.holding import holding
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 20
@@ -126,20 +127,24 @@ def test_stopping_never_splits_a_multibyte_character() -> None:
 
 def test_abandoned_stream_releases_the_calls_branches(setup) -> None:
     engine, _ = setup
-    stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
-    next(stream)
-    assert len(engine.trie.owners()) == 2
-    stream.close()
+    with holding(engine, PROMPT) as hold:  # (its trie drafts all N tokens: a step or two)
+        stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
+        next(stream)
+        assert len(engine.trie.owners()) == 2
+        hold.release_soon()
+        stream.close()
     assert engine.trie.owners() == {OUTPUT_OWNER}
     assert stream.stats.finish_reason == "abandoned"
 
 
 def test_a_stream_dropped_without_close_releases_the_branches(setup) -> None:
     engine, _ = setup
-    stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
-    next(stream)
-    assert len(engine.trie.owners()) == 2
-    del stream
+    with holding(engine, PROMPT) as hold:
+        stream = engine.stream(PROMPT, max_new_tokens=N, documents=["一丁七"])
+        next(stream)
+        assert len(engine.trie.owners()) == 2
+        hold.release_soon()
+        del stream
     assert engine.trie.owners() == {OUTPUT_OWNER}
 
 

@@ -49,6 +49,7 @@ from rag_lookahead.testing import (
     greedy_reference,
     tiny_model,
 )
+from rag_lookahead.testing.holding import holding
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 8
@@ -339,11 +340,13 @@ def test_one_string_is_one_document_and_one_stop_string(engine) -> None:
 
 
 def test_finish_reason_is_none_until_the_stream_ends(engine) -> None:
-    stream = engine.stream(PROMPT, max_new_tokens=N)
-    assert stream.stats.finish_reason is None
-    next(stream)
-    assert stream.stats.finish_reason is None
-    stream.close()
+    with holding(engine, PROMPT) as hold:  # (the loop runs ahead of its reader)
+        stream = engine.stream(PROMPT, max_new_tokens=N)
+        assert stream.stats.finish_reason is None
+        next(stream)
+        assert stream.stats.finish_reason is None
+        hold.release_soon()
+        stream.close()
     assert stream.stats.finish_reason == "abandoned"
     unstarted = engine.stream(PROMPT, max_new_tokens=N)
     unstarted.close()

@@ -1,7 +1,8 @@
 """Helpers the test suites share (the core's, both integrations', the benchmarks' smoke tests):
 tiny random models and tokenizers (`models`), the README-block runner (`readme`), a stub
-OpenAI-compatible server (`stub_server`) and this project's server in a thread
-(`local_server`). For tests only: they may change without notice.
+OpenAI-compatible server (`stub_server`), this project's server in a thread (`local_server`)
+and an engine's loop held still while a test looks at a call in flight (`holding`). For tests
+only: they may change without notice.
 """
 
 from __future__ import annotations
