@@ -246,3 +246,11 @@ def test_a_prompts_chunk_is_timed_without_the_output_head(monkeypatch: pytest.Mo
     monkeypatch.setattr(kernels, "_layers_seconds", seconds)
     kernels.faster_linear(model)
     assert seen == {1: True, 4: True, 16: True, 256: False}
+
+
+def test_a_cpu_runner_tells_the_allocator_once_that_large_blocks_are_common() -> None:
+    from rag_lookahead.runtime import runner
+
+    ModelRunner(tiny_model("llama"), "torch")
+    ModelRunner(tiny_model("gpt2"), "torch")
+    assert runner.large_blocks_expected.cache_info().currsize == 1  # once per process

@@ -50,6 +50,25 @@ from rag_lookahead.runtime.threads import ModelThread
 
 __all__ = ["ModelRunner"]
 
+# glibc's malloc raises its threshold for serving a block by mmap to a freed mmapped block's
+# size, up to 32 MiB on 64-bit: one block just under that, freed.
+_LARGE_BLOCK = 32 * 2**20 - 2**16
+
+
+@functools.cache
+def large_blocks_expected() -> None:
+    """Tells the C allocator, once per process, that blocks of megabytes are common here.
+
+    glibc's malloc serves every block above a threshold (128 KiB at first) by a fresh mmap,
+    each page faulted on first touch and returned at free, until a freed block that large
+    raises the threshold: the first long prompt's forward pays that for each of its
+    activations (on a VM, seconds of a first long prefill; `benchmarks/README.md`, *The
+    first long prompt*). One block freed now does what that prompt would have; under another
+    allocator it is one allocation, nothing more."""
+    block = torch.empty(_LARGE_BLOCK, dtype=torch.uint8)  # never touched: no page is faulted
+    del block
+
+
 # The context each row of a measured batch holds (a RAG prompt is longer; this keeps it quick).
 _BATCH_CONTEXT = 256
 
@@ -62,6 +81,8 @@ class ModelRunner:
     def __init__(self, model: Any, linear: CpuLinear = "auto", thread: ModelThread | None = None) -> None:
         self.model = model
         self.thread = thread or ModelThread.shared()
+        if self.device.type == "cpu":
+            self.thread.call(large_blocks_expected)
         self.linear = self.thread.call(lambda: linear_used(model, self.device, linear))
         self.costs = CostModel()  # what its forwards cost, once measured (or given)
         self.lock = threading.RLock()
