@@ -273,8 +273,7 @@ _CHOSEN: weakref.WeakKeyDictionary[Any, dict[int, LinearKernels]] = weakref.Weak
 def packing_fits(model: Any) -> bool:
     """Whether a reordered copy of ``model``'s fp32 CPU linear weights takes at most
     ``_PACKED_SHARE`` of this machine's memory (``False`` where that is not known)."""
-    weights = {id(w): w for w, _ in _linear_weights(model, every=True)}.values()
-    needed = sum(w.numel() * w.element_size() for w in weights)
+    needed = sum(w.numel() * w.element_size() for w, _ in _linear_weights(model, every=True))
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
