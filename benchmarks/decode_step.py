@@ -1,11 +1,13 @@
-"""The engine's plain decoding step by the kernel of its linear layers (`cpu_linear`), the
-kernels alternated in one process.
+"""The engine's plain decoding step by the kernel of its linear layers (`cpu_linear`) and by
+its forward (`direct_forward`), the variants alternated in one process.
 
 For each kernel an engine without drafts (``mode="off"``, no prefix cache) over the same loaded
 model answers the first ``--limit`` records of ``--data`` (as `rag-lookahead bench` asks them:
 `rag_messages`), ``--max-new-tokens`` tokens each with end-of-sequence ignored, so that
 every call decodes as many steps; the figure is the mean over the records of the call's
-milliseconds per decoded token after its first (the prefill excluded), per round. Run it once
+milliseconds per decoded token after its first (the prefill excluded), per round. With
+``--forwards direct,model`` each kernel runs both ways: the direct forward and the model's own
+(named ``kernel/forward``). Run it once
 per tree to compare two versions of the code (``PYTHONPATH=<other tree>``; ``--kernels
 onednn`` where the other lacks ``packed``).
 
@@ -47,19 +49,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kernels", default="onednn,packed,torch", help="cpu_linear values, alternated")
+    parser.add_argument("--forwards", default="direct", help="direct and/or model, alternated")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     records = load_records(args.data, args.limit)
     base = LookaheadEngine.from_pretrained()
+    forwards = args.forwards.split(",")
     engines = {
-        kernel: LookaheadEngine(
+        kernel if len(forwards) == 1 else f"{kernel}/{forward}": LookaheadEngine(
             base.model,
             base.tokenizer,
-            LookaheadConfig(mode="off", cpu_linear=kernel, prefix_cache_mb=0),  # type: ignore[arg-type]
+            LookaheadConfig(
+                mode="off",
+                cpu_linear=kernel,
+                prefix_cache_mb=0,
+                # (set only when asked: a tree before the direct forward runs the default)
+                **({} if forwards == ["direct"] else {"direct_forward": forward == "direct"}),
+            ),
             model_thread=base.runner.thread,
         )
         for kernel in args.kernels.split(",")
+        for forward in forwards
     }
     rounds: dict[str, list[float]] = {kernel: [] for kernel in engines}
     _ms_per_token(next(iter(engines.values())), records[:1], 8)  # warm-up
@@ -73,9 +84,12 @@ def main() -> None:
         "threads": args.threads,
         "ms_per_token": rounds,
         "kernels": {kernel: str(engine.runner.linear) for kernel, engine in engines.items()},
+        "direct": {
+            name: getattr(engine.runner, "direct", None) is not None for name, engine in engines.items()
+        },
     }
     for kernel, figures in rounds.items():
-        print(f"{kernel:<8} ms per token by round: {figures}  (mean {statistics.mean(figures):.1f})")
+        print(f"{kernel:<14} ms per token by round: {figures}  (mean {statistics.mean(figures):.1f})")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 

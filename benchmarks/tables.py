@@ -255,6 +255,31 @@ def decode_step_table() -> str:
     return markdown(["kernel", "ms per token, run 1", "ms per token, run 2"], rows)
 
 
+@table("direct-forward")
+def direct_forward_table() -> str:
+    """The runner's forward, direct against the model's own (`direct-forward-epyc.json`), and the
+    engine's plain step both ways (`decode-step-direct-*-dolly_context_qa-epyc.json`)."""
+    rows = []
+    for row in load("direct-forward-epyc.json")["rows"]:
+        direct, model = statistics.mean(row["direct_ms"]), statistics.mean(row["model_ms"])
+        what = f"one forward, {row['width']} token{'s' if row['width'] > 1 else ''} after {row['context']}"
+        rows.append(
+            [
+                what,
+                fixed(direct, 1),
+                fixed(model, 1),
+                ratio(model / direct),
+                "yes" if row["identical"] else "no",
+            ]
+        )
+    for run in (1, 2):
+        steps = load(f"decode-step-direct-{run}-dolly_context_qa-epyc.json")["ms_per_token"]
+        direct, model = statistics.mean(steps["packed/direct"]), statistics.mean(steps["packed/model"])
+        what = f"the engine's plain step, dolly, run {run}"
+        rows.append([what, fixed(direct, 1), fixed(model, 1), ratio(model / direct), ""])
+    return markdown(["forward", "direct, ms", "the model's, ms", "model / direct", "identical logits"], rows)
+
+
 @table("kernel")
 def kernel_table() -> str:
     """piarena's long prompts on the Xeon, by linear kernel (`kernel-*-piarena_rag_qa-xeon.json`)."""

@@ -98,6 +98,11 @@ class LookaheadConfig:
             fastest on this machine for a forward of so many tokens, timed when the engine is
             built (``"packed"`` only where its copy takes at most a quarter of the memory).
             They agree up to rounding. Read once, by the engine built with it.
+        direct_forward: Run the forwards of a model whose layers are Llama's (Llama, Mistral,
+            Qwen2 without sliding windows) by their operators, without their modules' calls
+            (`rag_lookahead.runtime.direct`), where that gives the model's own logits bit for
+            bit on probe inputs (checked when the engine is built); ``False`` always calls the
+            model. Read once, by the engine built with it.
     """
 
     mode: Mode = "auto"
@@ -115,6 +120,7 @@ class LookaheadConfig:
     prefix_cache_mb: int = 256
     draft_policy: DraftPolicy = "suffix"
     cpu_linear: CpuLinear = "auto"
+    direct_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -138,6 +144,8 @@ class LookaheadConfig:
             raise ValueError(
                 f"cpu_linear must be 'auto', 'onednn', 'packed' or 'torch', got {self.cpu_linear!r}"
             )
+        if not isinstance(self.direct_forward, bool):
+            raise ValueError(f"direct_forward must be True or False, got {self.direct_forward!r}")
         if self.ngram_size < 2:
             raise ValueError(f"ngram_size must be at least 2, got {self.ngram_size}")
         if self.mode in ("auto", "jacobi") and self.ngram_size - 1 > self.decoding_length:

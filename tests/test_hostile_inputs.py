@@ -208,6 +208,8 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown mode", {"mode": "fast"}, "mode must be"),
     ("unknown draft policy", {"draft_policy": "suffixes"}, "draft_policy must be"),
     ("unknown CPU linear kernel", {"cpu_linear": "mkl"}, "cpu_linear must be"),
+    ("the direct forward as a string", {"direct_forward": "yes"}, "direct_forward must be True or False"),
+    ("the direct forward as a number", {"direct_forward": 1}, "direct_forward must be True or False"),
     ("no draft tokens", {"decoding_length": 0}, "decoding_length must be a positive integer"),
     ("a node cap of 10**40", {"max_trie_nodes": 10**40}, "max_trie_nodes must be at most"),
     ("a node cap as a float", {"max_trie_nodes": 2e5}, "max_trie_nodes must be a positive integer"),

@@ -102,7 +102,7 @@ class LookaheadEngine(EngineBase):
                 f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
-        self.runner = ModelRunner(model, self.config.cpu_linear, model_thread)
+        self.runner = ModelRunner(model, self.config.cpu_linear, model_thread, self.config.direct_forward)
         self.runner.costs.curve = cost_curve
         self.planner = StepPlanner(self.config, self.runner.costs)
         self.scheduler = _new_scheduler(self.runner, self.config)
@@ -159,14 +159,15 @@ class LookaheadEngine(EngineBase):
         get a trie of its own, and only when it changes ``max_batch_size``,
         ``max_tokens_per_forward``, ``max_prefill_tokens_per_step`` or ``prefix_cache_mb``
         does it batch its calls apart (and keep prompt prefixes apart; forwards still take
-        turns). ``cpu_linear`` is the runner's: another one needs another engine
-        (`ValueError`).
+        turns). ``cpu_linear`` and ``direct_forward`` are the runner's: another one needs
+        another engine (`ValueError`).
         """
-        if config.cpu_linear != self.config.cpu_linear:
-            raise ValueError(
-                "cpu_linear is chosen once per engine (its forwards and their measured costs): "
-                "build another LookaheadEngine for the other kernel"
-            )
+        for name in ("cpu_linear", "direct_forward"):
+            if getattr(config, name) != getattr(self.config, name):
+                raise ValueError(
+                    f"{name} is chosen once per engine (its forwards and their measured costs): "
+                    "build another LookaheadEngine for the other one"
+                )
         other = copy.copy(self)
         other.config = config
         other.planner = self.planner.with_config(config)

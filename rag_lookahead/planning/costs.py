@@ -417,10 +417,12 @@ def model_digest(model: Any) -> str:
 
 
 def curve_key(
-    model: Any, device: torch.device, max_tokens: int, linear: str, attention: str
+    model: Any, device: torch.device, max_tokens: int, linear: str, attention: str, forward: str = "model"
 ) -> dict[str, Any]:
     """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`;
-    ``attention``: its attention's, `attention_used`); a cached curve with another key is stale."""
+    ``attention``: its attention's, `attention_used`; ``forward``: ``"direct"`` where the
+    forwards run as `rag_lookahead.runtime.direct` has them, else ``"model"``); a cached curve
+    with another key is stale."""
     import transformers
 
     return {
@@ -429,6 +431,7 @@ def curve_key(
         "dtype": str(model.dtype),
         "attention": attention,
         "linear": linear,
+        "forward": forward,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

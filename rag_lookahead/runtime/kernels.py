@@ -34,7 +34,7 @@ import os
 import statistics
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cache
@@ -51,6 +51,7 @@ __all__ = [
     "linear_used",
     "onednn_available",
     "packing_fits",
+    "torch_linear",
 ]
 
 _F32 = torch.float32
@@ -149,11 +150,33 @@ class OneDnnLayers:
             for i in shadowed:
                 del self.layers[i].forward
 
+    def function(self, packed: bool) -> Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]:
+        """What a layer's shadowed ``forward`` computes, as a function of the layer and its input
+        (``packed``: over reordered weights, once `pack` made them): for a forward that calls no
+        layer (`rag_lookahead.runtime.direct`), so nothing needs shadowing."""
+        return self._packed_forward if packed and self.packs else self._plain_forward
+
+    def _packed_forward(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(layer, True, x)
+
+    def _plain_forward(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(layer, False, x)
+
     def _forward(self, layer: torch.nn.Linear, packed: bool, x: Any) -> Any:
         weight, bias = layer.weight, layer.bias
-        if _fits_input(x) and _fits_weight(weight) and (bias is None or _fits_bias(bias, weight)):
-            return self.linear(x, weight, bias, packed)
+        if _fits_input(x) and (bias is None or _fits_bias(bias, weight)):
+            # A weight whose reordered copy is current fitted when the copy was made.
+            entry = self._reordered.get(id(weight)) if packed else None
+            if entry is not None and entry.current(weight):
+                return torch.ops.mkldnn._linear_pointwise(x, entry.copy, bias, "none", [], "")
+            if _fits_weight(weight):
+                return self.linear(x, weight, bias, packed)
         return torch.nn.functional.linear(x, weight, bias)
+
+
+def torch_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """What ``layer`` computes of ``x`` as torch's own class does."""
+    return torch.nn.functional.linear(x, layer.weight, layer.bias)
 
 
 def _fits_weight(weight: Any) -> bool:
@@ -216,6 +239,14 @@ class LinearKernels:
         if kernel == "torch" or self.layers is None:
             return nullcontext()
         return self.layers.installed(packed=kernel == "packed")
+
+    def function(self, tokens: int) -> Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]:
+        """A layer's output for its input, on the kernel of a forward of ``tokens`` tokens (as
+        the layer computes it within `running`), as a function of the layer and its input."""
+        kernel = self.kernel(tokens)
+        if kernel == "torch" or self.layers is None:
+            return torch_linear
+        return self.layers.function(packed=kernel == "packed")
 
     def __str__(self) -> str:
         """``torch``, ``onednn``, ``packed``, or by class, e.g. ``torch,4:packed`` (the cost

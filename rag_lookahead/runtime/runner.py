@@ -42,6 +42,7 @@ from rag_lookahead.runtime.attention import (
     packed_rows,
     ragged_rows,
 )
+from rag_lookahead.runtime.direct import DirectForward
 from rag_lookahead.runtime.kernels import linear_used
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
@@ -49,6 +50,10 @@ from rag_lookahead.runtime.probe import tree_support_problem
 from rag_lookahead.runtime.threads import ModelThread
 
 __all__ = ["ModelRunner"]
+
+# One forward: logits and cache of ``(input_ids, cache, position_ids=, attention_mask=,
+# logits_to_keep=)`` (the model's own, or `DirectForward`).
+Forward = Callable[..., Any]
 
 # glibc's malloc raises its threshold for serving a block by mmap to a freed mmapped block's
 # size, up to 32 MiB on 64-bit: one block just under that, freed.
@@ -78,7 +83,9 @@ class ModelRunner:
     run by a `ModelThread` (``thread``, or the process's shared one); on a CPU its fp32 linear layers
     run on the kernels ``linear`` chooses by a forward's tokens (`rag_lookahead.runtime.kernels`)."""
 
-    def __init__(self, model: Any, linear: CpuLinear = "auto", thread: ModelThread | None = None) -> None:
+    def __init__(
+        self, model: Any, linear: CpuLinear = "auto", thread: ModelThread | None = None, direct: bool = True
+    ) -> None:
         self.model = model
         self.thread = thread or ModelThread.shared()
         if self.device.type == "cpu":
@@ -92,27 +99,45 @@ class ModelRunner:
         self._probed = False
         self._tree_problem: str | None = None
         self._packs = False  # probed with the trees
+        self.direct: DirectForward | None = None
+        if direct:
+            self.direct = self.thread.call(lambda: _matching_direct(self))
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @contextmanager
-    def _running(self, tokens: int, locked: bool = True) -> Iterator[None]:
-        """One forward of ``tokens`` tokens: alone on the model (``locked``: the probe, in the
-        model's thread, runs while a caller may hold the lock), without autograd, with the
-        grouped attention and the linear kernel chosen for so many tokens on CPU."""
+    def _running(self, tokens: int, locked: bool = True) -> Iterator[Forward]:
+        """One forward of ``tokens`` tokens, by the function given: alone on the model
+        (``locked``: the probe, in the model's thread, runs while a caller may hold the lock),
+        without autograd, with the grouped attention and the linear kernel chosen for so many
+        tokens on CPU; the direct forward where there is one and the model is still as it read
+        it (`DirectForward.applies`), else the model's own."""
+        direct = self.direct if self.direct is not None and self.direct.applies() else None
         with (
             self.lock if locked else contextlib.nullcontext(),
             torch.inference_mode(),
             grouped_attention(self.model, self.device),
-            self.linear.running(tokens),
+            contextlib.nullcontext() if direct else self.linear.running(tokens),
         ):
-            yield
+            if direct is not None:
+                yield functools.partial(direct, linear=self.linear.function(tokens))
+            else:
+                yield self._model_forward
+
+    def _model_forward(
+        self, input_ids: torch.Tensor, cache: Any, logits_to_keep: Any = None, **kwargs: Any
+    ) -> Any:
+        """The model's own forward, called as `DirectForward` is."""
+        if logits_to_keep is not None:  # (given only where the model takes it)
+            kwargs["logits_to_keep"] = logits_to_keep
+        return self.model(input_ids=input_ids, use_cache=True, **{self.cache_arg: cache}, **kwargs)
 
     def _curve_key(self, max_tokens: int) -> dict[str, Any]:
         attention = str(attention_used(self.model, self.device))
-        return curve_key(self.model, self.device, max_tokens, str(self.linear), attention)
+        forward = "model" if self.direct is None else "direct"
+        return curve_key(self.model, self.device, max_tokens, str(self.linear), attention, forward)
 
     def tree_problem(self) -> str | None:
         """Why this model cannot verify draft trees, or ``None``; probed once, warned once.
@@ -148,11 +173,10 @@ class ModelRunner:
 
         ``cache=None`` lets the model build the cache it prefers (plain decoding).
         """
-        kwargs[self.cache_arg] = cache
         if last_only and self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        with self._running(input_ids.numel()):
-            out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **kwargs)
+        with self._running(input_ids.numel()) as run:
+            out = run(input_ids.to(self.device), cache, **kwargs)
         if cache is None:
             cache = getattr(out, "cache", None)
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
@@ -215,14 +239,12 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Logits ``[B, T, V]`` of a batched step's forward (``[B, len(keep), V]`` with
         ``keep``), its rows attending as ``attending`` has them."""
-        kwargs: dict[str, Any] = {self.cache_arg: cache}
+        kwargs: dict[str, Any] = {}
         where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
         if where is not None and self._logits_to_keep:
             kwargs["logits_to_keep"], where = where, None  # the model projects those alone
-        with self._running(input_ids.numel(), locked), attending:
-            out = self.model(
-                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True, **kwargs
-            )
+        with self._running(input_ids.numel(), locked) as run, attending:
+            out = run(input_ids, cache, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits if where is None else out.logits[:, where]
 
     def synchronize(self) -> None:
@@ -374,6 +396,57 @@ class ModelRunner:
             return elapsed
 
         return seconds
+
+
+def _matching_direct(runner: ModelRunner) -> DirectForward | None:
+    """The model's direct forward (`DirectForward`), where it has one and it gives the model's
+    own forward's logits and cache entries bit for bit, through the runner's own paths: a
+    prompt, one token after it, a draft tree under its mask, and a batch of two rows; else
+    ``None`` (the model's own forward runs)."""
+    direct = DirectForward.of(runner.model)
+    if direct is None:
+        return None
+    try:
+        want = _probe_outputs(runner)
+        runner.direct = direct
+        got = _probe_outputs(runner)
+    except Exception:  # any failure means "the model's own forward", never a crash
+        return None
+    finally:
+        runner.direct = None
+    same = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    return direct if same else None
+
+
+def _probe_outputs(runner: ModelRunner) -> list[torch.Tensor]:
+    """The logits and cache entries of the direct forward's probe (`_matching_direct`)."""
+    from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+
+    vocab, device = int(runner.model.config.vocab_size), runner.device
+    outputs: list[torch.Tensor] = []
+    prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(6)]])
+    logits, cache = runner.forward(prompt, None)
+    outputs.append(logits)
+    logits, cache = runner.forward(torch.tensor([[5 % vocab]]), cache)
+    outputs += [logits, *_entries(cache)]
+    tree = StepDraft(DraftTree(tuple(i % vocab for i in (11, 12, 13, 14)), (-1, 0, 0, 2)))
+    _, grown = runner.forward(prompt, new_tree_cache(), last_only=True)
+    logits, grown = runner.forward_step(tree, grown, prompt.shape[1])
+    outputs += [logits, *_entries(grown)]
+    batch = BatchCache()
+    for length in (5, 9):
+        row_prompt = torch.tensor([[(3 * i + 1) % vocab for i in range(length)]])
+        _, row = runner.forward(row_prompt, new_tree_cache())
+        batch.add_row(row, expected_rows=2)
+    batch.prepare()
+    drafts = [tree, StepDraft(DraftTree((15 % vocab,), (-1,)))]
+    inputs = batch_inputs(drafts, batch.lengths, device, runner.model.dtype)
+    outputs += [runner.forward_batch(inputs, batch.cache, batch.lengths, keep=[0, 2]), *_entries(batch.cache)]
+    return outputs
+
+
+def _entries(cache: Any) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
 def _packed_matches(runner: ModelRunner) -> bool:
