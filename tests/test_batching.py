@@ -384,14 +384,17 @@ def test_every_forward_runs_in_the_models_thread_whichever_threads_read() -> Non
     down: the readers only wait, and the model's one thread runs every forward."""
     model = tiny_model("llama")
     ran_in: set[threading.Thread] = set()
-    model.register_forward_hook(lambda *_: ran_in.add(threading.current_thread()))
-    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
-    jobs = [
-        ([5, 6, 7, 8] * 3, GenerationParams(max_new_tokens=8)),
-        ([1, 2, 3], GenerationParams(max_new_tokens=8)),
-    ]
-    run_together(engine, jobs, stagger=0)
-    engine.complete([4, 4, 2], max_new_tokens=4)
+    hook = model.register_forward_hook(lambda *_: ran_in.add(threading.current_thread()))
+    try:
+        engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(min_query_length=1))
+        jobs = [
+            ([5, 6, 7, 8] * 3, GenerationParams(max_new_tokens=8)),
+            ([1, 2, 3], GenerationParams(max_new_tokens=8)),
+        ]
+        run_together(engine, jobs, stagger=0)
+        engine.complete([4, 4, 2], max_new_tokens=4)
+    finally:
+        hook.remove()  # the model is shared by the other tests
     assert ran_in == {engine.runner.thread._thread}
 
 

@@ -41,6 +41,7 @@ def holding(engine: Any, prompt_ids: Sequence[int]) -> Iterator[Hold]:
     prefill) until the yielded `Hold` is released; the model is restored on leaving."""
     hold, model = Hold(), engine.model
     forward, prompt = model.forward, list(prompt_ids)
+    own = "forward" in model.__dict__  # else the class's: restored by deleting the instance's
 
     def held(input_ids: Any, *args: Any, **kwargs: Any) -> Any:
         if hold.prefilled.is_set():
@@ -54,4 +55,7 @@ def holding(engine: Any, prompt_ids: Sequence[int]) -> Iterator[Hold]:
         yield hold
     finally:
         hold.released.set()
-        model.forward = forward
+        if own:
+            model.forward = forward
+        else:  # (an instance attribute left behind would keep the model off its direct forward)
+            del model.forward
