@@ -331,11 +331,13 @@ def test_a_trie_of_another_vocabulary_is_refused(tmp_path) -> None:
 def test_one_string_is_one_document_and_one_stop_string(engine) -> None:
     reference = greedy_reference(engine.model, PROMPT, 2 * N)
     text = CharTokenizer().decode(reference)
-    streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
-    next(streamed)
-    (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
-    assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text, not its characters
-    streamed.close()
+    with holding(engine, PROMPT) as hold:  # (the loop runs ahead of its reader)
+        streamed = engine.stream(PROMPT, max_new_tokens=2 * N, documents=text)
+        next(streamed)
+        (owner,) = engine.trie.owners() - {OUTPUT_OWNER}
+        assert engine.trie.counts_at(reference[:3]).get(owner) == 1  # the text, not its characters
+        hold.release_soon()
+        streamed.close()
     stop = text[5:7]
     stopped = engine.complete(PROMPT, max_new_tokens=2 * N, stop_strings=stop)
     assert stopped.stats.finish_reason == "stop_string" and stopped.text == text[: text.index(stop)]
