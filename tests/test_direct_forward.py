@@ -178,3 +178,18 @@ def test_a_layer_replaced_later_is_called() -> None:
     assert not engine.runner.direct.applies()
     engine.complete("hello", max_new_tokens=3)
     assert calls
+
+
+def test_a_global_hook_or_an_embedding_that_renormalises_runs_the_model() -> None:
+    model = tiny_model("llama", 1, ASCII_VOCAB)
+    direct = DirectForward.of(model)
+    assert direct is not None
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *_: None)
+    try:
+        assert not direct.applies()
+    finally:
+        handle.remove()
+    assert direct.applies()
+    renormalising = copy.deepcopy(model)
+    renormalising.model.embed_tokens.max_norm = 1.0  # (it rewrites the weights it reads)
+    assert DirectForward.of(renormalising) is None
