@@ -67,9 +67,10 @@ def main() -> None:
             json.dump(record, out, indent=1)
 
 
-def prefilled_rows(runner: ModelRunner, lengths: Sequence[int]) -> BatchCache:
-    """A batch of rows of ``lengths`` cached tokens (each its own made-up prompt)."""
-    batch = BatchCache()
+def prefilled_rows(runner: ModelRunner, lengths: Sequence[int], packed: bool = True) -> BatchCache:
+    """A batch (``packed`` or padded) of rows of ``lengths`` cached tokens (each its own
+    made-up prompt)."""
+    batch = BatchCache(packed=packed)
     for row, length in enumerate(lengths):
         cache = new_tree_cache()
         prompt = torch.tensor([[(7 * j + row) % 1000 + 5 for j in range(length)]])
@@ -85,14 +86,14 @@ def chain(tokens: int) -> StepDraft:
 
 def _compare(runner: ModelRunner, lengths: list[int], sizes: list[int], repeats: int) -> dict[str, Any]:
     """One step of ``sizes`` tokens per row over rows of ``lengths``, padded and packed in turn."""
-    batch = prefilled_rows(runner, lengths)
+    rows, batch = prefilled_rows(runner, lengths, packed=False), prefilled_rows(runner, lengths)
     drafts = [chain(n) for n in sizes]
     times: dict[str, list[float]] = {"padded": [], "packed": []}
     for _ in range(repeats):
-        batch.prepare()
-        padded = batch_inputs(drafts, batch.lengths, runner.device, torch.float32)
+        rows.prepare()
+        padded = batch_inputs(drafts, rows.lengths, runner.device, torch.float32)
         start = time.perf_counter()
-        wide = runner.forward_batch(padded, batch.cache, batch.lengths)  # [B, T, V]
+        wide = runner.forward_batch(padded, rows.cache, rows.lengths)  # [B, T, V]
         times["padded"].append(time.perf_counter() - start)
         packed = runner.packed_inputs(drafts, batch.lengths)
         batch.prepare(packed)

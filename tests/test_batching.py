@@ -105,8 +105,8 @@ def test_a_packed_step_matches_the_padded_one_and_writes_the_same_cache(family: 
     chunk = DraftTree((23, 5, 7), (-1, 0, 1))  # a prompt's chunk: a chain
     drafts = [StepDraft(branchy), StepDraft(DraftTree.root_only(7)), StepDraft(chunk)]
     batches = []
-    for _ in range(2):
-        batch = BatchCache()
+    for packs in (False, True):
+        batch = BatchCache(packed=packs)
         for prompt in prompts:
             batch.add_row(prefilled(runner, prompt[:-1]))
         batches.append(batch)
@@ -125,10 +125,11 @@ def test_a_packed_step_matches_the_padded_one_and_writes_the_same_cache(family: 
     for batch in batches:
         batch.keep_accepted(4 if batch is batches[0] else 3, nodes)
     assert batches[0].lengths == batches[1].lengths == [7, 2, 11]
-    for ours, theirs in zip(batches[1].cache.layers, batches[0].cache.layers, strict=True):
-        for i, length in enumerate(batches[0].lengths):
-            torch.testing.assert_close(ours.key_buffer[i, :, :length], theirs.key_buffer[i, :, :length])
-            torch.testing.assert_close(ours.value_buffer[i, :, :length], theirs.value_buffer[i, :, :length])
+    for i in range(3):
+        ours, theirs = batches[1].row_view(i), batches[0].row_view(i)
+        for mine, its in zip(ours.layers, theirs.layers, strict=True):
+            torch.testing.assert_close(mine.keys, its.keys)
+            torch.testing.assert_close(mine.values, its.values)
 
 
 def test_a_model_attending_its_own_way_is_not_packed() -> None:
@@ -435,6 +436,50 @@ def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one(
     for i, prompt in enumerate([prompts[2], prompts[3]]):
         alone, _ = runner.forward_step(drafts[i], prefilled(runner, prompt), len(prompt))
         torch.testing.assert_close(logits[i, : len(drafts[i])], alone, rtol=1e-4, atol=1e-4)
+
+
+def _chain(tokens: int) -> StepDraft:
+    return StepDraft(DraftTree(tuple(range(5, 5 + tokens)), tuple(range(-1, tokens - 1))))
+
+
+def test_a_packed_batch_keeps_each_row_in_its_own_buffers() -> None:
+    """A joining row brings its prefilled buffers, a row outgrowing its room grows alone, a
+    leaving row moves nobody, and the last row decodes on in its own buffers: no row is ever
+    copied for another's sake."""
+    runner = ModelRunner(tiny_model("llama"))
+    assert runner.packs()
+    prompts = [[3, 14, 15, 9], [2, 7, 1], [5, 5, 6, 8, 1]]
+    rows = [prefilled(runner, prompt) for prompt in prompts]
+    buffers = [row.layers[0].keys.data_ptr() for row in rows]
+    batch = BatchCache(packed=True)
+    for row in rows:
+        batch.add_row(row)
+    drafts = [StepDraft(TREE), StepDraft(DraftTree.root_only(4)), _chain(80)]  # past row 2's room
+    inputs = runner.packed_inputs(drafts, batch.lengths)
+    batch.prepare(inputs)
+    logits = runner.forward_packed(inputs, batch.cache, batch.lengths)  # [85, V]
+    for i, (offset, size) in enumerate(zip(inputs.offsets, inputs.sizes, strict=True)):
+        alone, _ = runner.forward_step(drafts[i], prefilled(runner, prompts[i]), len(prompts[i]))
+        torch.testing.assert_close(logits[offset : offset + size], alone, rtol=1e-4, atol=1e-4)
+    batch.keep_accepted(80, [[0, 3], [0], list(range(80))])
+    assert batch.lengths == [6, 4, 85]
+    moved = [batch.row_view(i).layers[0].keys.data_ptr() != buffers[i] for i in range(3)]
+    assert moved == [False, False, True]
+    assert batch.keep_rows([1]) == [1] and batch.lengths == [4]  # the others left
+    assert batch.cache.layers[0].keys.data_ptr() == buffers[1]
+    logits, _ = runner.forward(torch.tensor([[9]]), batch.cache)
+    expected, _ = runner.forward(torch.tensor([[9]]), prefilled(runner, [2, 7, 1, 4]))
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert batch.cache.layers[0].keys.data_ptr() == buffers[1]  # appended in its room
+
+
+def test_a_batch_takes_the_inputs_of_its_own_kind_only() -> None:
+    drafts = [StepDraft(TREE), StepDraft(DraftTree.root_only(4))]
+    for packed in (False, True):
+        batch = BatchCache(packed=packed)
+        inputs = packed_inputs(drafts, [3, 2], torch.device("cpu"), torch.float32)
+        with pytest.raises(ValueError, match="packed batch takes packed inputs"):
+            batch.prepare(None if packed else inputs)
 
 
 def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama", **settings: Any):

@@ -97,17 +97,20 @@ def test_batched_steps_are_the_models_bit_for_bit(family: str) -> None:
     prompts = [torch.tensor([[rng.randrange(VOCAB) for _ in range(length)]]) for length in (4, 17, 9)]
     results = []
     for runner in _runners(family):
-        batch = BatchCache()
-        for prompt in prompts:
-            _, row = runner.forward(prompt, new_tree_cache())
-            batch.add_row(row, expected_rows=3)
-        batch.prepare()
-        inputs = batch_inputs(drafts, batch.lengths, runner.device, runner.model.dtype)
-        padded = runner.forward_batch(inputs, batch.cache, batch.lengths)
-        results.append([padded])
-        if runner.packs():
-            batch.prepare(packed := runner.packed_inputs(drafts, batch.lengths))
-            results[-1].append(runner.forward_packed(packed, batch.cache, batch.lengths))
+        results.append([])
+        for packs in (False, True) if runner.packs() else (False,):
+            batch = BatchCache(packed=packs)
+            for prompt in prompts:
+                _, row = runner.forward(prompt, new_tree_cache())
+                batch.add_row(row, expected_rows=3)
+            if packs:
+                batch.prepare(packed := runner.packed_inputs(drafts, batch.lengths))
+                results[-1].append(runner.forward_packed(packed, batch.cache, batch.lengths))
+            else:
+                batch.prepare()
+                inputs = batch_inputs(drafts, batch.lengths, runner.device, runner.model.dtype)
+                results[-1].append(runner.forward_batch(inputs, batch.cache, batch.lengths))
+            results[-1] += [t for i in range(batch.rows) for t in _entries(batch.row_view(i))]
     got, want = results
     assert len(got) == len(want)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -146,8 +146,8 @@ def test_a_packed_step_past_the_window_matches_the_padded_one(family: str) -> No
     ]
     prompts = [[rng.randrange(VOCAB) for _ in range(length)] for length in lengths]
     batches = []
-    for _ in range(2):
-        batch = BatchCache()
+    for packs in (False, True):
+        batch = BatchCache(packed=packs)
         for prompt in prompts:
             cache = new_tree_cache()
             runner.forward(torch.tensor([prompt]), cache, last_only=True)

@@ -29,12 +29,21 @@ class Executor:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
+    def packs(self) -> bool:
+        """Whether this executor's batches are packed (`new_batch`): where the runner packs."""
+        return self.runner.packs()
+
+    def new_batch(self) -> BatchCache:
+        """An empty batch for the forwards `run` runs."""
+        return BatchCache(packed=self.packs())
+
     def run(self, plan: StepPlan, batch: BatchCache) -> StepOutput:
-        """One forward over every row of ``batch`` as ``plan`` says (the cache then holds the
-        step's columns; `BatchCache.keep_accepted` keeps those the rows accept)."""
+        """One forward over every row of ``batch`` (from `new_batch`) as ``plan`` says (the
+        cache then holds the step's columns; `BatchCache.keep_accepted` keeps those the rows
+        accept)."""
         if batch.rows == 1:
             return self._one_row(plan, batch)
-        if self.runner.packs():
+        if batch.packed:
             return self._packed(plan, batch)
         steps = [row.draft for row in plan.rows]
         keep = plan.logit_positions()

@@ -73,8 +73,8 @@ class Scheduler:
         self._joining: list[Call] = []  # prefilling apart, in order
         self._rows: list[Call] = []  # the batch, in row order (some may still be prefilling)
         self._alone: list[Call] = []  # decoding plainly outside the batch
-        self._batch = BatchCache()
         self._executor = Executor(runner)
+        self._batch = BatchCache()  # packed or not as the first row joins (`_add_row`)
         self.pricing = Pricing(runner.costs, max_tokens_per_forward, runner.packs)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         self._thread = runner.thread
@@ -216,6 +216,9 @@ class Scheduler:
         """``call`` becomes a row of the batch (its cache, as prefilled so far, moves in)."""
         if call in self._joining:
             self._joining.remove(call)
+        if not self._rows and self._batch.packed != self._executor.packs():
+            # (known once the runner has probed its model: at its first call, not before)
+            self._batch = self._executor.new_batch()
         self._batch.add_row(call.cache, min(self.max_batch_size, len(self._rows) + 1 + len(self._joining)))
         call.cache = None
         self._rows.append(call)

@@ -22,7 +22,8 @@ hidden, so they weigh exactly nothing), up to the rounding of a smaller kernel.
 
 Within `packed_rows` the batch's drafts come unpadded, one after another in a single sequence
 (`rag_lookahead.decoding.tree.PackedInputs`): the linear layers then cost the rows' real tokens
-only, and each row's queries attend over that row's keys alone, under its own mask (its
+only, and each row's queries attend over that row's keys alone (each row's own buffers, as
+`rag_lookahead.runtime.packed_cache.PackedRowCache` hands them over), under its own mask (its
 windowed one in a layer that transformers calls with a ``sliding_window``).
 """
 
@@ -40,6 +41,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rag_lookahead.decoding.tree import PackedInputs
+from rag_lookahead.runtime.packed_cache import RowStates
 
 __all__ = [
     "ATTENTION_NAME",
@@ -57,8 +59,8 @@ ATTENTION_NAME = "rag_lookahead_sdpa"
 # its new tokens). Set by `ragged_rows` for one forward, in the thread that runs it.
 _ROW_SPANS: ContextVar[tuple[int, ...] | None] = ContextVar("rag_lookahead_row_spans", default=None)
 # The packed forward under way: per row, its queries' first index and count in the sequence,
-# its key columns, and its masks in full and in sliding-window layers (``None``: it sees all).
-_Packed = tuple[tuple[int, int, int, torch.Tensor | None, torch.Tensor | None], ...]
+# and its masks in full and in sliding-window layers (``None``: it sees all).
+_Packed = tuple[tuple[int, int, torch.Tensor | None, torch.Tensor | None], ...]
 _PACKED: ContextVar[_Packed | None] = ContextVar("rag_lookahead_packed_rows", default=None)
 # Rows are attended one by one only when the padded batch reads at least this many times the
 # columns they use: a call per row costs more than one call for the batch.
@@ -80,16 +82,11 @@ def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
 
 
 @contextmanager
-def packed_rows(inputs: PackedInputs, lengths: Sequence[int]) -> Iterator[None]:
+def packed_rows(inputs: PackedInputs) -> Iterator[None]:
     """Within this block, an attention of the one packed sequence of ``inputs`` over a batch of
-    rows' keys (rows of ``lengths`` cached tokens) attends row ``i``'s queries over that row's
-    keys alone, under its own mask (in a sliding-window layer, its windowed one)."""
-    rows = tuple(
-        (offset, size, length + size, mask, sliding)
-        for offset, size, length, mask, sliding in zip(
-            inputs.offsets, inputs.sizes, lengths, inputs.masks, inputs.sliding, strict=True
-        )
-    )
+    rows' keys (`RowStates`) attends row ``i``'s queries over that row's keys alone, under its
+    own mask (in a sliding-window layer, its windowed one)."""
+    rows = tuple(zip(inputs.offsets, inputs.sizes, inputs.masks, inputs.sliding, strict=True))
     token = _PACKED.set(rows)
     try:
         yield
@@ -99,8 +96,8 @@ def packed_rows(inputs: PackedInputs, lengths: Sequence[int]) -> Iterator[None]:
 
 def _packed(
     query: torch.Tensor,  # [1, H, N, D]
-    key: torch.Tensor,  # [B, KV, L, D]
-    value: torch.Tensor,  # [B, KV, L, D]
+    keys: RowStates,  # per row [1, KV, L_i, D]
+    values: RowStates,
     scaling: float | None,
     rows: _Packed,
     sliding: bool,
@@ -109,13 +106,13 @@ def _packed(
     outs = [
         torch.nn.functional.scaled_dot_product_attention(
             query[:, :, offset : offset + size],
-            key[i : i + 1, :, :span],
-            value[i : i + 1, :, :span],
+            key,
+            value,
             attn_mask=windowed if sliding else mask,
             scale=scaling,
             enable_gqa=True,
         )  # [1, H, size, D]
-        for i, (offset, size, span, mask, windowed) in enumerate(rows)
+        for (offset, size, mask, windowed), key, value in zip(rows, keys, values, strict=True)
     ]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
@@ -145,10 +142,17 @@ def grouped_sdpa_attention(
     plain = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
     packed = _PACKED.get()
     if packed is not None:
-        if plain or query.shape[0] != 1 or key.shape[0] != len(packed):  # (the probe finds this)
+        rows_keys, rows_values = key, value
+        if (
+            plain
+            or query.shape[0] != 1
+            or not isinstance(rows_keys, RowStates)
+            or not isinstance(rows_values, RowStates)
+            or len(rows_keys) != len(packed)
+        ):  # (the probe finds this)
             raise RuntimeError("this attention cannot be computed on packed rows")
         sliding = kwargs.get("sliding_window") is not None  # (how transformers' layers say it)
-        return _packed(query, key, value, scaling, packed, sliding), None
+        return _packed(query, rows_keys, rows_values, scaling, packed, sliding), None
     if attention_mask is not None and (spans := _split_rows(query, key, plain)) is not None:
         rows = [
             grouped_sdpa_attention(

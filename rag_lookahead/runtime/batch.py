@@ -9,6 +9,12 @@ positions), so a row is computed as if it were alone. After the step each row ke
 accepted nodes (gathered to the front of its new columns) and its length grows by them;
 whatever lies beyond a row's length is stale and stays hidden.
 
+That is the padded batch (every row's step as wide as the widest). A packed batch (its rows'
+tokens side by side, on a CPU: `rag_lookahead.runtime.attention.packed_rows`) attends each row
+over its own keys alone, so its rows need no common buffer: it keeps each row in the buffers
+its call prefilled into (`rag_lookahead.runtime.packed_cache.PackedRowCache`), and a call
+joins, grows and leaves without copying any other row.
+
 A call alone decodes in its own `GrowingCache` instead, exactly as it would outside a batch;
 the batch converts between the two when a second call joins or the last but one leaves.
 """
@@ -23,7 +29,15 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rag_lookahead.decoding.tree import PackedInputs, step_inputs
-from rag_lookahead.runtime.kv_cache import GrowingCache, keep_accepted, new_tree_cache, with_room
+from rag_lookahead.runtime.kv_cache import (
+    GrowingCache,
+    growing_cache,
+    keep_accepted,
+    layer_rooms,
+    new_tree_cache,
+    with_room,
+)
+from rag_lookahead.runtime.packed_cache import PackedRowCache, Rooms
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
 
@@ -38,9 +52,6 @@ class _Rows:
     def __init__(self, lengths: list[int]) -> None:
         self.lengths = lengths  # the batch's own list, kept up to date by it
         self.starts: torch.Tensor | None = None  # [B], on the device, for the forward in flight
-        # For a packed forward (its rows' tokens side by side, unpadded): each token's row and
-        # column [N], and the columns the rows use after it.
-        self.packed: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 class RowLayer(DynamicLayer):
@@ -65,8 +76,6 @@ class RowLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rows.packed is not None:
-            return self._update_packed(key_states, value_states, *self._rows.packed)
         new = key_states.shape[-2]
         used = max(self._rows.lengths) + new
         self.reserve(len(self._rows.lengths), used)
@@ -76,21 +85,6 @@ class RowLayer(DynamicLayer):
         keys, values = self.rows()
         _scatter_columns(keys, where, key_states)
         _scatter_columns(values, where, value_states)
-        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
-        return self.keys, self.values
-
-    def _update_packed(
-        self,
-        key_states: torch.Tensor,  # [1, KV, N, D]
-        value_states: torch.Tensor,
-        rows: torch.Tensor,  # [N]
-        columns: torch.Tensor,  # [N]
-        used: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.reserve(len(self._rows.lengths), used)
-        keys, values = self.rows()
-        keys[rows, :, columns] = key_states[0].transpose(0, 1)  # [N, KV, D]
-        values[rows, :, columns] = value_states[0].transpose(0, 1)
         self.keys, self.values = keys[:, :, :used], values[:, :, :used]
         return self.keys, self.values
 
@@ -129,11 +123,15 @@ class RowCache(DynamicCache):
 
 
 class BatchCache:
-    """The KV cache of the calls decoding together: one row each, in order."""
+    """The KV cache of the calls decoding together: one row each, in order; ``packed`` for
+    packed steps (`prepare` with their inputs), else padded ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, packed: bool = False) -> None:
+        self.packed = packed
         self.lengths: list[int] = []
-        self.cache: DynamicCache = GrowingCache()  # the one row's own cache, or a RowCache
+        # The one row's own cache, a RowCache (padded), or a PackedRowCache (packed).
+        self.cache: DynamicCache = GrowingCache()
+        self._rooms: Rooms = []  # a packed batch's rows' buffers (`PackedRowCache`)
         # The buffers of the last RowCache, kept while one row decodes alone: the next batch
         # writes into them rather than allocating (and faulting in) fresh memory.
         self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -151,6 +149,8 @@ class BatchCache:
         if not self.lengths:
             self.cache, self.lengths = row, [length]
             return 0
+        if self.packed:
+            return self._add_packed(row, length)
         count = self.rows + 1
         capacity = max(count, expected_rows)
         if not isinstance(self.cache, RowCache):
@@ -167,20 +167,27 @@ class BatchCache:
         self.lengths.append(length)
         return count - 1
 
+    def _add_packed(self, row: DynamicCache, length: int) -> int:
+        """A packed batch takes the row's own buffers as they are (a row that starts empty
+        gets its own at its first step)."""
+        if not isinstance(self.cache, PackedRowCache):  # a second call joins
+            self._rooms = [layer_rooms(self.cache) if self.lengths[0] else []]
+            self.cache = PackedRowCache(self._rooms, self.lengths)
+        self._rooms.append(layer_rooms(row) if length else [])
+        self.lengths.append(length)
+        return self.rows - 1
+
     def row_view(self, index: int) -> DynamicCache:
         """Row ``index``'s cached tokens as a cache of its own: views, not copies."""
-        if not isinstance(self.cache, RowCache):
-            return self.cache
-        view = DynamicCache()
-        view.layers = []
-        for layer in self.cache.row_layers():
-            keys, values = layer.rows()
-            own = DynamicLayer()
-            row = slice(index, index + 1)
-            own.lazy_initialization(keys[row], values[row])
-            own.keys, own.values = keys[row, :, : self.lengths[index]], values[row, :, : self.lengths[index]]
-            view.layers.append(own)
-        return view
+        if isinstance(self.cache, RowCache):
+            rows = [layer.rows() for layer in self.cache.row_layers()]
+            return _viewed(
+                [(keys[index : index + 1], values[index : index + 1]) for keys, values in rows],
+                self.lengths[index],
+            )
+        if isinstance(self.cache, PackedRowCache):
+            return _viewed(self._rooms[index], self.lengths[index])
+        return self.cache
 
     @torch.inference_mode()
     def row_copy(self, index: int) -> DynamicCache:
@@ -197,6 +204,8 @@ class BatchCache:
         kept rows in their new order: a row past the kept count moves into a hole left before
         it, and the others stay where they are, so that each row is copied at most once."""
         assert list(keep) == sorted(set(keep)), "rows are listed in order"
+        if isinstance(self.cache, PackedRowCache):
+            return self._keep_packed(keep)
         if not isinstance(self.cache, RowCache):  # a call alone, leaving
             self.cache, self.lengths[:] = GrowingCache(), [self.lengths[i] for i in keep]
             return list(keep)
@@ -223,30 +232,41 @@ class BatchCache:
         self.lengths[:] = [self.lengths[i] for i in order]
         return order
 
+    def _keep_packed(self, keep: Sequence[int]) -> list[int]:
+        """A packed batch's rows ``keep`` stay, in order; nothing is copied (the last one
+        decodes on in its own buffers)."""
+        self._rooms[:] = [self._rooms[i] for i in keep]
+        self.lengths[:] = [self.lengths[i] for i in keep]
+        if len(keep) <= 1:
+            rooms, self._rooms = self._rooms, []
+            self.cache = growing_cache(rooms[0], self.lengths[0]) if keep else GrowingCache()
+        return list(keep)
+
     def prepare(self, packed: PackedInputs | None = None) -> None:
-        """Before a batched forward (of ``packed`` inputs, or padded ones): where each row's
-        new columns go."""
-        if not isinstance(self.cache, RowCache):
-            return
-        rows = self.cache.rows
-        device = self.cache.row_layers()[0].key_buffer.device  # type: ignore[union-attr]
-        rows.starts = torch.tensor(self.lengths, device=device)
-        rows.packed = None
-        if packed is not None:
-            row = packed.rows.to(device)  # [N]
-            slot = torch.arange(row.numel(), device=device) - torch.tensor(packed.offsets, device=device)[row]
-            used = max(length + size for length, size in zip(self.lengths, packed.sizes, strict=True))
-            rows.packed = (row, rows.starts[row] + slot, used)
+        """Before a batched forward (of ``packed`` inputs in a packed batch, of padded ones in
+        a padded one): where each row's new columns go."""
+        if (packed is not None) != self.packed:
+            raise ValueError("a packed batch takes packed inputs, a padded one padded inputs")
+        if isinstance(self.cache, PackedRowCache):
+            assert packed is not None
+            self.cache.place(packed.offsets, packed.sizes)
+        elif isinstance(self.cache, RowCache):
+            device = self.cache.row_layers()[0].key_buffer.device  # type: ignore[union-attr]
+            self.cache.rows.starts = torch.tensor(self.lengths, device=device)
 
     @torch.inference_mode()
     def keep_accepted(self, width: int, nodes: Sequence[Sequence[int]]) -> None:
         """After a step of ``width`` new columns per row, keep each row's accepted ``nodes``
         (indices into its draft, root first) and grow its length by them."""
-        if not isinstance(self.cache, RowCache):  # a call alone: its own cache, rolled back
+        if isinstance(self.cache, PackedRowCache):  # each row wrote its own step's columns
+            for row, accepted in enumerate(nodes):
+                if list(accepted) != list(range(len(accepted))):
+                    self.cache.keep_nodes(row, accepted)
+        elif not isinstance(self.cache, RowCache):  # a call alone: its own cache, rolled back
             keep_accepted(self.cache, self.lengths[0], width, nodes[0])
             self.lengths[0] += len(nodes[0])
             return
-        if any(list(n) != list(range(len(n))) for n in nodes):
+        elif any(list(n) != list(range(len(n))) for n in nodes):
             kept = max(len(n) for n in nodes)
             # Beyond a row's accepted count the gathered columns are stale, and stay hidden.
             rows = zip(self.lengths, nodes, strict=True)
@@ -275,6 +295,19 @@ class BatchCache:
         extra, room = _doubled(capacity) - 1, with_room(columns)
         buffers = [(_enlarged(keys, extra, room), _enlarged(values, extra, room)) for keys, values in rows]
         return RowCache(_Rows(self.lengths), buffers)
+
+
+def _viewed(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> DynamicCache:
+    """A cache of one row's first ``length`` columns of ``rows`` (per layer, its keys' and
+    values' buffers ``[1, KV, capacity, D]``): views, not copies."""
+    view = DynamicCache()
+    view.layers = []
+    for keys, values in rows:
+        own = DynamicLayer()
+        own.lazy_initialization(keys, values)
+        own.keys, own.values = keys[:, :, :length], values[:, :, :length]
+        view.layers.append(own)
+    return view
 
 
 def _filled_holes(keep: Sequence[int]) -> list[int]:

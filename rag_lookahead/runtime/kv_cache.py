@@ -19,7 +19,9 @@ __all__ = [
     "GrowingCache",
     "GrowingLayer",
     "cache_kwarg",
+    "growing_cache",
     "keep_accepted",
+    "layer_rooms",
     "new_tree_cache",
     "supports_tree",
     "with_room",
@@ -76,6 +78,47 @@ def _append(
     assert room is not None
     room[:, :, used:needed] = new
     return room[:, :, :needed], room
+
+
+def layer_rooms(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values with the spare room after them (``[1, KV, capacity, D]``
+    each, the entries in the first columns): a `GrowingLayer`'s own buffers where its entries
+    are still their first columns, else the entries themselves. Views, not copies: whoever
+    takes them writes past the entries in place, so ``cache`` is theirs from then on."""
+    return [
+        (
+            _room(layer.keys, getattr(layer, "_key_room", None)),
+            _room(layer.values, getattr(layer, "_value_room", None)),
+        )
+        for layer in cache.layers
+        if isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+    ]
+
+
+def growing_cache(rooms: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> GrowingCache:
+    """A `GrowingCache` of the first ``length`` columns of ``rooms`` (`layer_rooms`), which
+    appends into the room after them: no copy."""
+    cache = GrowingCache()
+    for keys, values in rooms:
+        layer = GrowingLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer._key_room = keys[:, :, :length], keys
+        layer.values, layer._value_room = values[:, :, :length], values
+        cache.layers.append(layer)
+    return cache
+
+
+def _room(current: torch.Tensor, room: torch.Tensor | None) -> torch.Tensor:
+    """``room`` where ``current`` is its first columns, else ``current``."""
+    fits = (
+        room is not None
+        and current.dim() == 4
+        and room.shape[:2] == current.shape[:2]
+        and room.shape[-1] == current.shape[-1]
+        and current.data_ptr() == room.data_ptr()
+        and current.stride() == room.stride()
+    )
+    return room if fits and room is not None else current
 
 
 # A long context grows by at most this many columns per copy: one copy per this many tokens.

@@ -224,7 +224,7 @@ class ModelRunner:
         tokens = inputs.input_ids.shape[1]
         columns = max(length + size for length, size in zip(lengths, inputs.sizes, strict=True))
         unused = torch.zeros((1, 1, tokens, columns), dtype=self.model.dtype, device=self.device)
-        rows = packed_rows(inputs, lengths)
+        rows = packed_rows(inputs)
         return self._step(inputs.input_ids, inputs.position_ids, unused, cache, keep, rows, locked)[0]
 
     def _step(
@@ -353,13 +353,12 @@ class ModelRunner:
         from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 
         vocab = int(self.model.config.vocab_size)
-        batch = BatchCache()
+        packs = self.packs()  # timed as the engine's steps run
+        batch = BatchCache(packed=packs)
         for row in range(rows):
             prompt = [(31 * i + 7 * row + 3) % vocab for i in range(_BATCH_CONTEXT)]
             _, cache = self.forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
             batch.add_row(cache)
-
-        packs = self.packs()  # timed as the engine's steps run
 
         def seconds(width: int) -> float:
             chain = DraftTree(tuple(range(3, 3 + width)), tuple(range(-1, width - 1)))
@@ -462,21 +461,23 @@ def _packed_matches(runner: ModelRunner) -> bool:
         StepDraft(DraftTree((15 % vocab,), (-1,))),
     ]
     try:
-        batch = BatchCache()
+        batches = BatchCache(), BatchCache(packed=True)
         past = runner.layer_masks.window or 0  # the rows outgrow a sliding window: it is cut
         for length in (5 + past, 9 + past):
             prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(length)]], device=runner.device)
-            cache = new_tree_cache()
-            with torch.inference_mode():
-                model(input_ids=prompt, use_cache=True, **{runner.cache_arg: cache})
-            batch.add_row(cache, expected_rows=2)
-        batch.prepare()
-        padded = batch_inputs(drafts, batch.lengths, runner.device, model.dtype)
-        want = runner._padded(padded, batch.cache, batch.lengths, locked=False).float()  # [2, 4, V]
+            for batch in batches:
+                cache = new_tree_cache()
+                with torch.inference_mode():
+                    model(input_ids=prompt, use_cache=True, **{runner.cache_arg: cache})
+                batch.add_row(cache, expected_rows=2)
+        padded, packed = batches
+        padded.prepare()
+        inputs = batch_inputs(drafts, padded.lengths, runner.device, model.dtype)
+        want = runner._padded(inputs, padded.cache, padded.lengths, locked=False).float()  # [2, 4, V]
         want = torch.cat([want[0], want[1, :1]])  # [5, V]
-        packed = runner.packed_inputs(drafts, batch.lengths)
-        batch.prepare(packed)
-        got = runner._packed(packed, batch.cache, batch.lengths, locked=False).float()  # [5, V]
+        packed_inputs = runner.packed_inputs(drafts, packed.lengths)
+        packed.prepare(packed_inputs)
+        got = runner._packed(packed_inputs, packed.cache, packed.lengths, locked=False).float()  # [5, V]
     except Exception:  # any failure means "padded steps", never a crash
         return False
     tolerance = 1e-3 if runner.model.dtype == torch.float32 else 5e-2
