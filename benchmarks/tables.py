@@ -280,6 +280,30 @@ def direct_forward_table() -> str:
     return markdown(["forward", "direct, ms", "the model's, ms", "model / direct", "identical logits"], rows)
 
 
+@table("packed-rows")
+def packed_rows_table() -> str:
+    """A packed batch in one buffer for all rows (before) against each row in its own (after),
+    alternate runs, dolly, tok/s (`packed-rows-dolly_context_qa-epyc.json`)."""
+    run = load("packed-rows-dolly_context_qa-epyc.json")
+    runs = run["runs"]
+    rows = []
+    for method, what in (("local_plain", "plain"), ("local_lookahead", "lookahead")):
+        for phase, clients in (("single", "1 client"), ("concurrent", "8 clients")):
+            figures = {name: runs[name][method][phase]["tokens_per_s"] for name in run["order"]}
+            before = statistics.mean(v for name, v in figures.items() if name.startswith("before"))
+            after = statistics.mean(v for name, v in figures.items() if name.startswith("after"))
+            cells = [fixed(figures[name], 1) for name in run["order"]]
+            rows.append([f"{what}, {clients}", *cells, ratio(after / before)])
+    phases = {name: [p for m in runs[name].values() for p in m.values()] for name in run["order"]}
+    same = [
+        of(sum(p["identical_to_own_greedy"] for p in phases[name]), len(phases[name]) * run["records"])
+        for name in run["order"]
+    ]
+    rows.append(["identical to greedy", *same, ""])
+    header = ["tok/s", *[name.replace("-", ", run ") for name in run["order"]], "after / before (means)"]
+    return markdown(header, rows)
+
+
 @table("kernel")
 def kernel_table() -> str:
     """piarena's long prompts on the Xeon, by linear kernel (`kernel-*-piarena_rag_qa-xeon.json`)."""

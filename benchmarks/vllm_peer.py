@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_table(name, methods, overhead), flush=True)
         summary = {"methods": methods} | ({"http_overhead": overhead} if overhead else {})
         path = args.out_dir / f"vllm-peer-{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_header(args, model, name) | summary, indent=1) + "\n")
         print(f"wrote {path}")
     return 0

@@ -61,6 +61,7 @@ class PackedRowLayer(DynamicLayer):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         placement = self._placement
+        assert len(placement.spans) == len(placement.lengths), "place the rows' tokens first"
         keys, values = [], []
         for row, (offset, size) in enumerate(placement.spans):
             length, end = placement.lengths[row], placement.lengths[row] + size
