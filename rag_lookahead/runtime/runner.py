@@ -42,6 +42,7 @@ from rag_lookahead.runtime.attention import (
     packed_rows,
     ragged_rows,
 )
+from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.direct import DirectForward
 from rag_lookahead.runtime.kernels import linear_used
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
@@ -350,8 +351,6 @@ class ModelRunner:
 
     def _batch_timer(self, rows: int) -> Callable[[int], float]:
         """Seconds of one batched forward of ``rows`` rows, each a chain of ``width`` tokens."""
-        from rag_lookahead.runtime.batch import BatchCache, batch_inputs
-
         vocab = int(self.model.config.vocab_size)
         packs = self.packs()  # timed as the engine's steps run
         batch = BatchCache(packed=packs)
@@ -419,8 +418,6 @@ def _matching_direct(runner: ModelRunner) -> DirectForward | None:
 
 def _probe_outputs(runner: ModelRunner) -> list[torch.Tensor]:
     """The logits and cache entries of the direct forward's probe (`_matching_direct`)."""
-    from rag_lookahead.runtime.batch import BatchCache, batch_inputs
-
     vocab, device = int(runner.model.config.vocab_size), runner.device
     outputs: list[torch.Tensor] = []
     prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(6)]])
@@ -428,17 +425,12 @@ def _probe_outputs(runner: ModelRunner) -> list[torch.Tensor]:
     outputs.append(logits)
     logits, cache = runner.forward(torch.tensor([[5 % vocab]]), cache)
     outputs += [logits, *_entries(cache)]
-    tree = StepDraft(DraftTree(tuple(i % vocab for i in (11, 12, 13, 14)), (-1, 0, 0, 2)))
+    drafts = _probe_drafts(vocab)
     _, grown = runner.forward(prompt, new_tree_cache(), last_only=True)
-    logits, grown = runner.forward_step(tree, grown, prompt.shape[1])
+    logits, grown = runner.forward_step(drafts[0], grown, prompt.shape[1])
     outputs += [logits, *_entries(grown)]
-    batch = BatchCache()
-    for length in (5, 9):
-        row_prompt = torch.tensor([[(3 * i + 1) % vocab for i in range(length)]])
-        _, row = runner.forward(row_prompt, new_tree_cache())
-        batch.add_row(row, expected_rows=2)
+    batch = _probe_batch(lambda ids: runner.forward(ids, new_tree_cache())[1], (5, 9), vocab, device)
     batch.prepare()
-    drafts = [tree, StepDraft(DraftTree((15 % vocab,), (-1,)))]
     inputs = batch_inputs(drafts, batch.lengths, device, runner.model.dtype)
     outputs += [runner.forward_batch(inputs, batch.cache, batch.lengths, keep=[0, 2]), *_entries(batch.cache)]
     return outputs
@@ -448,36 +440,56 @@ def _entries(cache: Any) -> list[torch.Tensor]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
+def _probe_drafts(vocab: int) -> list[StepDraft]:
+    """The batch probes' step: a tree of two branches on one row, a single token on the other."""
+    return [
+        StepDraft(DraftTree(tuple(i % vocab for i in (11, 12, 13, 14)), (-1, 0, 0, 2))),
+        StepDraft(DraftTree((15 % vocab,), (-1,))),
+    ]
+
+
+def _probe_batch(
+    prefill: Callable[[torch.Tensor], Any],
+    lengths: Sequence[int],
+    vocab: int,
+    device: torch.device,
+    packed: bool = False,
+) -> BatchCache:
+    """A batch (``packed`` or padded) of rows of ``lengths`` made-up tokens, each row's cache
+    made by ``prefill`` from its prompt ``[1, T]``."""
+    batch = BatchCache(packed=packed)
+    for length in lengths:
+        prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(length)]], device=device)
+        batch.add_row(prefill(prompt), expected_rows=len(lengths))
+    return batch
+
+
 def _packed_matches(runner: ModelRunner) -> bool:
     """Whether a packed forward of two rows (a tree after 5 cached tokens, one token after 9,
     each past the sliding window if the model has one) gives the padded forward's logits: a
     model that reads its keys' or mask's shapes in its own way, or attends with something the
     packed rows cannot express, fails it."""
-    from rag_lookahead.runtime.batch import BatchCache, batch_inputs
-
     model, vocab = runner.model, int(runner.model.config.vocab_size)
-    drafts = [
-        StepDraft(DraftTree(tuple(i % vocab for i in (11, 12, 13, 14)), (-1, 0, 0, 2))),
-        StepDraft(DraftTree((15 % vocab,), (-1,))),
-    ]
+    drafts = _probe_drafts(vocab)
+
+    @torch.inference_mode()
+    def prefill(prompt: torch.Tensor) -> Any:
+        cache = new_tree_cache()
+        model(input_ids=prompt, use_cache=True, **{runner.cache_arg: cache})
+        return cache
+
     try:
-        batches = BatchCache(), BatchCache(packed=True)
         past = runner.layer_masks.window or 0  # the rows outgrow a sliding window: it is cut
-        for length in (5 + past, 9 + past):
-            prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(length)]], device=runner.device)
-            for batch in batches:
-                cache = new_tree_cache()
-                with torch.inference_mode():
-                    model(input_ids=prompt, use_cache=True, **{runner.cache_arg: cache})
-                batch.add_row(cache, expected_rows=2)
-        padded, packed = batches
+        lengths = (5 + past, 9 + past)
+        padded = _probe_batch(prefill, lengths, vocab, runner.device)
+        packed = _probe_batch(prefill, lengths, vocab, runner.device, packed=True)
         padded.prepare()
         inputs = batch_inputs(drafts, padded.lengths, runner.device, model.dtype)
         want = runner._padded(inputs, padded.cache, padded.lengths, locked=False).float()  # [2, 4, V]
         want = torch.cat([want[0], want[1, :1]])  # [5, V]
-        packed_inputs = runner.packed_inputs(drafts, packed.lengths)
-        packed.prepare(packed_inputs)
-        got = runner._packed(packed_inputs, packed.cache, packed.lengths, locked=False).float()  # [5, V]
+        side_by_side = runner.packed_inputs(drafts, packed.lengths)
+        packed.prepare(side_by_side)
+        got = runner._packed(side_by_side, packed.cache, packed.lengths, locked=False).float()  # [5, V]
     except Exception:  # any failure means "padded steps", never a crash
         return False
     tolerance = 1e-3 if runner.model.dtype == torch.float32 else 5e-2
