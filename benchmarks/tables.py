@@ -1142,6 +1142,40 @@ def scaling_table() -> str:
     return markdown(header, rows)
 
 
+@table("scaling-rerun")
+def scaling_rerun_table() -> str:
+    """The model rows again after the fast-step work, beside the first run
+    (`scaling.json`, `scaling-2026-12-05.json`)."""
+    rows = []
+    before, after = load("scaling.json")["points"], load("scaling-2026-12-05.json")["points"]
+    for old, new in zip(before, after, strict=True):
+        rows.append(
+            [
+                old["axis"],
+                thousands(old["prompt_tokens"]),
+                thousands(old["answer_tokens"]),
+                power_of_ten(old["trie_nodes_before"]),
+                f"{fixed(old['lookahead_tokens_per_s'], 2)} → {fixed(new['lookahead_tokens_per_s'], 2)}",
+                f"{ratio(old['decode_speedup_vs_greedy'])} → {ratio(new['decode_speedup_vs_greedy'])}",
+                f"{fixed(old['tokens_per_step'], 2)} → {fixed(new['tokens_per_step'], 2)}",
+                f"{fixed(old['prefill_s_per_record'], 2)} → {fixed(new['prefill_s_per_record'], 2)}",
+                of(new["identical_to_greedy"], new["records"]),
+            ]
+        )
+    header = [
+        "axis",
+        "context",
+        "answer",
+        "trie nodes",
+        "lookahead tok/s",
+        "decode speedup",
+        "tokens per step",
+        "prefill s",
+        "identical (rerun)",
+    ]
+    return markdown(header, rows)
+
+
 @table("scaling-trie")
 def scaling_trie_table() -> str:
     """The trie alone, ranked children against every child (`scaling-trie*.json`)."""
