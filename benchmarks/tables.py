@@ -20,7 +20,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -1103,10 +1103,7 @@ def scaling_table() -> str:
     for p in load("scaling.json")["points"]:
         rows.append(
             [
-                p["axis"],
-                thousands(p["prompt_tokens"]),
-                thousands(p["answer_tokens"]),
-                power_of_ten(p["trie_nodes_before"]),
+                *_scaling_point(p),
                 fixed(p["greedy_tokens_per_s"], 2),
                 fixed(p["lookahead_tokens_per_s"], 2),
                 ratio(p["speedup_vs_greedy"]),
@@ -1148,20 +1145,16 @@ def scaling_rerun_table() -> str:
     (`scaling.json`, `scaling-2026-12-05.json`)."""
     rows = []
     before, after = load("scaling.json")["points"], load("scaling-2026-12-05.json")["points"]
+    two = partial(fixed, digits=2)
+    changed = (
+        ("lookahead_tokens_per_s", two),
+        ("decode_speedup_vs_greedy", ratio),
+        ("tokens_per_step", two),
+        ("prefill_s_per_record", two),
+    )
     for old, new in zip(before, after, strict=True):
-        rows.append(
-            [
-                old["axis"],
-                thousands(old["prompt_tokens"]),
-                thousands(old["answer_tokens"]),
-                power_of_ten(old["trie_nodes_before"]),
-                f"{fixed(old['lookahead_tokens_per_s'], 2)} → {fixed(new['lookahead_tokens_per_s'], 2)}",
-                f"{ratio(old['decode_speedup_vs_greedy'])} → {ratio(new['decode_speedup_vs_greedy'])}",
-                f"{fixed(old['tokens_per_step'], 2)} → {fixed(new['tokens_per_step'], 2)}",
-                f"{fixed(old['prefill_s_per_record'], 2)} → {fixed(new['prefill_s_per_record'], 2)}",
-                of(new["identical_to_greedy"], new["records"]),
-            ]
-        )
+        moves = [f"{shown(old[key])} → {shown(new[key])}" for key, shown in changed]
+        rows.append([*_scaling_point(old), *moves, of(new["identical_to_greedy"], new["records"])])
     header = [
         "axis",
         "context",
@@ -1174,6 +1167,16 @@ def scaling_rerun_table() -> str:
         "identical (rerun)",
     ]
     return markdown(header, rows)
+
+
+def _scaling_point(p: dict[str, Any]) -> list[str]:
+    """A scaling point's first cells: its axis, context, answer and trie size."""
+    return [
+        p["axis"],
+        thousands(p["prompt_tokens"]),
+        thousands(p["answer_tokens"]),
+        power_of_ten(p["trie_nodes_before"]),
+    ]
 
 
 @table("scaling-trie")

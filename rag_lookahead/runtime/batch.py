@@ -37,7 +37,7 @@ from rag_lookahead.runtime.kv_cache import (
     new_tree_cache,
     with_room,
 )
-from rag_lookahead.runtime.packed_cache import PackedRowCache, Rooms
+from rag_lookahead.runtime.packed_cache import PackedRowCache
 
 __all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
 
@@ -131,7 +131,6 @@ class BatchCache:
         self.lengths: list[int] = []
         # The one row's own cache, a RowCache (padded), or a PackedRowCache (packed).
         self.cache: DynamicCache = GrowingCache()
-        self._rooms: Rooms = []  # a packed batch's rows' buffers (`PackedRowCache`)
         # The buffers of the last RowCache, kept while one row decodes alone: the next batch
         # writes into them rather than allocating (and faulting in) fresh memory.
         self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -171,9 +170,9 @@ class BatchCache:
         """A packed batch takes the row's own buffers as they are (a row that starts empty
         gets its own at its first step)."""
         if not isinstance(self.cache, PackedRowCache):  # a second call joins
-            self._rooms = [layer_rooms(self.cache) if self.lengths[0] else []]
-            self.cache = PackedRowCache(self._rooms, self.lengths)
-        self._rooms.append(layer_rooms(row) if length else [])
+            first = layer_rooms(self.cache) if self.lengths[0] else []
+            self.cache = PackedRowCache([first], self.lengths)
+        self.cache.rooms.append(layer_rooms(row) if length else [])
         self.lengths.append(length)
         return self.rows - 1
 
@@ -186,7 +185,7 @@ class BatchCache:
                 self.lengths[index],
             )
         if isinstance(self.cache, PackedRowCache):
-            return _viewed(self._rooms[index], self.lengths[index])
+            return _viewed(self.cache.rooms[index], self.lengths[index])
         return self.cache
 
     @torch.inference_mode()
@@ -235,10 +234,11 @@ class BatchCache:
     def _keep_packed(self, keep: Sequence[int]) -> list[int]:
         """A packed batch's rows ``keep`` stay, in order; nothing is copied (the last one
         decodes on in its own buffers)."""
-        self._rooms[:] = [self._rooms[i] for i in keep]
+        assert isinstance(self.cache, PackedRowCache)
+        rooms = self.cache.rooms
+        rooms[:] = [rooms[i] for i in keep]
         self.lengths[:] = [self.lengths[i] for i in keep]
         if len(keep) <= 1:
-            rooms, self._rooms = self._rooms, []
             self.cache = growing_cache(rooms[0], self.lengths[0]) if keep else GrowingCache()
         return list(keep)
 

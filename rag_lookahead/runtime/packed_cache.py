@@ -39,8 +39,8 @@ class _Placement:
     """The rows of a packed batch and where the step under way puts each row's tokens."""
 
     def __init__(self, rooms: Rooms, lengths: list[int]) -> None:
-        self.rooms = rooms  # the batch's own lists, kept up to date by it
-        self.lengths = lengths
+        self.rooms = rooms  # per row, its layers' buffers (rows join and leave through the batch)
+        self.lengths = lengths  # the batch's own list, kept up to date by it
         self.spans: tuple[tuple[int, int], ...] = ()  # per row, its tokens' offset and count
 
 
@@ -97,6 +97,11 @@ class PackedRowCache(DynamicCache):
         assert isinstance(layer, PackedRowLayer)
         return layer.update(key_states, value_states)
 
+    @property
+    def rooms(self) -> Rooms:
+        """Per row, per layer: its keys' and values' buffers (the batch adds and drops rows)."""
+        return self.placement.rooms
+
     def place(self, offsets: Sequence[int], sizes: Sequence[int]) -> None:
         """Before a packed forward: row ``i``'s tokens are ``sizes[i]`` from ``offsets[i]``."""
         self.placement.spans = tuple(zip(offsets, sizes, strict=True))
@@ -107,7 +112,7 @@ class PackedRowCache(DynamicCache):
         to the front of them."""
         length = self.placement.lengths[row]
         index = torch.tensor(nodes, dtype=torch.long) + length
-        for keys, values in self.placement.rooms[row]:
+        for keys, values in self.rooms[row]:
             where = index.to(keys.device)
             # Index first, then write: source and destination ranges may overlap.
             keys[:, :, length : length + len(nodes)] = keys[:, :, where]
