@@ -5,15 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rag_lookahead.config import CpuLinear
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.runtime import attention
 from rag_lookahead.runtime.attention import (
     ATTENTION_NAME,
     attention_used,
+    causal_chunk,
     grouped_sdpa_attention,
     ragged_rows,
 )
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
+from rag_lookahead.runtime.kernels import onednn_available
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, tiny_model
@@ -66,6 +69,127 @@ def test_the_runners_forwards_select_the_grouped_attention() -> None:
     finally:
         hook.remove()
     assert seen == [ATTENTION_NAME, "sdpa"]  # the runner's forward, then the model called directly
+
+
+def _chunk_mask(chunk: int, cached: int, boolean: bool = True) -> torch.Tensor:
+    """The model's causal mask of a prompt's chunk after ``cached`` columns: ``[1, 1, T, L]``."""
+    visible = torch.ones(chunk, cached + chunk, dtype=torch.bool).tril(cached)[None, None]
+    hidden = torch.finfo(torch.float32).min
+    return visible if boolean else torch.zeros(visible.shape).masked_fill(~visible, hidden)
+
+
+@pytest.mark.parametrize(("chunk", "cached"), [(5, 1), (5, 5), (12, 7)])
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("boolean", [True, False])
+def test_a_prompts_chunk_attends_through_the_causal_kernel_with_the_masked_result(
+    chunk: int, cached: int, groups: int, boolean: bool
+) -> None:
+    """Within `causal_chunk`, a chunk at least as long as the columns cached before it is
+    computed by the causal kernel after as many zero queries (no mask): the masked result."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = _Module()
+    module.num_key_value_groups = groups
+    torch.manual_seed(2)
+    query = torch.randn(1, 2 * groups, chunk, 8)  # [1, H, T, D]
+    key, value = torch.randn(1, 2, cached + chunk, 8), torch.randn(1, 2, cached + chunk, 8)  # [1, KV, L, D]
+    mask = _chunk_mask(chunk, cached, boolean)
+    masked, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    seen: list[object] = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+
+    def watched(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(kwargs.get("attn_mask"))
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch, causal_chunk():
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
+        causal, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+    assert seen == [None]  # the causal kernel, without the mask
+    torch.testing.assert_close(causal, masked, rtol=1e-6, atol=1e-6)
+
+
+def test_a_chunk_is_taken_as_causal_only_under_its_causal_mask() -> None:
+    query, key = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 8, 8)
+    mask = _chunk_mask(5, 3)
+
+    def columns(
+        query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, **kwargs: object
+    ) -> int | None:
+        return attention._causal_columns(_Module(), query, key, mask, False, dict(kwargs))
+
+    assert columns(query, key, mask) is None  # outside a prompt's chunk
+    with causal_chunk():
+        assert columns(query, key, mask) == 3
+        assert columns(query, key[:, :, :5], None) == 0  # a whole prompt: no mask, causal
+        assert columns(query, key, None) is None  # no mask over cached columns: not causal
+        assert columns(query, key, mask, sliding_window=4) is None  # a windowed layer's mask
+        assert columns(torch.randn(2, 6, 5, 8), key.expand(2, -1, -1, -1), mask.expand(2, -1, -1, -1)) is None
+        padded_column = mask.clone()
+        padded_column[..., 1] = False  # a padding mask hides a column from every row
+        assert columns(query, key, padded_column) is None
+        assert columns(query, key, torch.ones(1, 1, 5, 8, dtype=torch.bool)) is None  # not causal
+        shifted = torch.ones(5, 8, dtype=torch.bool).tril()[None, None]  # aligned to the first column
+        assert columns(query, key, shifted) is None
+        # Padded with zero queries only where the chunk is at least as long as the cached columns.
+        longer = torch.randn(1, 2, 12, 8)
+        assert attention._causal_chunk(query, longer, longer, True, None, 7) is None
+
+
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
+@pytest.mark.parametrize(("chunk", "cached"), [(7, 0), (7, 4), (10, 3), (4, 9)])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_a_long_chunk_attends_block_by_block_with_the_masked_result(
+    chunk: int, cached: int, groups: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within `causal_chunk(onednn=True)`, a chunk of at least `_BLOCKS_FROM` queries and
+    columns attends block by block on oneDNN (here blocks of 3: a partial last one too):
+    the masked SDPA result, no SDPA call."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    monkeypatch.setattr(attention, "_BLOCKS_FROM", (2, 2))
+    monkeypatch.setattr(attention, "_BLOCK", 3)
+    module = _Module()
+    module.num_key_value_groups = groups
+    torch.manual_seed(3)
+    query = torch.randn(1, 2 * groups, chunk, 8)  # [1, H, T, D]
+    room = torch.randn(1, 2, cached + chunk + 5, 8)  # [1, KV, capacity, D]: the cache's own buffer
+    key, value = room[:, :, : cached + chunk], torch.randn(1, 2, cached + chunk, 8)
+    mask = _chunk_mask(chunk, cached) if cached else None
+    expected, _ = sdpa_attention_forward(
+        module, query, key, value, mask if cached else None, scaling=0.3, is_causal=not cached
+    )
+    with causal_chunk(onednn=True):
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", None)  # not called
+        blocks, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(blocks, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt2"])
+@pytest.mark.parametrize("linear", ["torch", "onednn"])
+def test_a_prompt_after_a_cached_prefix_gives_the_whole_prompts_logits(
+    family: str, linear: CpuLinear, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt forwarded after its first tokens' cache (the prefix cache's case) and whole,
+    by the model called directly: the same logits at its last token, for every family (sliding
+    windows attend masked), with the chunk's attention on oneDNN too (blocks of 5)."""
+    if linear == "onednn" and not onednn_available():
+        pytest.skip("needs oneDNN")
+    monkeypatch.setattr(attention, "_BLOCKS_FROM", (2, 2))
+    monkeypatch.setattr(attention, "_BLOCK", 5)
+    blocked: list[int] = []
+    blocks = attention._causal_blocks
+    monkeypatch.setattr(attention, "_causal_blocks", lambda *args: blocked.append(1) or blocks(*args))
+    model = tiny_model(family)
+    runner = ModelRunner(model, linear)
+    prompt = torch.tensor([[3 + (7 * i) % 50 for i in range(24)]])
+    whole, _ = runner.forward(prompt, new_tree_cache(), last_only=True)
+    _, cache = runner.forward(prompt[:, :6], new_tree_cache(), last_only=True)
+    rest, _ = runner.forward(prompt[:, 6:], cache, last_only=True)
+    direct = model(input_ids=prompt).logits[0, -1]
+    torch.testing.assert_close(rest[-1], direct, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(whole[-1], direct, rtol=1e-5, atol=1e-5)
+    assert bool(blocked) == (linear == "onednn")
 
 
 @pytest.mark.parametrize("width", [1, 2, 5])

@@ -20,6 +20,19 @@ much shorter than the longest is attended over its own columns only, one row at 
 that reads far fewer columns than the padded batch: the same result (the padded columns are
 hidden, so they weigh exactly nothing), up to the rounding of a smaller kernel.
 
+Within `causal_chunk` (a forward of a prompt, or of its chunk after cached entries: the prefix
+cache's, or the prompt's earlier chunks) every query sees the columns up to its own, aligned to
+the last one. After cached entries the model hands over that mask, and a masked kernel computes
+every score, the hidden half too; where the chunk is at least as long as what was cached before
+it, the causal kernel does it instead (which skips the hidden half): the chunk's queries after
+as many zero queries as cached columns, whose rows are dropped. Where the chunk's linear layers
+run on oneDNN (the faster matrix products on this machine: `rag_lookahead.runtime.kernels`), a
+long chunk attends block by block of queries instead (`_causal_blocks`): each block's scores
+over the columns it sees as one oneDNN product per key/value head, the diagonal block masked, a
+softmax, and a product with the values. torch's CPU attention kernels multiply through its BLAS,
+which on some CPUs (an AMD EPYC's, with MKL) runs at half oneDNN's rate. Each query's row is
+the same dot products and softmax in every way, up to the kernels' rounding.
+
 Within `packed_rows` the batch's drafts come unpadded, one after another in a single sequence
 (`rag_lookahead.decoding.tree.PackedInputs`): the linear layers then cost the rows' real tokens
 only, and each row's queries attend over that row's keys alone (each row's own buffers, as
@@ -41,11 +54,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rag_lookahead.decoding.tree import PackedInputs
+from rag_lookahead.runtime.kernels import onednn_linear
 from rag_lookahead.runtime.packed_cache import RowStates
 
 __all__ = [
     "ATTENTION_NAME",
     "attention_used",
+    "causal_chunk",
     "grouped_attention",
     "grouped_sdpa_attention",
     "packed_rows",
@@ -62,6 +77,13 @@ _ROW_SPANS: ContextVar[tuple[int, ...] | None] = ContextVar("rag_lookahead_row_s
 # and its masks in full and in sliding-window layers (``None``: it sees all).
 _Packed = tuple[tuple[int, int, torch.Tensor | None, torch.Tensor | None], ...]
 _PACKED: ContextVar[_Packed | None] = ContextVar("rag_lookahead_packed_rows", default=None)
+# Set by `causal_chunk` for one forward of a prompt's chunk, in the thread that runs it: whether
+# its attention multiplies on oneDNN (``None``: not in one).
+_CAUSAL_CHUNK: ContextVar[bool | None] = ContextVar("rag_lookahead_causal_chunk", default=None)
+# A chunk attends block by block (`_causal_blocks`) from this many queries and key columns on:
+# below, a block's products are too small to beat the fused kernel.
+_BLOCKS_FROM = (64, 1024)
+_BLOCK = 128  # queries a block: its scores stay in the cores' caches
 # Rows are attended one by one only when the padded batch reads at least this many times the
 # columns they use: a call per row costs more than one call for the batch.
 _SPLIT_WASTE = 1.5
@@ -79,6 +101,19 @@ def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         _ROW_SPANS.reset(token)
+
+
+@contextmanager
+def causal_chunk(onednn: bool = False) -> Iterator[None]:
+    """Within this block, the model's forwards are of a prompt, or of its chunk after the
+    cached entries, under the model's causal mask: an attention over a whole context (no
+    sliding window) may compute it with the causal kernel, or block by block on oneDNN where
+    ``onednn`` (see the module's docstring)."""
+    token = _CAUSAL_CHUNK.set(onednn)
+    try:
+        yield
+    finally:
+        _CAUSAL_CHUNK.reset(token)
 
 
 @contextmanager
@@ -117,6 +152,103 @@ def _packed(
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
+def _causal_columns(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, T, D]
+    key: torch.Tensor,  # [1, KV, L, D]
+    mask: torch.Tensor | None,
+    plain: bool,
+    kwargs: dict[str, Any],
+) -> int | None:
+    """The columns cached before this call's chunk, where it is a prompt's chunk under the
+    causal mask aligned to the last column (`causal_chunk`); else ``None``: outside one, in a
+    sliding-window layer, or for a mask that is not that one (a padding mask, a window, another
+    alignment)."""
+    chunk, columns = query.shape[2], key.shape[2]
+    cached = columns - chunk
+    if (
+        _CAUSAL_CHUNK.get() is None
+        or plain
+        or kwargs.get("sliding_window") is not None
+        or query.device.type != "cpu"
+        or query.shape[0] != 1
+        or chunk < 2
+        or cached < 0
+    ):
+        return None
+    if mask is None:  # the whole prompt, causal: how transformers hands it to SDPA
+        return 0 if cached == 0 and getattr(module, "is_causal", True) else None
+    if mask.shape[-2:] != (chunk, columns):
+        return None
+    # Its first and last queries' rows: all a padding mask, a window or another alignment
+    # would change (the rows between follow the same rule).
+    rows = mask[0, 0, (0, -1)]  # [2, L]
+    visible = rows if rows.dtype == torch.bool else rows == 0
+    first = torch.arange(columns, device=mask.device) <= cached
+    return cached if bool(visible[1].all()) and torch.equal(visible[0], first) else None
+
+
+def _causal_chunk(
+    query: torch.Tensor,  # [1, H, T, D]
+    key: torch.Tensor,  # [1, KV, L, D]
+    value: torch.Tensor,  # [1, KV, L, D]
+    masked: bool,
+    scaling: float | None,
+    cached: int,
+) -> torch.Tensor | None:
+    """A prompt's chunk after ``cached`` columns, ``[1, T, H, D]``, by the cheapest way that
+    applies: block by block on oneDNN, or the causal kernel after zero queries where the chunk
+    is masked and at least as long as the cached columns; ``None``: as the model hands it."""
+    chunk, columns = query.shape[2], key.shape[2]
+    if _CAUSAL_CHUNK.get() and chunk >= _BLOCKS_FROM[0] and columns >= _BLOCKS_FROM[1]:
+        return _causal_blocks(query, key, value, scaling, cached)
+    if not masked or cached > chunk:  # (unmasked, the causal kernel runs already)
+        return None
+    zeros = query.new_zeros((*query.shape[:2], cached, query.shape[3]))  # [1, H, P, D]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        torch.cat((zeros, query), dim=2),
+        key,
+        value,
+        is_causal=True,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )[:, :, cached:]  # [1, H, T, D]
+    return out.transpose(1, 2).contiguous()
+
+
+def _causal_blocks(
+    query: torch.Tensor,  # [1, H, T, D]
+    key: torch.Tensor,  # [1, KV, L, D]
+    value: torch.Tensor,  # [1, KV, L, D]
+    scaling: float | None,
+    cached: int,
+) -> torch.Tensor:
+    """A prompt's chunk after ``cached`` columns attended block by block of queries, each
+    product on oneDNN: ``[1, T, H, D]``."""
+    _, heads, chunk, dim = query.shape
+    groups = heads // key.shape[1]
+    scaled = query[0] * (scaling if scaling is not None else dim**-0.5)  # [H, T, D]
+    out = query.new_empty((1, chunk, heads, dim))  # [1, T, H, D]
+    hidden = torch.ones(_BLOCK, _BLOCK, dtype=torch.bool, device=query.device).triu(1)
+    for kv in range(key.shape[1]):
+        heads_of = slice(kv * groups, (kv + 1) * groups)
+        keys = key[0, kv].contiguous()  # [L, D] (a view of the cache's rows: no copy)
+        values = value[0, kv].transpose(0, 1).contiguous()  # [D, L]
+        for start in range(0, chunk, _BLOCK):
+            size = min(_BLOCK, chunk - start)
+            seen = cached + start + size  # the block's last query sees this many columns
+            block = scaled[heads_of, start : start + size].reshape(groups * size, dim)  # [G*n, D]
+            scores = onednn_linear(block, keys[:seen]).view(groups, size, seen)  # [G, n, C]
+            scores[:, :, seen - size :].masked_fill_(hidden[:size, :size], float("-inf"))
+            weights = torch.softmax(scores, dim=-1).view(groups * size, seen)  # [G*n, C]
+            # (oneDNN reads a weight's columns only contiguous: a strided one is far slower)
+            read = values if seen == values.shape[1] else values[:, :seen].contiguous()  # [D, C]
+            out[0, start : start + size, heads_of] = (
+                onednn_linear(weights, read).view(groups, size, dim).transpose(0, 1)
+            )
+    return out
+
+
 def _split_rows(query: torch.Tensor, key: torch.Tensor, plain: bool) -> tuple[int, ...] | None:
     """The rows' key spans when this call should attend row by row, else ``None``."""
     spans = _ROW_SPANS.get()
@@ -153,6 +285,13 @@ def grouped_sdpa_attention(
             raise RuntimeError("this attention cannot be computed on packed rows")
         sliding = kwargs.get("sliding_window") is not None  # (how transformers' layers say it)
         return _packed(query, rows_keys, rows_values, scaling, packed, sliding), None
+    if (
+        dropout == 0.0
+        and is_causal is not False
+        and (cached := _causal_columns(module, query, key, attention_mask, plain, kwargs)) is not None
+        and (out := _causal_chunk(query, key, value, attention_mask is not None, scaling, cached)) is not None
+    ):
+        return out, None
     if attention_mask is not None and (spans := _split_rows(query, key, plain)) is not None:
         rows = [
             grouped_sdpa_attention(

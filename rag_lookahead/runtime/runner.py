@@ -38,6 +38,7 @@ from rag_lookahead.progress import progress_bar
 from rag_lookahead.runtime.attention import (
     ATTENTION_NAME,
     attention_used,
+    causal_chunk,
     grouped_attention,
     packed_rows,
     ragged_rows,
@@ -176,7 +177,12 @@ class ModelRunner:
         """
         if last_only and self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        with self._running(input_ids.numel()) as run:
+        # Tokens in order after the cache, under the model's own causal mask: a prompt's chunk.
+        tokens = input_ids.numel()
+        chunk = input_ids.shape[-1] > 1 and not {"attention_mask", "position_ids"} & kwargs.keys()
+        # Its attention multiplies on oneDNN where its linear layers do (the faster here).
+        attending = causal_chunk(self.linear.kernel(tokens) != "torch") if chunk else contextlib.nullcontext()
+        with self._running(tokens) as run, attending:
             out = run(input_ids.to(self.device), cache, **kwargs)
         if cache is None:
             cache = getattr(out, "cache", None)
