@@ -1423,6 +1423,19 @@ def epyc_weights_llma_table() -> str:
     return _http("vllm-peer-llma_msmarco_rag-epyc-weights-2026-12-04.json")
 
 
+@table("epyc-prompt-attention")
+def epyc_prompt_attention_table() -> str:
+    """The Zen 5 EPYC after a prompt's attention went causal and onto oneDNN, dolly
+    (`vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json`)."""
+    return _http("vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json")
+
+
+@table("epyc-prompt-attention-llma")
+def epyc_prompt_attention_llma_table() -> str:
+    """The same run on llma (`vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json`)."""
+    return _http("vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json")
+
+
 @table("http-xeon-model-thread")
 def http_xeon_model_thread_table() -> str:
     """Over HTTP on the Xeon at normal priority, with the model's thread and the prefill
