@@ -1360,12 +1360,7 @@ def _http(file_name: str, plain_from: str | None = None) -> str:
                     fixed(m["p95_latency_s"], 2),
                     fixed(m["p50_ttft_s"], 2),
                     fixed(m["p95_ttft_s"], 2),
-                    of(
-                        m["identical_to_own_greedy"]
-                        if "identical_to_own_greedy" in m
-                        else sum(a == b for a, b in zip(m["texts"], plain or [], strict=True)),
-                        run["records"],
-                    ),
+                    of(_identical(m, plain), run["records"]),
                 ]
             )
     header = [
@@ -1379,6 +1374,15 @@ def _http(file_name: str, plain_from: str | None = None) -> str:
         "identical",
     ]
     return markdown(header, rows)
+
+
+def _identical(phase: dict[str, Any], plain: list[str] | None) -> int:
+    """A phase's answers equal to its engine's plain greedy ones; for vLLM run without its
+    plain server, to this engine's plain ones (the same greedy answers wherever counted)."""
+    for key in ("identical_to_own_greedy", "identical_to_local_plain"):
+        if key in phase:
+            return int(phase[key])
+    return sum(a == b for a, b in zip(phase["texts"], plain or [], strict=True))
 
 
 @table("http-xeon")
@@ -1434,6 +1438,19 @@ def epyc_prompt_attention_table() -> str:
 def epyc_prompt_attention_llma_table() -> str:
     """The same run on llma (`vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json`)."""
     return _http("vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json")
+
+
+@table("epyc-prompt-attention-served")
+def epyc_prompt_attention_served_table() -> str:
+    """Its second run, with the server, dolly
+    (`vllm-peer-dolly_context_qa-epyc-prompt-attention-served-2026-12-05.json`)."""
+    return _http("vllm-peer-dolly_context_qa-epyc-prompt-attention-served-2026-12-05.json")
+
+
+@table("epyc-prompt-attention-served-llma")
+def epyc_prompt_attention_served_llma_table() -> str:
+    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json`)."""
+    return _http("vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json")
 
 
 @table("http-xeon-model-thread")
