@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from rag_lookahead import LookaheadEngine, rag_messages
-from rag_lookahead.bench.run import load_records
+from rag_lookahead.bench.run import fresh_engine, load_records
 from rag_lookahead.prompts import encode_prompt
 from rag_lookahead.runtime import attention
 from rag_lookahead.runtime.kv_cache import new_tree_cache
@@ -88,13 +88,7 @@ def _answers(engine: LookaheadEngine, prompts: list[list[int]], tokens: int, rou
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in WAYS}
     for _ in range(rounds):
         for name in WAYS:
-            fresh = LookaheadEngine(
-                engine.model,
-                engine.tokenizer,
-                engine.config,
-                cost_curve=engine.cost_curve,
-                model_thread=engine.runner.thread,
-            )
+            fresh = fresh_engine(engine, engine.config)  # a trie and prefix cache of its own
             fresh.measure_costs()
             with _way(name):
                 runs[name].append(_answered(fresh, prompts, tokens))
