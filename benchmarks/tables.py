@@ -1349,7 +1349,8 @@ def _http(file_name: str, plain_from: str | None = None) -> str:
     for method, label in HTTP_METHODS.items():
         if method not in run["methods"]:  # not run this time (the server, say)
             continue
-        for i, (phase, phase_label) in enumerate(PHASES.items()):
+        phases = [(phase, label) for phase, label in PHASES.items() if phase in run["methods"][method]]
+        for i, (phase, phase_label) in enumerate(phases):  # (a run without arrivals has no Poisson phase)
             m = run["methods"][method][phase]
             rows.append(
                 [
@@ -1451,6 +1452,16 @@ def epyc_prompt_attention_served_table() -> str:
 def epyc_prompt_attention_served_llma_table() -> str:
     """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json`)."""
     return _http("vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json")
+
+
+@table("epyc-prompt-attention-third")
+def epyc_prompt_attention_third_table() -> str:
+    """A third run on dolly, its answers counted against the sixth run's plain ones
+    (`vllm-peer-dolly_context_qa-epyc-prompt-attention-third-2026-12-05.json`)."""
+    return _http(
+        "vllm-peer-dolly_context_qa-epyc-prompt-attention-third-2026-12-05.json",
+        plain_from="vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json",
+    )
 
 
 @table("http-xeon-model-thread")
