@@ -177,9 +177,16 @@ def test_a_prompt_after_a_cached_prefix_gives_the_whole_prompts_logits(
         pytest.skip("needs oneDNN")
     monkeypatch.setattr(attention, "_BLOCKS_FROM", (2, 2))
     monkeypatch.setattr(attention, "_BLOCK", 5)
-    blocked: list[int] = []
-    blocks = attention._causal_blocks
-    monkeypatch.setattr(attention, "_causal_blocks", lambda *args: blocked.append(1) or blocks(*args))
+    taken: list[str] = []  # how each layer's chunk after the prefix was attended
+    chunk, blocks = attention._causal_chunk, attention._causal_blocks
+
+    def attended(*args: object) -> torch.Tensor | None:
+        out = chunk(*args)  # type: ignore[arg-type]
+        taken.append("as handed over" if out is None else "causal")
+        return out
+
+    monkeypatch.setattr(attention, "_causal_chunk", attended)
+    monkeypatch.setattr(attention, "_causal_blocks", lambda *args: taken.append("blocks") or blocks(*args))
     model = tiny_model(family)
     runner = ModelRunner(model, linear)
     prompt = torch.tensor([[3 + (7 * i) % 50 for i in range(24)]])
@@ -189,7 +196,10 @@ def test_a_prompt_after_a_cached_prefix_gives_the_whole_prompts_logits(
     direct = model(input_ids=prompt).logits[0, -1]
     torch.testing.assert_close(rest[-1], direct, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(whole[-1], direct, rtol=1e-5, atol=1e-5)
-    assert bool(blocked) == (linear == "onednn")
+    # The whole prompt (no mask) goes on oneDNN's blocks or, on torch's kernel, as handed over
+    # (causal already); the chunk after the prefix is never attended under its mask.
+    assert ("blocks" in taken) == (linear == "onednn")
+    assert "causal" in taken
 
 
 @pytest.mark.parametrize("width", [1, 2, 5])

@@ -64,10 +64,10 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` on oneDNN, for fp32 CPU matrices (``weight`` contiguous: oneDNN reads
-    a strided one far more slowly)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(x, weight, bias)`` on oneDNN, for fp32 CPU tensors (``weight`` contiguous, or
+    reordered by oneDNN: it reads a strided one far more slowly)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 @dataclass
@@ -141,7 +141,7 @@ class OneDnnLayers:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> Any:
         """``linear(x, weight, bias)`` on oneDNN (over the reordered weight if ``packed``)."""
         read = self.reordered(weight) if packed else weight
-        return torch.ops.mkldnn._linear_pointwise(x, read, bias, "none", [], "")
+        return onednn_linear(x, read, bias)
 
     @contextmanager
     def installed(self, packed: bool = False) -> Iterator[None]:
@@ -175,7 +175,7 @@ class OneDnnLayers:
             # A weight whose reordered copy is current fitted when the copy was made.
             entry = self._reordered.get(id(weight)) if packed else None
             if entry is not None and entry.current(weight):
-                return torch.ops.mkldnn._linear_pointwise(x, entry.copy, bias, "none", [], "")
+                return onednn_linear(x, entry.copy, bias)
             if _fits_weight(weight):
                 return self.linear(x, weight, bias, packed)
         return torch.nn.functional.linear(x, weight, bias)
