@@ -255,6 +255,33 @@ def decode_step_table() -> str:
     return markdown(["kernel", "ms per token, run 1", "ms per token, run 2"], rows)
 
 
+RETAINED_ROWS = (
+    ("tokens_per_s", "tok/s, 8 clients", 1),
+    ("prompt_seconds", "prompts' chunks apart, s", 2),
+    ("page_faults", "page faults", 0),
+    ("stolen_seconds", "stolen by the host, s", 2),
+)
+
+
+@table("retained-memory")
+def retained_memory_table() -> str:
+    """A fresh process's first 8-client phase, glibc's defaults against freed memory retained,
+    alternating processes (`retained-memory-dolly_context_qa-epyc.json`)."""
+    run = load("retained-memory-dolly_context_qa-epyc.json")
+    runs = run["runs"]
+    rows = []
+    for key, what, digits in RETAINED_ROWS:
+        cells = []
+        for way in ("default", "retained"):
+            values = [r[key] for r in runs[way]]
+            each = " / ".join(fixed(v, digits) for v in values)
+            cells.append(f"{each} (median {fixed(statistics.median(values), digits)})")
+        rows.append([what, *cells])
+    same = "the same in every process" if run["identical_answers"] else "NOT the same"
+    rows.append(["answers", same, ""])
+    return markdown(["per process", "glibc's defaults", "retained, working set reserved"], rows)
+
+
 @table("direct-forward")
 def direct_forward_table() -> str:
     """The runner's forward, direct against the model's own (`direct-forward-epyc.json`), and the

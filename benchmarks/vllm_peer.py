@@ -16,7 +16,9 @@ phase gives tokens/s (all new tokens over the wall clock), p50/p95 request laten
 to first token (the first streamed chunk) and how many answers equal the same engine's plain
 greedy single-stream answers: vLLM's speculative servers against the plain vLLM server, this
 engine (in process or served) against ``local_plain``. With ``local_server`` and
-``local_lookahead`` both run, ``http_overhead`` compares their tokens/s at ``--clients``. Run it
+``local_lookahead`` both run, ``http_overhead`` compares their tokens/s at ``--clients``. This
+process keeps the memory it frees and reserves its engine's working set
+(`rag_lookahead.runtime.memory`), as ``rag-lookahead serve`` does on CPU. Run it
 as one timing run on an otherwise idle machine:
 
     python benchmarks/vllm_peer.py --vllm-python VENV/bin/python --data a.jsonl --data b.jsonl \
@@ -55,6 +57,7 @@ from rag_lookahead.prompts import encode_prompt
 from rag_lookahead.remote import ServerEngine, SpeculationCounters
 from rag_lookahead.remote.config import ServerKind
 from rag_lookahead.remote.process import running_server
+from rag_lookahead.runtime.memory import reserve_heap, retain_freed_memory, working_set_bytes
 
 # The speculative settings: `rag-lookahead serve`'s ngram ones, and suffix decoding's defaults.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -100,6 +103,7 @@ Ask = Callable[[list[int], Request], None]  # streams the answer to the prompt i
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    retain_freed_memory()  # before the engine's thread starts, as `rag-lookahead serve` does
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; choose from {','.join(METHODS)}")
@@ -293,6 +297,7 @@ def _local(
     own (it keeps the acceptance statistics and cost curves learned on disk, as any process)."""
     loaded = LookaheadEngine.from_pretrained()  # its forwards all run in its model's thread
     loaded.measure_costs()
+    reserve_heap(working_set_bytes(loaded.model, args.clients, loaded.config.prefix_cache_mb << 20))
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}

@@ -110,8 +110,13 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     from rag_lookahead.engine import LookaheadEngine
+    from rag_lookahead.runtime.memory import reserve_heap, retain_freed_memory, working_set_bytes
 
+    retained = retain_freed_memory()  # a server's process: before the engine's threads start
     engine = LookaheadEngine.from_pretrained(config=_config(args), load=load_options(args))
+    if retained and engine.runner.device.type == "cpu":
+        prefix_cache = engine.config.prefix_cache_mb << 20
+        reserve_heap(working_set_bytes(engine.model, settings.max_running, prefix_cache))
     _announce(args, settings)
     serve(engine, settings, args.host, args.port)
     return 0

@@ -1,0 +1,109 @@
+"""Memory a long-lived CPU engine keeps once it has touched it.
+
+A forward allocates its activations, and the batch its caches, afresh and frees them again,
+thousands of times a minute. With glibc's defaults much of that goes back to the kernel each
+time: a block past the mapping threshold (128 KiB at first) is mapped and unmapped apart, the
+top of a heap is trimmed, and every thread allocates from arenas of its own, whose heaps (64 MiB
+at most) are unmapped when they empty. Each block that comes back faults its pages in anew; in
+a virtual machine that reports free pages to its host, the host must map them again too, and
+while it does the core waits (the guest counts it as stolen time). The same forward then costs
+up to twice as much from one time to the next.
+
+`retain_freed_memory` has glibc keep what the process frees, as tcmalloc and jemalloc do (vLLM
+preloads tcmalloc on CPUs for this): one arena for every thread, blocks up to 32 MiB from the
+heap, a heap top never trimmed below 2 GiB. `reserve_heap` then grows the heap once to the
+working set a server will need (`working_set_bytes`), so that its first requests do not pay
+for the faults either. Both are process-wide and leave every result unchanged; a process that
+should hand memory back between bursts does not call them. The command line's ``serve``
+calls them on CPU; an application embedding the engine in a long-lived process may too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from typing import Any
+
+__all__ = ["kv_bytes_per_token", "reserve_heap", "retain_freed_memory", "working_set_bytes"]
+
+# mallopt's options (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_MAPPED_APART = 32 << 20  # the largest mapping threshold glibc accepts on 64-bit
+_KEPT_TOP = (1 << 31) - 1  # mallopt takes an int
+_PIECE = 16 << 20  # the reserve is touched in blocks under the mapping threshold (heap blocks)
+# A row of the batch: a RAG prompt of a few retrieved passages and its answer.
+ROW_TOKENS = 2048
+
+
+def _glibc() -> Any | None:
+    """The process's C library where it is glibc (Linux), else ``None``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        libc.gnu_get_libc_version()
+        libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    except (AttributeError, OSError):  # musl and other C libraries: no such functions
+        return None
+    return libc
+
+
+def retain_freed_memory() -> bool:
+    """Have glibc keep freed memory in the process (see the module's docstring); whether it
+    could (``False`` off glibc). Call it before the engine's threads start (before loading a
+    model): a thread keeps the arena it first allocated from."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _MAPPED_APART), (_M_TRIM_THRESHOLD, _KEPT_TOP))
+    return all(libc.mallopt(option, value) == 1 for option, value in settings)
+
+
+def reserve_heap(nbytes: int) -> int:
+    """Grow the heap by ``nbytes`` (at most 2 GiB), its pages touched, and free it for the
+    process to reuse; the bytes reserved (0 off glibc). Only after `retain_freed_memory`,
+    which keeps the freed reserve: without it the reserve goes back to the kernel at once."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
+    libc = _glibc()
+    if libc is None or nbytes == 0:
+        return 0
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = (ctypes.c_size_t,)
+    libc.free.argtypes = (ctypes.c_void_p,)
+    blocks = []
+    try:
+        for _ in range(min(nbytes, _KEPT_TOP) // _PIECE):
+            block = libc.malloc(_PIECE)
+            if not block:  # out of memory: keep what was reserved
+                break
+            ctypes.memset(block, 0, _PIECE)
+            blocks.append(block)
+    finally:
+        for block in reversed(blocks):  # the last first: they merge into the heap's top
+            libc.free(block)
+    return len(blocks) * _PIECE
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """The bytes of keys and values one token adds to ``model``'s cache (0 where its config
+    does not say)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not isinstance(layers, int) or not isinstance(heads, int) or heads <= 0:
+        return 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // heads
+    itemsize = getattr(getattr(model, "dtype", None), "itemsize", 4)
+    return 2 * layers * int(kv_heads) * int(head_dim) * int(itemsize)
+
+
+def working_set_bytes(model: Any, rows: int, prefix_cache_bytes: int) -> int:
+    """What a server of ``rows`` running calls over ``model`` keeps in memory besides its
+    weights, as `reserve_heap` reserves it: every row's keys and values over `ROW_TOKENS`
+    tokens, and the prefix cache's budget."""
+    return rows * ROW_TOKENS * kv_bytes_per_token(model) + prefix_cache_bytes
