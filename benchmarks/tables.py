@@ -1491,6 +1491,38 @@ def epyc_prompt_attention_third_table() -> str:
     )
 
 
+@table("epyc-retained")
+def epyc_retained_table() -> str:
+    """The ninth run, memory retained, dolly, its answers counted against the sixth run's plain
+    ones (`vllm-peer-dolly_context_qa-epyc-retained-2026-12-05.json`)."""
+    return _http(
+        "vllm-peer-dolly_context_qa-epyc-retained-2026-12-05.json",
+        plain_from="vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json",
+    )
+
+
+@table("epyc-retained-llma")
+def epyc_retained_llma_table() -> str:
+    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-retained-2026-12-05.json`)."""
+    return _http(
+        "vllm-peer-llma_msmarco_rag-epyc-retained-2026-12-05.json",
+        plain_from="vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json",
+    )
+
+
+@table("epyc-retained-full")
+def epyc_retained_full_table() -> str:
+    """The tenth run, memory retained, every method and the Poisson phase, dolly
+    (`vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json`)."""
+    return _http("vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json")
+
+
+@table("epyc-retained-full-llma")
+def epyc_retained_full_llma_table() -> str:
+    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json`)."""
+    return _http("vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json")
+
+
 @table("http-xeon-model-thread")
 def http_xeon_model_thread_table() -> str:
     """Over HTTP on the Xeon at normal priority, with the model's thread and the prefill

@@ -7,11 +7,11 @@ top of a heap is trimmed, and every thread allocates from arenas of its own, who
 at most) are unmapped when they empty. Each block that comes back faults its pages in anew; in
 a virtual machine that reports free pages to its host, the host must map them again too, and
 while it does the core waits (the guest counts it as stolen time). The same forward then costs
-up to twice as much from one time to the next.
+more one time than the next, by what it had to fault in.
 
 `retain_freed_memory` has glibc keep what the process frees, as tcmalloc and jemalloc do (vLLM
 preloads tcmalloc on CPUs for this): one arena for every thread, blocks up to 32 MiB from the
-heap, a heap top never trimmed below 2 GiB. `reserve_heap` then grows the heap once to the
+heap, a free top of the heap kept up to 2 GiB. `reserve_heap` then grows the heap once to the
 working set a server will need (`working_set_bytes`), so that its first requests do not pay
 for the faults either. Both are process-wide and leave every result unchanged; a process that
 should hand memory back between bursts does not call them. The command line's ``serve``
@@ -21,7 +21,6 @@ calls them on CPU; an application embedding the engine in a long-lived process m
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from typing import Any
 
