@@ -54,7 +54,8 @@ def main() -> None:
     same = all(run["texts"] == runs["default"][0]["texts"] for way in WAYS for run in runs[way])
     print(_table(runs, same))
     if args.out is not None:
-        header = {"benchmark": "retained_memory", **{k: v for k, v in vars(args).items() if k != "way"}}
+        settings = {k: v for k, v in vars(args).items() if k not in ("way", "out")}
+        header = {"benchmark": "retained_memory", **settings, "data": Path(args.data).name}
         summary = {"cpu": _cpu(), "identical_answers": same, "runs": runs}
         args.out.write_text(json.dumps(header | summary, indent=1, default=str) + "\n")
 
