@@ -52,6 +52,12 @@ def test_a_retained_reserve_serves_later_blocks_without_faults() -> None:
     assert _faults("retain") < pages // 20
 
 
+@pytest.mark.skipif(not GLIBC, reason="glibc only")
+def test_the_reserve_leaves_half_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "_free_bytes", lambda: 3 * memory._PIECE)
+    assert memory.reserve_heap(1 << 30) == memory._PIECE  # half of three pieces: one whole piece
+
+
 def test_off_glibc_nothing_is_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "_glibc", lambda: None)
     assert memory.retain_freed_memory() is False

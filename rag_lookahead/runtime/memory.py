@@ -21,6 +21,7 @@ calls them on CPU; an application embedding the engine in a long-lived process m
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from typing import Any
 
@@ -61,12 +62,14 @@ def retain_freed_memory() -> bool:
 
 
 def reserve_heap(nbytes: int) -> int:
-    """Grow the heap by ``nbytes`` (at most 2 GiB), its pages touched, and free it for the
-    process to reuse; the bytes reserved (0 off glibc). Only after `retain_freed_memory`,
-    which keeps the freed reserve: without it the reserve goes back to the kernel at once."""
+    """Grow the heap by ``nbytes`` (at most 2 GiB, and at most half the memory the machine has
+    free), its pages touched, and free it for the process to reuse; the bytes reserved (0 off
+    glibc). Only after `retain_freed_memory`, which keeps the freed reserve: without it the
+    reserve goes back to the kernel at once."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
     libc = _glibc()
+    nbytes = min(nbytes, _KEPT_TOP, _free_bytes() // 2)
     if libc is None or nbytes == 0:
         return 0
     libc.malloc.restype = ctypes.c_void_p
@@ -74,7 +77,7 @@ def reserve_heap(nbytes: int) -> int:
     libc.free.argtypes = (ctypes.c_void_p,)
     blocks = []
     try:
-        for _ in range(min(nbytes, _KEPT_TOP) // _PIECE):
+        for _ in range(nbytes // _PIECE):
             block = libc.malloc(_PIECE)
             if not block:  # out of memory: keep what was reserved
                 break
@@ -84,6 +87,11 @@ def reserve_heap(nbytes: int) -> int:
         for block in reversed(blocks):  # the last first: they merge into the heap's top
             libc.free(block)
     return len(blocks) * _PIECE
+
+
+def _free_bytes() -> int:
+    """The machine's free physical memory (page cache not counted)."""
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def kv_bytes_per_token(model: Any) -> int:
