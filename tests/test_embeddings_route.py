@@ -218,10 +218,12 @@ def test_other_models_and_bodies(watched: Watched) -> None:
 
 def test_serve_takes_embedder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     from rag_lookahead import cli
+    from rag_lookahead.runtime import memory
     from rag_lookahead.serve import run
 
     ran: dict[str, Any] = {}
     monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app))
+    monkeypatch.setattr(memory, "retain_freed_memory", lambda: False)  # this process's allocator as is
     path = str(default_embedder_path())
     model = str(save_tiny_model(tmp_path / "model"))
     assert cli.main(["serve", "--backend", "local", "--model", model, "--embedder", path]) == 0
