@@ -267,7 +267,17 @@ RETAINED_ROWS = (
 def retained_memory_table() -> str:
     """A fresh process's first 8-client phase, glibc's defaults against freed memory retained,
     alternating processes (`retained-memory-dolly_context_qa-epyc.json`)."""
-    run = load("retained-memory-dolly_context_qa-epyc.json")
+    return _retained("retained-memory-dolly_context_qa-epyc.json")
+
+
+@table("retained-memory-llma")
+def retained_memory_llma_table() -> str:
+    """The same on llma (`retained-memory-llma_msmarco_rag-epyc.json`)."""
+    return _retained("retained-memory-llma_msmarco_rag-epyc.json")
+
+
+def _retained(file_name: str) -> str:
+    run = load(file_name)
     runs = run["runs"]
     rows = []
     for key, what, digits in RETAINED_ROWS:
