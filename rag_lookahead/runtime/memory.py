@@ -29,7 +29,7 @@ __all__ = ["kv_bytes_per_token", "reserve_heap", "retain_freed_memory", "working
 
 # mallopt's options (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-_MAPPED_APART = 32 << 20  # the largest mapping threshold glibc accepts on 64-bit
+_MAPPED_APART = 32 << 20  # glibc's own ceiling for its moving threshold on 64-bit (older ones refuse more)
 _KEPT_TOP = (1 << 31) - 1  # mallopt takes an int
 _PIECE = 16 << 20  # the reserve is touched in blocks under the mapping threshold (heap blocks)
 # A row of the batch: a RAG prompt of a few retrieved passages and its answer.
