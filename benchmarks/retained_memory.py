@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from retrieval_build import cpu_name
+
 WAYS = ("default", "retained")
 
 
@@ -56,7 +58,7 @@ def main() -> None:
     if args.out is not None:
         settings = {k: v for k, v in vars(args).items() if k not in ("way", "out")}
         header = {"benchmark": "retained_memory", **settings, "data": Path(args.data).name}
-        summary = {"cpu": _cpu(), "identical_answers": same, "runs": runs}
+        summary = {"cpu": cpu_name(), "cpus": os.cpu_count(), "identical_answers": same, "runs": runs}
         args.out.write_text(json.dumps(header | summary, indent=1, default=str) + "\n")
 
 
@@ -66,9 +68,7 @@ def _phase(args: argparse.Namespace) -> dict[str, Any]:
 
     retained = args.way == "retained" and retain_freed_memory()  # before the model's thread starts
     import torch
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    import vllm_peer
+    import vllm_peer  # (beside this script)
 
     from rag_lookahead import LookaheadEngine
 
@@ -98,13 +98,6 @@ def _stolen() -> float:
     """The machine's stolen CPU seconds so far (all cores)."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cpus"
-    return "unknown"
 
 
 def _table(runs: dict[str, list[dict[str, Any]]], same: bool) -> str:

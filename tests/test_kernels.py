@@ -249,8 +249,8 @@ def test_a_prompts_chunk_is_timed_without_the_output_head(monkeypatch: pytest.Mo
 
 
 def test_a_cpu_runner_tells_the_allocator_once_that_large_blocks_are_common() -> None:
-    from rag_lookahead.runtime import runner
+    from rag_lookahead.runtime import memory
 
     ModelRunner(tiny_model("llama"), "torch")
     ModelRunner(tiny_model("gpt2"), "torch")
-    assert runner.large_blocks_expected.cache_info().currsize == 1  # once per process
+    assert memory.large_blocks_expected.cache_info().currsize == 1  # once per process

@@ -16,16 +16,27 @@ working set a server will need (`working_set_bytes`), so that its first requests
 for the faults either. Both are process-wide and leave every result unchanged; a process that
 should hand memory back between bursts does not call them. The command line's ``serve``
 calls them on CPU; an application embedding the engine in a long-lived process may too.
+Every engine's runner on a CPU makes the one change that needs no such choice
+(`large_blocks_expected`): the first long prompt does not map its activations apart.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from typing import Any
 
-__all__ = ["kv_bytes_per_token", "reserve_heap", "retain_freed_memory", "working_set_bytes"]
+import torch
+
+__all__ = [
+    "kv_bytes_per_token",
+    "large_blocks_expected",
+    "reserve_heap",
+    "retain_freed_memory",
+    "working_set_bytes",
+]
 
 # mallopt's options (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
@@ -34,6 +45,27 @@ _KEPT_TOP = (1 << 31) - 1  # mallopt takes an int
 _PIECE = 16 << 20  # the reserve is touched in blocks under the mapping threshold (heap blocks)
 # A row of the batch: a RAG prompt of a few retrieved passages and its answer.
 ROW_TOKENS = 2048
+
+
+# Under the defaults, glibc raises its mapping threshold to a freed mapped block's size, up to
+# `_MAPPED_APART`: one block just under that, freed, raises it all the way.
+_LARGE_BLOCK = _MAPPED_APART - 2**16
+
+
+@functools.cache
+def large_blocks_expected() -> None:
+    """Tells the C allocator, once per process, that blocks of megabytes are common here
+    (every engine's runner on a CPU does, retained or not).
+
+    glibc's malloc serves every block above a threshold (128 KiB at first) by a fresh mmap,
+    each page faulted on first touch and returned at free, until a freed block that large
+    raises the threshold: the first long prompt's forward pays that for each of its
+    activations (on a VM, seconds of a first long prefill; `benchmarks/README.md`, *The
+    first long prompt*). One block freed now does what that prompt would have; under another
+    allocator, or after `retain_freed_memory` fixed the threshold, it is one allocation,
+    nothing more."""
+    block = torch.empty(_LARGE_BLOCK, dtype=torch.uint8)  # never touched: no page is faulted
+    del block
 
 
 def _glibc() -> Any | None:

@@ -48,6 +48,7 @@ from rag_lookahead.runtime.direct import DirectForward
 from rag_lookahead.runtime.kernels import linear_used
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
+from rag_lookahead.runtime.memory import large_blocks_expected
 from rag_lookahead.runtime.probe import tree_support_problem
 from rag_lookahead.runtime.threads import ModelThread
 
@@ -56,25 +57,6 @@ __all__ = ["ModelRunner"]
 # One forward: logits and cache of ``(input_ids, cache, position_ids=, attention_mask=,
 # logits_to_keep=)`` (the model's own, or `DirectForward`).
 Forward = Callable[..., Any]
-
-# glibc's malloc raises its threshold for serving a block by mmap to a freed mmapped block's
-# size, up to 32 MiB on 64-bit: one block just under that, freed.
-_LARGE_BLOCK = 32 * 2**20 - 2**16
-
-
-@functools.cache
-def large_blocks_expected() -> None:
-    """Tells the C allocator, once per process, that blocks of megabytes are common here.
-
-    glibc's malloc serves every block above a threshold (128 KiB at first) by a fresh mmap,
-    each page faulted on first touch and returned at free, until a freed block that large
-    raises the threshold: the first long prompt's forward pays that for each of its
-    activations (on a VM, seconds of a first long prefill; `benchmarks/README.md`, *The
-    first long prompt*). One block freed now does what that prompt would have; under another
-    allocator it is one allocation, nothing more."""
-    block = torch.empty(_LARGE_BLOCK, dtype=torch.uint8)  # never touched: no page is faulted
-    del block
-
 
 # The context each row of a measured batch holds (a RAG prompt is longer; this keeps it quick).
 _BATCH_CONTEXT = 256
