@@ -59,10 +59,19 @@ def run(code: Path, data: str, threads: int) -> dict[str, Any]:
 
 
 def cpu_name() -> str:
+    """The CPU's model name and, where that is generic (a VM's "AMD EPYC"), its family, model
+    and whether it has AVX-512: the kinds these machines come in differ there."""
+    fields: dict[str, str] = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+        if not key.strip():  # the first processor's block is enough
+            break
+    if "model name" not in fields:
+        return "unknown"
+    avx512 = "AVX-512" if "avx512f" in fields.get("flags", "").split() else "no AVX-512"
+    kind = f"family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {avx512}"
+    return f"{fields['model name']} ({kind})"
 
 
 def main() -> int:

@@ -276,6 +276,38 @@ def retained_memory_llma_table() -> str:
     return _retained("retained-memory-llma_msmarco_rag-epyc.json")
 
 
+@table("lone-prompt")
+def lone_prompt_table() -> str:
+    """A long prompt alone first and the other calls of a wave just behind it, before and after
+    a prompt alone is chunked too, alternating processes (`lone-prompt-dolly_context_qa-zen4.json`)."""
+    run = load("lone-prompt-dolly_context_qa-zen4.json")
+    return lone_prompt_medians(run["runs"], run["identical_answers"])
+
+
+def lone_prompt_medians(runs: dict[str, list[dict[str, Any]]], same: bool) -> str:
+    """`lone_prompt.py`'s medians over processes, by tree, as it prints them."""
+
+    def others(run: dict[str, Any]) -> list[float]:
+        return [t for i, t in enumerate(run["wave_ttft_s"]) if i != run["longest"]]
+
+    rows = {
+        "wave: the others' p50 first token, s": lambda run: statistics.median(others(run)),
+        "wave: the others' last first token, s": lambda run: max(others(run)),
+        "wave: the long prompt's first token, s": lambda run: run["wave_ttft_s"][run["longest"]],
+        "wave: all answers, s": lambda run: run["wave_seconds"],
+        "alone: first token, s": lambda run: statistics.median(run["alone_ttft_s"]),
+        "alone: the answer, s": lambda run: statistics.median(run["alone_seconds"]),
+    }
+    names = list(runs)
+    lines = [f"| median of {len(runs[names[0]])} processes | " + " | ".join(names) + " |"]
+    lines.append("|---|" + "---:|" * len(names))
+    for label, read in rows.items():
+        cells = [f"{statistics.median(read(run) for run in runs[name]):.2f}" for name in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append(f"| answers identical | {'yes' if same else 'NO'} |" + " |" * (len(names) - 1))
+    return "\n".join(lines)
+
+
 def _retained(file_name: str) -> str:
     run = load(file_name)
     runs = run["runs"]
@@ -1423,121 +1455,53 @@ def _identical(phase: dict[str, Any], plain: list[str] | None) -> int:
     return sum(a == b for a, b in zip(phase["texts"], plain or [], strict=True))
 
 
-@table("http-xeon")
-def http_xeon_table() -> str:
-    """Over HTTP on the Xeon under `chrt -f 50` (`vllm-peer-http-dolly_context_qa.json`)."""
-    return _http("vllm-peer-http-dolly_context_qa.json")
-
-
-@table("http-epyc")
-def http_epyc_table() -> str:
-    """Over HTTP on the AMD EPYC at normal priority (`vllm-peer-http-dolly_context_qa-epyc.json`)."""
-    return _http("vllm-peer-http-dolly_context_qa-epyc.json")
-
-
-@table("epyc-packed")
-def epyc_packed_table() -> str:
-    """In process on the Zen 5 EPYC at normal priority, with packed steps
-    (`vllm-peer-dolly_context_qa-epyc-2026-12-04.json`)."""
-    return _http("vllm-peer-dolly_context_qa-epyc-2026-12-04.json")
-
-
-@table("epyc-weights")
-def epyc_weights_table() -> str:
-    """In process on the Zen 5 EPYC at normal priority, with packed weights
-    (`vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json`)."""
-    return _http("vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json")
-
-
-@table("epyc-weights-served")
-def epyc_weights_served_table() -> str:
-    """Served and in process on the Zen 5 EPYC with packed weights, identity against the
-    in-process run's plain answers (`vllm-peer-http-dolly_context_qa-epyc-weights-2026-12-04.json`)."""
-    return _http(
+# `vllm_peer.py`'s runs, a README table each: its marker, the run's JSON and, for a run without
+# `local_plain`, the run whose plain answers its answers are counted identical to.
+PEER_RUNS: dict[str, tuple[str, str | None]] = {
+    "http-xeon": ("vllm-peer-http-dolly_context_qa.json", None),  # `chrt -f 50`
+    "http-xeon-model-thread": ("vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json", None),
+    "http-epyc": ("vllm-peer-http-dolly_context_qa-epyc.json", None),
+    "epyc-packed": ("vllm-peer-dolly_context_qa-epyc-2026-12-04.json", None),
+    "epyc-weights": ("vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json", None),
+    "epyc-weights-served": (
         "vllm-peer-http-dolly_context_qa-epyc-weights-2026-12-04.json",
-        plain_from="vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json",
-    )
-
-
-@table("epyc-weights-llma")
-def epyc_weights_llma_table() -> str:
-    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-weights-2026-12-04.json`)."""
-    return _http("vllm-peer-llma_msmarco_rag-epyc-weights-2026-12-04.json")
-
-
-@table("epyc-prompt-attention")
-def epyc_prompt_attention_table() -> str:
-    """The Zen 5 EPYC after a prompt's attention went causal and onto oneDNN, dolly
-    (`vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json`)."""
-    return _http("vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json")
-
-
-@table("epyc-prompt-attention-llma")
-def epyc_prompt_attention_llma_table() -> str:
-    """The same run on llma (`vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json`)."""
-    return _http("vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json")
-
-
-@table("epyc-prompt-attention-served")
-def epyc_prompt_attention_served_table() -> str:
-    """Its second run, with the server, dolly
-    (`vllm-peer-dolly_context_qa-epyc-prompt-attention-served-2026-12-05.json`)."""
-    return _http("vllm-peer-dolly_context_qa-epyc-prompt-attention-served-2026-12-05.json")
-
-
-@table("epyc-prompt-attention-served-llma")
-def epyc_prompt_attention_served_llma_table() -> str:
-    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json`)."""
-    return _http("vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json")
-
-
-@table("epyc-prompt-attention-third")
-def epyc_prompt_attention_third_table() -> str:
-    """A third run on dolly, its answers counted against the sixth run's plain ones
-    (`vllm-peer-dolly_context_qa-epyc-prompt-attention-third-2026-12-05.json`)."""
-    return _http(
+        "vllm-peer-dolly_context_qa-epyc-weights-2026-12-04.json",
+    ),
+    "epyc-weights-llma": ("vllm-peer-llma_msmarco_rag-epyc-weights-2026-12-04.json", None),
+    "epyc-prompt-attention": ("vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json", None),
+    "epyc-prompt-attention-llma": (
+        "vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json",
+        None,
+    ),
+    "epyc-prompt-attention-served": (
+        "vllm-peer-dolly_context_qa-epyc-prompt-attention-served-2026-12-05.json",
+        None,
+    ),
+    "epyc-prompt-attention-served-llma": (
+        "vllm-peer-llma_msmarco_rag-epyc-prompt-attention-served-2026-12-05.json",
+        None,
+    ),
+    "epyc-prompt-attention-third": (
         "vllm-peer-dolly_context_qa-epyc-prompt-attention-third-2026-12-05.json",
-        plain_from="vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json",
-    )
-
-
-@table("epyc-retained")
-def epyc_retained_table() -> str:
-    """The ninth run, memory retained, dolly, its answers counted against the sixth run's plain
-    ones (`vllm-peer-dolly_context_qa-epyc-retained-2026-12-05.json`)."""
-    return _http(
+        "vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json",
+    ),
+    "epyc-retained": (
         "vllm-peer-dolly_context_qa-epyc-retained-2026-12-05.json",
-        plain_from="vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json",
-    )
-
-
-@table("epyc-retained-llma")
-def epyc_retained_llma_table() -> str:
-    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-retained-2026-12-05.json`)."""
-    return _http(
+        "vllm-peer-dolly_context_qa-epyc-prompt-attention-2026-12-05.json",
+    ),
+    "epyc-retained-llma": (
         "vllm-peer-llma_msmarco_rag-epyc-retained-2026-12-05.json",
-        plain_from="vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json",
-    )
-
-
-@table("epyc-retained-full")
-def epyc_retained_full_table() -> str:
-    """The tenth run, memory retained, every method and the Poisson phase, dolly
-    (`vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json`)."""
-    return _http("vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json")
-
-
-@table("epyc-retained-full-llma")
-def epyc_retained_full_llma_table() -> str:
-    """The same on llma (`vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json`)."""
-    return _http("vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json")
-
-
-@table("http-xeon-model-thread")
-def http_xeon_model_thread_table() -> str:
-    """Over HTTP on the Xeon at normal priority, with the model's thread and the prefill
-    budget (`vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json`)."""
-    return _http("vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json")
+        "vllm-peer-llma_msmarco_rag-epyc-prompt-attention-2026-12-05.json",
+    ),
+    "epyc-retained-full": ("vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json", None),
+    "epyc-retained-full-llma": ("vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json", None),
+    "zen4": ("vllm-peer-dolly_context_qa-zen4-2026-12-05.json", None),
+    "zen4-llma": ("vllm-peer-llma_msmarco_rag-zen4-2026-12-05.json", None),
+    "zen4-lone": ("vllm-peer-dolly_context_qa-zen4-lone-2026-12-05.json", None),
+    "zen4-lone-llma": ("vllm-peer-llma_msmarco_rag-zen4-lone-2026-12-05.json", None),
+}
+for _marker, (_file, _plain_from) in PEER_RUNS.items():
+    table(_marker)(partial(_http, _file, _plain_from))
 
 
 # ---- on a GPU --------------------------------------------------------------------------------

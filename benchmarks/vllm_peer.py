@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from retrieval_build import cpu_name
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
 from rag_lookahead.bench.concurrency import poisson_arrivals, quantile
@@ -440,7 +441,7 @@ def _header(args: argparse.Namespace, model: str, name: str) -> dict[str, Any]:
         "set": name,
         "model": Path(model).name,
         "dtype": "float32",
-        "cpu": _cpu_name(),
+        "cpu": f"{cpu_name()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(),
         "local_threads": args.threads,
         "records": args.limit,
@@ -453,13 +454,6 @@ def _header(args: argparse.Namespace, model: str, name: str) -> dict[str, Any]:
         "vllm": _vllm_version(args.vllm_python) if any(m in VLLM_METHODS for m in args.methods) else None,
         "speculative_configs": {k: v for k, v in VLLM_METHODS.items() if k in args.methods},
     }
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
-    return platform.processor()
 
 
 def _vllm_version(python: str | None) -> str | None:

@@ -19,6 +19,7 @@ from rag_lookahead.planning.planner import (
     AcceptanceModel,
     StepPlanner,
     fused_prefill,
+    lone_prefill,
     plan_batch,
     plan_draft,
     plan_packed,
@@ -304,6 +305,24 @@ def test_a_join_is_never_priced_below_its_added_tokens_alone() -> None:
     # Where width is free (a GPU), the floor is free too: the join still rides.
     flat = CostCurve((1, 256), (35.0, 35.0))
     assert fused_prefill([300], 7, 8, lambda rows, width: 1.0, 256, alone=flat).rate == float("inf")
+
+
+def test_a_prompt_alone_goes_in_the_smallest_chunk_that_keeps_its_rate_within_the_loss() -> None:
+    # A CPU's forward: a fixed part (every weight read) and a part per token.
+    affine = CostCurve((1, 256), (35.0, 35.0 + 1.5 * 255))
+    chunk = lone_prefill(1855, affine, 256, 2048, loss=0.05)
+    assert chunk % 256 == 0 and 256 < chunk < 1855
+
+    def chunked(size: int) -> float:  # the prompt's seconds in chunks of ``size``
+        return (1855 // size) * affine(size) + affine(1855 % size)
+
+    assert chunked(chunk) <= affine(1855) / 0.95 < chunked(chunk - 256)
+    assert lone_prefill(1855, affine, 256, 2048, loss=0.0) == 1855  # no loss: whole
+    assert lone_prefill(4000, affine, 256, 2048, loss=0.0) == 2048  # at most `most`
+    assert lone_prefill(200, affine, 256, 2048, loss=0.05) == 200  # short: whole
+    # Tokens cost in proportion: any chunk is as good, the least; a flat forward (a GPU's): whole.
+    assert lone_prefill(1855, CostCurve((1, 256), (1.0, 256.0)), 256, 2048, loss=0.05) == 256
+    assert lone_prefill(1855, CostCurve((1, 256), (35.0, 35.0)), 256, 2048, loss=0.05) == 1855
 
 
 def test_a_chunk_apart_is_the_most_prompt_per_second_its_forward_and_the_missed_step_take() -> None:

@@ -17,7 +17,7 @@ from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.engine.request import END, Call, CallStatus
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan
-from rag_lookahead.planning.costs import CostModel
+from rag_lookahead.planning.costs import CostCurve, CostModel
 from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.runtime.batch import _filled_holes
 from rag_lookahead.streaming.stats import StepRecorder
@@ -307,3 +307,23 @@ def test_a_call_submitted_while_prompts_are_prefilled_competes_from_the_next_chu
     scheduler.submit(prompt(2, 200))  # queued: clients starting together submit a moment apart
     scheduler._prefill_joining()
     assert executor.chunks == [(1, 256), (2, 200), (1, 256), (1, 88)]
+
+
+@pytest.mark.parametrize(
+    ("curve", "chunks"),
+    [
+        (None, [(1, 600)]),  # costs not measured: whole; the other call joins at the next step
+        (CostCurve((1, 256), (35.0, 35.0)), [(1, 600)]),  # a flat forward (a GPU's): whole
+        (CostCurve((1, 256), (1.0, 256.0)), [(1, 256), (2, 200), (1, 256), (1, 88)]),
+    ],
+)
+def test_a_prompt_alone_is_chunked_where_that_costs_it_little_so_a_call_arriving_meanwhile_starts_between(
+    curve: CostCurve | None, chunks: list[tuple[int, int]]
+) -> None:
+    executor = ApartExecutor()
+    scheduler = scheduler_with([], executor)  # nobody runs
+    scheduler.pricing.costs.curve = curve
+    scheduler._joining = [prompt(1, 600)]
+    scheduler.submit(prompt(2, 200))  # a client a moment behind the long prompt's
+    scheduler._prefill_joining()
+    assert executor.chunks == chunks and scheduler._joining == []

@@ -24,6 +24,7 @@ from rag_lookahead.planning.costs import Calibration, CostCurve, CostModel, mode
 from rag_lookahead.planning.planner import (
     StepPlanner,
     fused_prefill,
+    lone_prefill,
     plan_batch,
     plan_packed,
     separate_prefill,
@@ -35,6 +36,9 @@ __all__ = ["Pricing", "PromptForwards", "measure_costs"]
 # The widest draft per row that batch costs are measured for (wider is extrapolated): in a
 # batch the spare compute is shared, and on a CPU a few tokens per row already use it up.
 _BATCH_WIDTH = 6
+# What of its prefill rate a prompt forwarded while no other call runs gives up, in smaller
+# chunks, so that calls arriving meanwhile need not wait for all of it.
+_LONE_LOSS = 0.05
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,15 @@ class Pricing:
         beyond = curve(curve.sizes[-1])
         self.prompts.record(1, tokens, curve(tokens) - beyond, max(seconds - beyond, 1e-6))
         self._prefill_classes.clear()
+
+    def lone_chunk(self, remaining: int, most: int) -> int:
+        """The chunk of a prompt of ``remaining`` tokens to forward while no other call runs,
+        up to ``most`` (`lone_prefill`, on the prompts' calibrated costs); all of it until the
+        costs are measured."""
+        if not self.measured:
+            return remaining
+        least = self.max_tokens_per_forward
+        return lone_prefill(remaining, self.prefill_seconds, least, most, _LONE_LOSS)
 
     # ------------------------------------------------------------------ helpers
 

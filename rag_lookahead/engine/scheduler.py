@@ -6,8 +6,9 @@ the measured costs say so (`Pricing.should_fuse`: a wider forward is cheap, as o
 call becomes a row of the batch (`BatchCache`) at once and the rest of its prompt rides in the
 running rows' steps, chunk by chunk, straight into its row, for as long as the costs (timed
 by those steps too) still say so; else it is prefilled in its own cache, in chunks between
-their steps (a whole prompt at once when nobody waits on it; up to a budget of the joining
-prompts' tokens between two steps, the shortest first), and that cache then becomes its row.
+their steps (up to a budget of the joining prompts' tokens between two steps, the shortest
+first; a long prompt alone in larger chunks, so that calls arriving meanwhile start between
+them), and that cache then becomes its row.
 Each step is data (`rag_lookahead.engine.step`): it drafts for every row and plans how much
 of each draft the batch verifies (a `StepPlan`, priced by `Pricing`), the `Executor` runs one
 forward over all of them (a `StepOutput`), and per row the update chooses the model's tokens,
@@ -272,14 +273,17 @@ class Scheduler:
             spent += forwarded
 
     def _prefill(self, call: Call) -> None:
-        """A chunk of ``call``'s prompt forwarded apart, in its own cache (all of it when
-        nobody else runs)."""
+        """A chunk of ``call``'s prompt forwarded apart, in its own cache. While no other call
+        runs the chunks are larger (`Pricing.lone_chunk`), but a long prompt is still chunked:
+        calls arriving meanwhile join between its chunks, the shortest first
+        (`_prefill_joining`), instead of waiting for all of it."""
         prompt = call.prompt_ids
-        start, busy = self._cached_prefix(call), bool(self._rows or self._alone)
-        end = (
-            start + self.pricing.prefill_chunk(len(prompt) - start, self._decode_rows())
-            if busy
-            else len(prompt)
+        start = self._cached_prefix(call)
+        remaining = len(prompt) - start
+        end = start + (
+            self.pricing.prefill_chunk(remaining, self._decode_rows())
+            if self._rows or self._alone
+            else self.pricing.lone_chunk(remaining, self.max_prefill_tokens_per_step)
         )
         logits, call.cache, seconds = self._executor.prompt_apart(prompt[start:end], call.cache)
         self.pricing.observe_prompt(end - start, seconds)

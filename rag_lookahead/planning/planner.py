@@ -30,6 +30,7 @@ __all__ = [
     "RankedDraft",
     "StepPlanner",
     "fused_prefill",
+    "lone_prefill",
     "plan_batch",
     "plan_draft",
     "plan_packed",
@@ -171,6 +172,25 @@ def separate_prefill(
         if rate >= best.rate:
             best = PrefillPlan(tokens, rate)
     return best
+
+
+def lone_prefill(remaining: int, alone: Callable[[int], float], least: int, most: int, loss: float) -> int:
+    """The chunk of a prompt forwarded while no other call runs. Calls arriving meanwhile join
+    between its chunks, but each chunk pays a forward's fixed part again (on a CPU, reading
+    every weight): the smallest multiple of ``least`` tokens whose chunks forward the prompt's
+    ``remaining`` tokens in at most ``1 / (1 - loss)`` the time of chunks as large as they can
+    be (all of it, up to ``most``), priced by ``alone``."""
+
+    def seconds(chunk: int) -> float:
+        whole, rest = divmod(remaining, chunk)
+        return whole * alone(chunk) + (alone(rest) if rest else 0.0)
+
+    largest = max(min(remaining, most), 1)
+    bound = seconds(largest) / (1 - loss)
+    for tokens in range(least, largest, least):
+        if seconds(tokens) <= bound:
+            return tokens
+    return largest
 
 
 def fused_prefill(
