@@ -83,6 +83,7 @@ def _process(args: argparse.Namespace) -> dict[str, Any]:
     import vllm_peer  # (beside this script)
 
     from rag_lookahead import LookaheadEngine
+    from rag_lookahead.bench.run import fresh_engine
 
     torch.set_num_threads(args.threads)
     loaded = LookaheadEngine.from_pretrained()
@@ -93,13 +94,7 @@ def _process(args: argparse.Namespace) -> dict[str, Any]:
     warm = loaded.tokenizer(vllm_peer.WARM_UP).input_ids
 
     def fresh() -> Any:  # an engine of its own prefix cache and trie, over the same model
-        engine = LookaheadEngine(
-            loaded.model,
-            loaded.tokenizer,
-            loaded.config,
-            cost_curve=loaded.cost_curve,
-            model_thread=loaded.runner.thread,
-        )
+        engine = fresh_engine(loaded, loaded.config)
         engine.measure_costs()  # read back from the disk cache
         ask = vllm_peer._asker(engine, args.max_new_tokens)
         ask(warm, vllm_peer.Request())
