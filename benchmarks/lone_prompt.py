@@ -94,8 +94,7 @@ def _process(args: argparse.Namespace) -> dict[str, Any]:
     warm = loaded.tokenizer(vllm_peer.WARM_UP).input_ids
 
     def fresh() -> Any:  # an engine of its own prefix cache and trie, over the same model
-        engine = fresh_engine(loaded, loaded.config)
-        engine.measure_costs()  # read back from the disk cache
+        engine = fresh_engine(loaded, loaded.config)  # its costs read back from the disk cache
         ask = vllm_peer._asker(engine, args.max_new_tokens)
         ask(warm, vllm_peer.Request())
         return ask

@@ -273,9 +273,7 @@ def _together(
     }
     totals: dict[str, Totals] = {}
     for name, (config, with_prediction) in variants.items():
-        variant = fresh_engine(engine, config)
-        if config.mode == "auto":
-            variant.measure_costs()  # the batch costs too (read back from the cache)
+        variant = fresh_engine(engine, config)  # (its batch costs read back too)
         _complete(variant, Item(variant.encode(WARM_UP), "Hello."), n, None)
         start = time.perf_counter()
         totals[name] = _clients(variant, items, n, clients, with_prediction)

@@ -89,7 +89,6 @@ def _answers(engine: LookaheadEngine, prompts: list[list[int]], tokens: int, rou
     for _ in range(rounds):
         for name in WAYS:
             fresh = fresh_engine(engine, engine.config)  # a trie and prefix cache of its own
-            fresh.measure_costs()
             with _way(name):
                 runs[name].append(_answered(fresh, prompts, tokens))
     return runs

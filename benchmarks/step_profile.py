@@ -60,7 +60,7 @@ from retrieval_build import cpu_name
 from torch.profiler import ProfilerActivity, profile
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
-from rag_lookahead.bench.run import load_records
+from rag_lookahead.bench.run import fresh_engine, load_records
 from rag_lookahead.cli.values import positive_int
 from rag_lookahead.prompts import encode_prompt
 
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = load_records(args.data, args.limit)
         prompts = _prompts(loaded, records, args.model == "tiny")
         configs = [Config(mode, rows) for mode in ("plain", "lookahead") for rows in (1, args.rows)]
-        runs = {c.name: _measure(loaded, c, prompts, args, cache_dir) for c in configs}
+        runs = {c.name: _measure(loaded, c, prompts, args) for c in configs}
     print(table(runs))
     out = args.out or (None if args.quick else HERE / f"step-profile-{args.data.stem}.json")
     if out is not None:
@@ -237,12 +237,11 @@ def _measure(
     config: Config,
     prompts: list[list[int]],
     args: argparse.Namespace,
-    cache: Path | None,
 ) -> dict[str, Any]:
     """One configuration: unprofiled, then profiled, each on a fresh engine."""
     rows = [prompts[i % len(prompts)] for i in range(config.rows)]
-    clean = _run(_fresh(loaded, config, cache), rows, args, profiled=False)
-    traced = _run(_fresh(loaded, config, cache), rows, args, profiled=True)
+    clean = _run(_fresh(loaded, config), rows, args, profiled=False)
+    traced = _run(_fresh(loaded, config), rows, args, profiled=True)
     assert traced.profiler is not None
     split = split_step(traced.profiler, id(loaded.model.get_output_embeddings()))
     result = {
@@ -262,16 +261,10 @@ def _measure(
     return result
 
 
-def _fresh(loaded: LookaheadEngine, config: Config, cache: Path | None) -> LookaheadEngine:
-    """A new engine over the loaded model: its own trie and prefix cache, the measured costs."""
-    fresh = LookaheadEngine(
-        loaded.model,
-        loaded.tokenizer,
-        loaded.config,
-        cost_curve=loaded.cost_curve,
-        cache_dir=cache,
-        model_thread=loaded.runner.thread,
-    )
+def _fresh(loaded: LookaheadEngine, config: Config) -> LookaheadEngine:
+    """A new engine over the loaded model: its own trie and prefix cache, the measured costs
+    read back (as a new process reads them: calibrated by its own steps)."""
+    fresh = fresh_engine(loaded, loaded.config)
     engine = fresh.plain() if config.mode == "plain" else fresh
     warm = engine.encode(WARM_UP)
     engine.stream(warm, max_new_tokens=4).complete()

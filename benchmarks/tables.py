@@ -1501,6 +1501,8 @@ PEER_RUNS: dict[str, tuple[str, str | None]] = {
     "zen4-lone-llma": ("vllm-peer-llma_msmarco_rag-zen4-lone-2026-12-05.json", None),
     "zen4-rule": ("vllm-peer-dolly_context_qa-zen4-rule-2026-12-05.json", None),
     "zen4-rule-llma": ("vllm-peer-llma_msmarco_rag-zen4-rule-2026-12-05.json", None),
+    "zen4-final": ("vllm-peer-dolly_context_qa-zen4-final-2026-12-05.json", None),
+    "zen4-final-llma": ("vllm-peer-llma_msmarco_rag-zen4-final-2026-12-05.json", None),
 }
 for _marker, (_file, _plain_from) in PEER_RUNS.items():
     table(_marker)(partial(_http, _file, _plain_from))

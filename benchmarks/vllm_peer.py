@@ -50,7 +50,7 @@ from retrieval_build import cpu_name
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
 from rag_lookahead.bench.concurrency import poisson_arrivals, quantile
-from rag_lookahead.bench.run import load_records
+from rag_lookahead.bench.run import fresh_engine, load_records
 from rag_lookahead.cli.values import positive_float, positive_int
 from rag_lookahead.interface import Engine
 from rag_lookahead.models import default_model_dir
@@ -303,15 +303,8 @@ def _local(
     for name, prompts in sets.items():
         runs[name] = {}
         for phase in _phases(args):
-            fresh = LookaheadEngine(
-                loaded.model,
-                loaded.tokenizer,
-                loaded.config,
-                cost_curve=loaded.cost_curve,
-                model_thread=loaded.runner.thread,
-            )
+            fresh = fresh_engine(loaded, loaded.config)  # its costs read back from the disk cache
             engine = fresh.plain() if method == "local_plain" else fresh
-            engine.measure_costs()  # read back from the disk cache
             ask = _asker(engine, args.max_new_tokens)
             ask(warm, Request())
             run = _timed(ask, prompts, phase, args.seed)

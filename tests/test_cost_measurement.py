@@ -140,6 +140,18 @@ def test_remeasure_replaces_the_cached_curve_and_a_cached_one_is_checked(tmp_pat
     assert _stored(tmp_path) != first and (again.runner.costs.check is None) == (not curve.loaded)
 
 
+def test_a_new_engine_given_the_curve_it_reads_back_is_calibrated_and_checked(tmp_path) -> None:
+    """A second engine over the model, given the first one's curve (as the benchmarks' fresh
+    engines are), then told to measure: the same curve read back from the disk, which its own
+    steps calibrate and check as any reader's would — not left as a curve given."""
+    first = _engine(tmp_path)
+    curve = first.measure_costs()
+    second = LookaheadEngine(first.model, first.tokenizer, first.config, cost_curve=curve, cache_dir=tmp_path)
+    assert second.runner.costs.calibration is None and second.runner.costs.check is None  # given
+    assert second.measure_costs() == curve
+    assert second.runner.costs.calibration is not None and second.runner.costs.check is not None
+
+
 @pytest.mark.parametrize(
     ("mode", "measured_before", "remeasure", "measures"),
     [

@@ -53,9 +53,46 @@ def test_a_retained_reserve_serves_later_blocks_without_faults() -> None:
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc only")
-def test_the_reserve_leaves_half_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memory, "_free_bytes", lambda: 3 * memory._PIECE)
+def test_the_reserve_leaves_half_the_available_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "_available_bytes", lambda: 3 * memory._PIECE)
     assert memory.reserve_heap(1 << 30) == memory._PIECE  # half of three pieces: one whole piece
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("MemTotal: 100 kB\nMemFree: 10 kB\nMemAvailable: 60 kB\nCached: 50 kB\n", 60 << 10),
+        ("MemTotal: 100 kB\nMemFree: 10 kB\n", None),  # an old kernel: the free pages
+        ("MemAvailable: lots\n", None),
+        ("MemAvailable: 60 MB\n", None),
+    ],
+)
+def test_available_memory_counts_the_page_cache_it_can_drop(
+    text: str, expected: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine that just read a model's files holds them in its page cache: available,
+    though not free. Where /proc/meminfo does not say (or is not there), the free pages."""
+    pages = {"SC_AVPHYS_PAGES": 7, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(memory.os, "sysconf", pages.__getitem__)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(text)
+    assert memory._available_bytes(meminfo) == (7 * 4096 if expected is None else expected)
+    assert memory._available_bytes(tmp_path / "missing") == 7 * 4096
+
+
+def test_a_refused_setting_leaves_the_others_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older glibc refusing one option (the mapping threshold past its ceiling) still
+    takes the rest; retention says it is not complete."""
+    made: list[int] = []
+
+    class Libc:
+        def mallopt(self, option: int, value: int) -> int:
+            made.append(option)
+            return 0 if option == memory._M_MMAP_THRESHOLD else 1
+
+    monkeypatch.setattr(memory, "_glibc", lambda: Libc())
+    assert memory.retain_freed_memory() is False
+    assert made == [memory._M_ARENA_MAX, memory._M_MMAP_THRESHOLD, memory._M_TRIM_THRESHOLD]
 
 
 def test_off_glibc_nothing_is_changed(monkeypatch: pytest.MonkeyPatch) -> None:

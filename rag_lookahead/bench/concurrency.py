@@ -206,9 +206,7 @@ def _method(
         size = 1 if name == "serialised" else max(engine.config.max_batch_size, clients)
         tokens = max(engine.config.max_tokens_per_forward, size)
         config = replace(engine.config, max_batch_size=size, max_tokens_per_forward=tokens)
-        variant = fresh_engine(engine, config)
-        if config.mode == "auto":
-            variant.measure_costs()  # the batch costs too (read back from the disk cache)
+        variant = fresh_engine(engine, config)  # (its batch costs read back too)
         return _clients(lambda item, served: _stream(variant, item, max_new_tokens, served)), variant
     if name == "prompt_lookup":
 

@@ -159,15 +159,21 @@ def prefill_timer(engine: LookaheadEngine, own: bool = True) -> Callable[[list[i
 
 def fresh_engine(engine: LookaheadEngine, config: LookaheadConfig) -> LookaheadEngine:
     """``engine``'s model, tokenizer, cost curve and template variables under ``config``, with a
-    trie of its own: no benchmarked method drafts from another's answers."""
-    return LookaheadEngine(
+    trie of its own: no benchmarked method drafts from another's answers. Planning by costs
+    (``auto``), it reads them back as a new process would (`LookaheadEngine.measure_costs`):
+    its own steps calibrate them and check a curve read from the disk."""
+    fresh = LookaheadEngine(
         engine.model,
         engine.tokenizer,
         config,
         cost_curve=engine.cost_curve,
+        cache_dir=engine.cache_dir,
         chat_template_kwargs=engine.chat_template_kwargs,
         model_thread=engine.runner.thread,
     )
+    if config.mode == "auto" and engine.cost_curve is not None and fresh.tree_verification:
+        fresh.measure_costs()
+    return fresh
 
 
 def _engine_runner(engine: LookaheadEngine, max_new_tokens: int) -> Runner:

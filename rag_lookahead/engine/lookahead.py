@@ -75,8 +75,9 @@ class LookaheadEngine(EngineBase):
         Args:
             config: Drafting settings (`LookaheadConfig`).
             trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
-            cost_curve: Forward costs by size, for ``mode="auto"``; when not given, the first
-                call that needs it runs `measure_costs`.
+            cost_curve: Forward costs by size, for ``mode="auto"``, planned with as given (not
+                calibrated by the steps) until `measure_costs` reads a curve back; when not
+                given, the first call that needs it runs `measure_costs`.
             cache_dir: Where measured cost curves and acceptance statistics are kept (default:
                 `default_cache_dir`).
             chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
@@ -185,6 +186,12 @@ class LookaheadEngine(EngineBase):
     def plain(self) -> LookaheadEngine:
         """This engine decoding plainly (``mode="off"``), the reference: see `with_config`."""
         return self.with_config(replace(self.config, mode="off"))
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """Where this engine keeps measured cost curves and acceptance statistics (``None``:
+        `default_cache_dir`)."""
+        return self._cache_dir
 
     @property
     def chat_template_kwargs(self) -> Mapping[str, Any]:

@@ -26,6 +26,7 @@ import ctypes
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -84,24 +85,26 @@ def _glibc() -> Any | None:
 
 def retain_freed_memory() -> bool:
     """Have glibc keep freed memory in the process (see the module's docstring); whether it
-    could (``False`` off glibc). Call it before the engine's threads start (before loading a
-    model): a thread keeps the arena it first allocated from."""
+    took every setting (``False`` off glibc; a setting refused leaves the others made). Call it
+    before the engine's threads start (before loading a model): a thread keeps the arena it
+    first allocated from."""
     libc = _glibc()
     if libc is None:
         return False
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _MAPPED_APART), (_M_TRIM_THRESHOLD, _KEPT_TOP))
-    return all(libc.mallopt(option, value) == 1 for option, value in settings)
+    taken = [libc.mallopt(option, value) == 1 for option, value in settings]  # each tried
+    return all(taken)
 
 
 def reserve_heap(nbytes: int) -> int:
     """Grow the heap by ``nbytes`` (at most 2 GiB, and at most half the memory the machine has
-    free), its pages touched, and free it for the process to reuse; the bytes reserved (0 off
+    available), its pages touched, and free it for the process to reuse; the bytes reserved (0 off
     glibc). Only after `retain_freed_memory`, which keeps the freed reserve: without it the
     reserve goes back to the kernel at once."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
     libc = _glibc()
-    nbytes = min(nbytes, _KEPT_TOP, _free_bytes() // 2)
+    nbytes = min(nbytes, _KEPT_TOP, _available_bytes() // 2)
     if libc is None or nbytes == 0:
         return 0
     libc.malloc.restype = ctypes.c_void_p
@@ -121,8 +124,17 @@ def reserve_heap(nbytes: int) -> int:
     return len(blocks) * _PIECE
 
 
-def _free_bytes() -> int:
-    """The machine's free physical memory (page cache not counted)."""
+def _available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """The memory the machine can hand out without swapping: Linux's ``MemAvailable`` (free
+    pages and the page cache it can drop, such as the model files just read), else the free
+    pages alone."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name == "MemAvailable" and value.split()[1:] == ["kB"]:
+                return int(value.split()[0]) << 10
+    except (OSError, ValueError):
+        pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 

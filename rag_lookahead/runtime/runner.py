@@ -293,7 +293,7 @@ class ModelRunner:
             return _watched(progress, "measuring forward costs (once)", self.chain_timer(context), max_tokens)
 
         curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
-        if curve == self.costs.curve and not measured:
+        if curve == self.costs.curve and not measured and self.costs.calibration is not None:
             return curve  # read back again (another variant): what was learned of it stands
         self.costs.curve = curve
         self.costs.calibration = StepCalibration()  # a new curve, learned afresh
