@@ -7,12 +7,14 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from rag_lookahead.bench.run import fresh_engine
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.engine import LookaheadEngine
@@ -150,6 +152,18 @@ def test_a_new_engine_given_the_curve_it_reads_back_is_calibrated_and_checked(tm
     assert second.runner.costs.calibration is None and second.runner.costs.check is None  # given
     assert second.measure_costs() == curve
     assert second.runner.costs.calibration is not None and second.runner.costs.check is not None
+
+
+def test_a_benchmarks_fresh_engine_reads_the_costs_back_as_a_new_process_would(tmp_path) -> None:
+    """`fresh_engine` (each benchmarked method's own engine): planning by costs, from the
+    first engine's cache, calibrated and checked; decoding without drafts, nothing read."""
+    first = _engine(tmp_path)
+    curve = first.measure_costs()
+    fresh = fresh_engine(first, first.config)
+    assert fresh.cache_dir == tmp_path and fresh.cost_curve == curve
+    assert fresh.runner.costs.calibration is not None and fresh.runner.costs.check is not None
+    plain = fresh_engine(first, replace(first.config, mode="off"))
+    assert plain.runner.costs.calibration is None
 
 
 @pytest.mark.parametrize(
