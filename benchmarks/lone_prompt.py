@@ -76,19 +76,16 @@ def main() -> None:
 
 def _process(args: argparse.Namespace) -> dict[str, Any]:
     """This process's run: the wave, then the lone answers."""
-    from rag_lookahead.runtime.memory import reserve_heap, retain_freed_memory, working_set_bytes
+    from rag_lookahead.runtime.memory import retain_freed_memory
 
     retain_freed_memory()  # before the model's thread starts
     import torch
     import vllm_peer  # (beside this script)
 
-    from rag_lookahead import LookaheadEngine
     from rag_lookahead.bench.run import fresh_engine
 
     torch.set_num_threads(args.threads)
-    loaded = LookaheadEngine.from_pretrained()
-    loaded.measure_costs()
-    reserve_heap(working_set_bytes(loaded.model, args.clients, loaded.config.prefix_cache_mb << 20))
+    loaded = vllm_peer.loaded_engine(args.clients)
     prompts = vllm_peer._prompts(loaded.tokenizer, Path(args.data), args.clients)
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     warm = loaded.tokenizer(vllm_peer.WARM_UP).input_ids

@@ -291,14 +291,22 @@ def _counters(run: SpeculationCounters) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- local
 
 
+def loaded_engine(clients: int) -> LookaheadEngine:
+    """The built-in model as ``rag-lookahead serve`` sets it up on a CPU (after
+    `retain_freed_memory`): its costs read back or measured, the working set of ``clients``
+    running calls reserved. Its forwards all run in its model's thread."""
+    loaded = LookaheadEngine.from_pretrained()
+    loaded.measure_costs()
+    reserve_heap(working_set_bytes(loaded.model, clients, loaded.config.prefix_cache_mb << 20))
+    return loaded
+
+
 def _local(
     method: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
     """Each set and phase on a fresh engine over the same model: a trie and prefix cache of its
     own (it keeps the acceptance statistics and cost curves learned on disk, as any process)."""
-    loaded = LookaheadEngine.from_pretrained()  # its forwards all run in its model's thread
-    loaded.measure_costs()
-    reserve_heap(working_set_bytes(loaded.model, args.clients, loaded.config.prefix_cache_mb << 20))
+    loaded = loaded_engine(args.clients)
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}

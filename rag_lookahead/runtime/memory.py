@@ -131,8 +131,9 @@ def _available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     try:
         for line in meminfo.read_text().splitlines():
             name, _, value = line.partition(":")
-            if name == "MemAvailable" and value.split()[1:] == ["kB"]:
-                return int(value.split()[0]) << 10
+            fields = value.split()
+            if name == "MemAvailable" and fields[1:] == ["kB"]:
+                return int(fields[0]) << 10
     except (OSError, ValueError):
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
