@@ -255,6 +255,41 @@ def decode_step_table() -> str:
     return markdown(["kernel", "ms per token, run 1", "ms per token, run 2"], rows)
 
 
+KERNEL_CHOICE_RUNS = {
+    "quiet": "kernel-choice-zen4.json",
+    "beside bursts of other work": "kernel-choice-zen4-loaded.json",
+}
+
+
+@table("kernel-choice")
+def kernel_choice_table() -> str:
+    """What `auto` chose per round, by the forwards and by the layers alone, and each kernel's
+    forwards' milliseconds, the rounds' medians (`kernel-choice-zen4{,-loaded}.json`)."""
+    rows = []
+    for machine, name in KERNEL_CHOICE_RUNS.items():
+        rounds = load(name)["rounds"]
+        for kernel in ("torch", "onednn", "packed"):
+            ms = [
+                fixed(statistics.median(r["forward_ms"][kernel][part] for r in rounds), 1)
+                for part in ("1 token", "16 tokens", "256-token chunk")
+            ]
+            picked = [
+                f"{sum(r[how].split(',')[0] == kernel for r in rounds)}/{len(rounds)}"
+                for how in ("by_forwards", "by_layers")
+            ]
+            rows.append([machine, code(kernel), *ms, *picked])
+    header = [
+        "machine",
+        "kernel",
+        "1 token, ms",
+        "16 tokens, ms",
+        "256-token chunk, ms",
+        "chosen for 1 token, by forwards",
+        "by layers alone",
+    ]
+    return markdown(header, rows)
+
+
 RETAINED_ROWS = (
     ("tokens_per_s", "tok/s, 8 clients", 1),
     ("prompt_seconds", "prompts' chunks apart, s", 2),

@@ -20,6 +20,7 @@ from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.engine import executor as executor_module
 from rag_lookahead.engine.executor import Executor
+from rag_lookahead.planning import costs as costs_module
 from rag_lookahead.planning.costs import (
     LOADED_MAX_AGE_SECONDS,
     VERSION,
@@ -164,6 +165,19 @@ def test_a_benchmarks_fresh_engine_reads_the_costs_back_as_a_new_process_would(t
     assert fresh.runner.costs.calibration is not None and fresh.runner.costs.check is not None
     plain = fresh_engine(first, replace(first.config, mode="off"))
     assert plain.runner.costs.calibration is None
+
+
+def test_a_curve_cached_on_another_processor_is_measured_anew(tmp_path, monkeypatch) -> None:
+    """One cache directory, two machines (a home directory shared by hosts, or torch's kernels
+    held to another instruction set): neither plans with the other's curve."""
+    first = _engine(tmp_path)
+    first.measure_costs()
+    monkeypatch.setattr(costs_module, "_cpu_model", lambda: "AuthenticAMD, 25, 1, AMD EPYC 7B13")
+    monkeypatch.setattr(costs_module.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    other = _engine(tmp_path)
+    curve = other.measure_costs()
+    assert len(list((tmp_path / "costs").glob("costs-*.json"))) == 2  # one curve each
+    assert (other.runner.costs.check is None) == (not curve.loaded)  # measured there, not read back
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from rag_lookahead.bench.divergence import describe, divergences
 from rag_lookahead.bench.methods import METHODS
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
-from rag_lookahead.planning.costs import CostCurve
+from rag_lookahead.planning.costs import CostCurve, processor
 from rag_lookahead.prompts import rag_messages
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 
@@ -119,6 +119,10 @@ def run_header(engine: LookaheadEngine, records: int, max_new_tokens: int) -> di
         "device": str(engine.device),
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
+        # What ran the forwards: machines (and processes, for `cpu_linear="auto"`) differ here.
+        "processor": processor(engine.device),
+        "linear": str(engine.runner.linear),
+        "forward": "model" if engine.runner.direct is None else "direct",
         "records": records,
         "max_new_tokens": max_new_tokens,
     }

@@ -1,4 +1,4 @@
-"""What a forward pass costs: measured once per (model, device, dtype, threads), cached on disk,
+"""What a forward pass costs: measured once per (model, processor, dtype, threads), cached on disk,
 and corrected by the forwards really run.
 
 On a CPU a forward over 8 new tokens costs about twice one over a single token; on a GPU the
@@ -13,12 +13,14 @@ import hashlib
 import itertools
 import json
 import math
+import platform
 import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "forget_curve",
     "measure_curve",
     "model_digest",
+    "processor",
     "settled",
 ]
 
@@ -416,18 +419,47 @@ def model_digest(model: Any) -> str:
     return hashlib.sha256(config.encode()).hexdigest()[:16]
 
 
+def processor(device: torch.device) -> str:
+    """What runs ``device``'s forwards: the GPU's name, or the CPU's (vendor, family, model and
+    model name; a VM's model name alone can be as generic as "AMD EPYC") with the instruction
+    set torch's kernels use. A cache directory shared by several machines (one home directory
+    on many hosts) or a kernel set chosen otherwise must not plan one with another's curve."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    return f"{_cpu_model()} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+@cache
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:  # not Linux
+        return platform.processor() or platform.machine() or "unknown CPU"
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():  # the first processor's block is enough
+            break
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    parts = (fields.get(name) for name in ("vendor_id", "cpu family", "model", "model name"))
+    return ", ".join(part for part in parts if part) or platform.machine() or "unknown CPU"
+
+
 def curve_key(
     model: Any, device: torch.device, max_tokens: int, linear: str, attention: str, forward: str = "model"
 ) -> dict[str, Any]:
     """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`;
     ``attention``: its attention's, `attention_used`; ``forward``: ``"direct"`` where the
-    forwards run as `rag_lookahead.runtime.direct` has them, else ``"model"``); a cached curve
-    with another key is stale."""
+    forwards run as `rag_lookahead.runtime.direct` has them, else ``"model"``; the `processor`);
+    a cached curve with another key is stale."""
     import transformers
 
     return {
         "model": model_digest(model),
         "device": str(device),
+        "processor": processor(device),
         "dtype": str(model.dtype),
         "attention": attention,
         "linear": linear,

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +44,7 @@ import torch
 from rag_lookahead.config import CpuLinear
 
 __all__ = [
+    "ForwardSeconds",
     "LinearKernels",
     "OneDnnLayers",
     "faster_linear",
@@ -264,6 +264,9 @@ class LinearKernels:
         return ",".join(name if least == 1 else f"{least}:{name}" for least, name in self.classes)
 
 
+# Seconds of one forward of so many tokens with its linear layers on the kernels given.
+ForwardSeconds = Callable[["LinearKernels", int], float]
+
 # The classes of forwards by their tokens that ``"auto"`` chooses a kernel for, each timed at
 # one size in it: (least tokens, tokens timed, whether the output head runs over all of them).
 # A plain step; a draft (2 or 3 rows are already a matrix product, not a vector's); a wide
@@ -278,11 +281,17 @@ _EVERY_LAYER_BELOW = 64
 _PACKED_SHARE = 0.25
 
 
-def linear_used(model: Any, device: torch.device, choice: CpuLinear) -> LinearKernels:
+def linear_used(
+    model: Any,
+    device: torch.device,
+    choice: CpuLinear,
+    forwards: Callable[[], ForwardSeconds] | None = None,
+) -> LinearKernels:
     """The kernels the engine's forwards of ``model`` on ``device`` run fp32 linear layers with
     (``"auto"``: the fastest here for its layers by a forward's tokens, `faster_linear`, timed
-    once per model and thread count; ``packed`` only where its copy of the weights fits,
-    `packing_fits`). Every engine over one model shares the choice and the reordered copy."""
+    once per model and thread count, by the forwards ``forwards`` makes a timer of where
+    given; ``packed`` only where its copy of the weights fits, `packing_fits`). Every engine
+    over one model shares the choice and the reordered copy."""
     applies = choice != "torch" and device.type == "cpu" and model.dtype == torch.float32
     if not (applies and onednn_available()):
         return LinearKernels.one("torch")
@@ -297,7 +306,8 @@ def linear_used(model: Any, device: torch.device, choice: CpuLinear) -> LinearKe
     chosen = _CHOSEN.setdefault(model, {})
     threads = torch.get_num_threads()
     if threads not in chosen:
-        chosen[threads] = faster_linear(model, pack=packing_fits(model), layers=layers)
+        timer = forwards() if forwards is not None else None
+        chosen[threads] = faster_linear(model, pack=packing_fits(model), layers=layers, forwards=timer)
     return chosen[threads]
 
 
@@ -325,17 +335,24 @@ def faster_linear(
     repeats: int = 3,
     pack: bool = False,
     layers: OneDnnLayers | None = None,
+    forwards: ForwardSeconds | None = None,
 ) -> LinearKernels:
     """Which kernel multiplies ``model``'s linear layers fastest here (torch's, oneDNN's, and
     with ``pack`` oneDNN's over reordered weights), for each class of forwards by their tokens
     (``(least tokens, tokens timed, with the head)``: a plain step, a draft, a batch, a
-    prompt's chunk): each kernel in turn, the median of ``repeats``. A class of a few tokens
-    reads every weight from memory, as its forward does: every layer's own weight is timed (one
-    weight per shape would be read from the cache its own last timing filled, which favours
-    another kernel than the forward's). A prompt's chunk computes far more than it reads: one
-    weight per shape, weighted by how many layers share it. CPUs differ: on some AMD EPYCs
-    oneDNN's kernel is much faster than MKL's for a few rows, on some Intel Xeons slower for
-    one. ``layers`` (the model's, `OneDnnLayers`) keep the reordered weights only if chosen."""
+    prompt's chunk): each kernel in turn, the least of ``repeats`` (other work only ever adds
+    time, and a burst of it meets one kernel's timing, not all).
+
+    With ``forwards`` (seconds of one of the engine's own forwards), a step's classes are timed
+    by whole forwards: timed alone, the layers can rank the kernels otherwise than the forward
+    does (on a busy machine, BLAS's one-row product kept its speed alone and lost it within the
+    forward). Otherwise, and for a prompt's chunk (whose forwards are long, and which computes
+    far more than it reads), by the layers alone: a class of a few tokens over every layer's
+    own weight (one weight per shape would be read from the cache its own last timing filled),
+    a prompt's chunk over one weight per shape, weighted by how many layers share it. CPUs
+    differ: on some AMD EPYCs oneDNN's kernel is much faster than MKL's for a few rows, on some
+    Intel Xeons slower for one. ``layers`` (the model's, `OneDnnLayers`) keep the reordered
+    weights only if chosen."""
     weights, every = _linear_weights(model), _linear_weights(model, every=True)
     if not weights:
         return LinearKernels.one("torch")
@@ -354,11 +371,12 @@ def faster_linear(
         for least, count, with_head in classes:
             pool = every if count < _EVERY_LAYER_BELOW else weights
             timed = [(w, n) for w, n in pool if with_head or w is not head]
+            by_forwards = forwards if count < _EVERY_LAYER_BELOW else None
             seconds: dict[str, list[float]] = {kernel: [] for kernel in kernels}
             for _ in range(repeats):
                 for kernel in kernels:  # in turn: a change in load meets each
-                    seconds[kernel].append(_layers_seconds(timed, count, kernel, layers))
-            chosen.append((least, min(kernels, key=lambda kernel: statistics.median(seconds[kernel]))))
+                    seconds[kernel].append(_class_seconds(timed, count, kernel, layers, by_forwards))
+            chosen.append((least, min(kernels, key=lambda kernel: min(seconds[kernel]))))
     merged = [entry for i, entry in enumerate(chosen) if i == 0 or entry[1] != chosen[i - 1][1]]
     used = {kernel for _, kernel in merged}
     if "packed" not in used and not packed_before:
@@ -378,6 +396,20 @@ def _linear_weights(model: Any, every: bool = False) -> list[tuple[torch.Tensor,
             first, count = shapes.get(key, (weight, 0))
             shapes[key] = (first, count + 1)
     return list(shapes.values())
+
+
+def _class_seconds(
+    weights: Sequence[tuple[torch.Tensor, int]],
+    rows: int,
+    kernel: str,
+    layers: OneDnnLayers,
+    forwards: ForwardSeconds | None,
+) -> float:
+    """Seconds of a class's forward of ``rows`` tokens on one kernel: one forward by
+    ``forwards`` where given, else its linear layers alone (`_layers_seconds`)."""
+    if forwards is not None:
+        return forwards(LinearKernels.one(kernel, layers), rows)
+    return _layers_seconds(weights, rows, kernel, layers)
 
 
 def _layers_seconds(

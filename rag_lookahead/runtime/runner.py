@@ -45,7 +45,7 @@ from rag_lookahead.runtime.attention import (
 )
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.direct import DirectForward
-from rag_lookahead.runtime.kernels import linear_used
+from rag_lookahead.runtime.kernels import ForwardSeconds, LinearKernels, linear_used
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
 from rag_lookahead.runtime.memory import large_blocks_expected
@@ -60,6 +60,8 @@ Forward = Callable[..., Any]
 
 # The context each row of a measured batch holds (a RAG prompt is longer; this keeps it quick).
 _BATCH_CONTEXT = 256
+# The prompt before the forwards that choose the linear kernels of a step (`_kernel_timer`).
+_KERNEL_CONTEXT = 128
 
 
 class ModelRunner:
@@ -74,7 +76,6 @@ class ModelRunner:
         self.thread = thread or ModelThread.shared()
         if self.device.type == "cpu":
             self.thread.call(large_blocks_expected)
-        self.linear = self.thread.call(lambda: linear_used(model, self.device, linear))
         self.costs = CostModel()  # what its forwards cost, once measured (or given)
         self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
@@ -84,7 +85,11 @@ class ModelRunner:
         self._tree_problem: str | None = None
         self._packs = False  # probed with the trees
         self.direct: DirectForward | None = None
-        if direct:
+        self.linear = LinearKernels.one("torch")  # until chosen: what a kernel timer's prompt runs on
+        timer = functools.partial(self._kernel_timer, direct)
+        self.linear = self.thread.call(lambda: linear_used(model, self.device, linear, timer))
+        self.direct = None  # (a kernel timer's, unprobed)
+        if direct:  # probed on the kernels chosen: each forward runs on them
             self.direct = self.thread.call(lambda: _matching_direct(self))
 
     @property
@@ -362,6 +367,30 @@ class ModelRunner:
                 self.forward_batch(inputs, batch.cache, batch.lengths)
             self.synchronize()
             return time.perf_counter() - start  # nothing kept: the rows' lengths stay as they were
+
+        return seconds
+
+    def _kernel_timer(self, direct: bool) -> ForwardSeconds:
+        """Seconds of this runner's forward of so many chained tokens after a short prompt,
+        on the linear kernels given: the forwards `linear_used` chooses the kernels of a step
+        by (direct, with ``direct``, where the model's direct forward matches its own)."""
+        window = getattr(self.model.config, "max_position_embeddings", None) or 512
+        context = min(_KERNEL_CONTEXT, window // 2)
+        # Timed as the forwards will run: directly where the model has a direct forward (only
+        # its speed counts here; it is probed for exactness once the kernels are chosen).
+        self.direct = DirectForward.of(self.model) if direct else None
+        try:
+            timer = self.chain_timer(context)
+        except Exception:  # a direct forward the probe would refuse: the model's own
+            self.direct = None
+            timer = self.chain_timer(context)
+
+        def seconds(kernels: LinearKernels, tokens: int) -> float:
+            chosen, self.linear = self.linear, kernels
+            try:
+                return timer(tokens)
+            finally:
+                self.linear = chosen
 
         return seconds
 
