@@ -272,6 +272,111 @@ def test_auto_times_a_steps_classes_by_the_runners_own_forwards(monkeypatch: pyt
     assert str(runner.linear) == "packed,64:onednn" and runner.direct is not None
 
 
+class _Timed:
+    """Fake layer timings (oneDNN's the fastest, then packed, then torch), counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, weights: Any, rows: int, kernel: str, layers: Any) -> float:
+        self.calls += 1
+        return {"torch": 1.0, "onednn": 0.5, "packed": 0.75}[kernel]
+
+
+def _busy(busy: bool) -> Any:
+    from contextlib import contextmanager
+
+    from rag_lookahead.planning.load import MachineLoad
+
+    @contextmanager
+    def watch() -> Any:
+        yield [MachineLoad(1.0, 1.0, 3.0 if busy else 1.0, 2)]
+
+    return watch
+
+
+@needs_onednn
+def test_autos_choice_is_kept_for_the_next_process_and_a_busy_ones_for_an_hour(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner over another copy of the model (what a new process loads) reads the choice
+    back instead of timing; one made while other work shared the cores is kept for an hour."""
+    from rag_lookahead.runtime import kernel_cache, kernels
+
+    timed = _Timed()
+    monkeypatch.setattr(kernels, "_layers_seconds", timed)
+    monkeypatch.setattr(kernels, "watch_load", _busy(True))
+    model, cpu = tiny_model("llama"), torch.device("cpu")
+    first = linear_used(copy.deepcopy(model), cpu, "auto", cache_dir=tmp_path)
+    assert str(first) == "onednn" and timed.calls > 0
+    (stored,) = (tmp_path / "kernels").glob("kernels-v1-*.json")
+    assert '"loaded": true' in stored.read_text()
+    timed.calls = 0
+    again = linear_used(copy.deepcopy(model), cpu, "auto", cache_dir=tmp_path)
+    assert str(again) == "onednn" and again.layers is not None and timed.calls == 0  # read back
+    later = kernel_cache.time.time() + kernel_cache.LOADED_MAX_AGE_SECONDS + 1
+    monkeypatch.setattr(kernel_cache.time, "time", lambda: later)
+    monkeypatch.setattr(kernels, "watch_load", _busy(False))
+    linear_used(copy.deepcopy(model), cpu, "auto", cache_dir=tmp_path)
+    assert timed.calls > 0 and '"loaded": false' in stored.read_text()  # chosen again, quietly
+
+
+@needs_onednn
+def test_a_choice_whose_timings_did_not_settle_is_kept_for_an_hour_only(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine that looked quiet, the chosen kernel's least time seen once only (its other
+    timings 80% longer): a burst may have decided it."""
+    from rag_lookahead.runtime import kernels
+
+    calls: list[str] = []
+
+    def seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
+        calls.append(kernel)
+        once = kernel == "onednn" and calls.count(kernel) % 3 == 1
+        return {"torch": 1.0, "onednn": 0.5 if once else 0.9, "packed": 0.95}[kernel]
+
+    monkeypatch.setattr(kernels, "_layers_seconds", seconds)
+    monkeypatch.setattr(kernels, "watch_load", _busy(False))
+    assert (
+        str(linear_used(copy.deepcopy(tiny_model("llama")), torch.device("cpu"), "auto", cache_dir=tmp_path))
+        == "onednn"
+    )
+    (stored,) = (tmp_path / "kernels").glob("kernels-v1-*.json")
+    assert '"loaded": true' in stored.read_text()
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    "classes",
+    [
+        '[[1, "rm -rf"]]',  # no such kernel
+        '[[1, "torch"], [1, "onednn"]]',  # a class twice
+        '[[2, "torch"]]',  # no class from one token
+        '[[1, "torch"], [64, "onednn"], [8, "torch"]]',  # not ascending
+        '"torch"',  # not a list of classes
+        "[]",
+        '[[1, "packed"]]',  # packed where its copy was found not to fit
+    ],
+)
+def test_a_kernel_choice_file_that_is_not_well_formed_is_chosen_again(
+    classes: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_lookahead.runtime import kernels
+
+    timed = _Timed()
+    monkeypatch.setattr(kernels, "_layers_seconds", timed)
+    monkeypatch.setattr(kernels, "_PACKED_SHARE", 0.0)  # the copy does not fit: packed never
+    model, cpu = tiny_model("llama"), torch.device("cpu")
+    linear_used(copy.deepcopy(model), cpu, "auto", cache_dir=tmp_path)
+    (stored,) = (tmp_path / "kernels").glob("kernels-v1-*.json")
+    text = stored.read_text()
+    stored.write_text(text[: text.index('"classes"')] + f'"classes": {classes}\n}}')
+    timed.calls = 0
+    assert str(linear_used(copy.deepcopy(model), cpu, "auto", cache_dir=tmp_path)) == "onednn"
+    assert timed.calls > 0
+
+
 def test_auto_times_each_distinct_weight_once_for_every_layer_of_its_shape() -> None:
     from rag_lookahead.runtime.kernels import _linear_weights
 

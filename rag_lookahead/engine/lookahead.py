@@ -30,6 +30,7 @@ from rag_lookahead.engine.scope import DocumentScope, document_texts
 from rag_lookahead.engine.scoring import PromptLogprobs, prompt_logprobs
 from rag_lookahead.interface import EngineBase, check_scope
 from rag_lookahead.loading import LoadKeywords, LoadOptions
+from rag_lookahead.models import default_cache_dir
 from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.prompts import Prompt
@@ -103,7 +104,13 @@ class LookaheadEngine(EngineBase):
                 f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
-        self.runner = ModelRunner(model, self.config.cpu_linear, model_thread, self.config.direct_forward)
+        self.runner = ModelRunner(
+            model,
+            self.config.cpu_linear,
+            model_thread,
+            self.config.direct_forward,
+            cache_dir or default_cache_dir(),
+        )
         self.runner.costs.curve = cost_curve
         self.planner = StepPlanner(self.config, self.runner.costs)
         self.scheduler = _new_scheduler(self.runner, self.config)

@@ -37,11 +37,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rag_lookahead.config import CpuLinear
+from rag_lookahead.planning.costs import model_digest, processor, settled
+from rag_lookahead.planning.load import watch_load
+from rag_lookahead.runtime.kernel_cache import Classes, cached_classes
 
 __all__ = [
     "ForwardSeconds",
@@ -276,6 +280,11 @@ _CLASSES = ((1, 1, True), (2, 4, True), (8, 16, True), (64, 256, False))
 # Classes of fewer tokens than this are timed over every layer's weight, not one per shape.
 _EVERY_LAYER_BELOW = 64
 
+# Timings of each kernel per class, taken in turn; the least decides.
+_REPEATS = 3
+# A choice whose kernel's two least times differ by more than this is kept an hour only.
+_SETTLED = 0.10
+
 # ``"auto"`` considers the packed kernel only where the reordered copy of the weights takes at
 # most this share of the machine's memory.
 _PACKED_SHARE = 0.25
@@ -286,12 +295,14 @@ def linear_used(
     device: torch.device,
     choice: CpuLinear,
     forwards: Callable[[], ForwardSeconds] | None = None,
+    cache_dir: Path | None = None,
 ) -> LinearKernels:
     """The kernels the engine's forwards of ``model`` on ``device`` run fp32 linear layers with
     (``"auto"``: the fastest here for its layers by a forward's tokens, `faster_linear`, timed
     once per model and thread count, by the forwards ``forwards`` makes a timer of where
-    given; ``packed`` only where its copy of the weights fits, `packing_fits`). Every engine
-    over one model shares the choice and the reordered copy."""
+    given, and kept under ``cache_dir`` for the next process, `cached_classes`; ``packed`` only
+    where its copy of the weights fits, `packing_fits`). Every engine over one model shares the
+    choice and the reordered copy."""
     applies = choice != "torch" and device.type == "cpu" and model.dtype == torch.float32
     if not (applies and onednn_available()):
         return LinearKernels.one("torch")
@@ -306,9 +317,52 @@ def linear_used(
     chosen = _CHOSEN.setdefault(model, {})
     threads = torch.get_num_threads()
     if threads not in chosen:
-        timer = forwards() if forwards is not None else None
-        chosen[threads] = faster_linear(model, pack=packing_fits(model), layers=layers, forwards=timer)
+        chosen[threads] = _chosen_here(model, layers, forwards, cache_dir)
     return chosen[threads]
+
+
+def _chosen_here(
+    model: Any,
+    layers: OneDnnLayers,
+    forwards: Callable[[], ForwardSeconds] | None,
+    cache_dir: Path | None,
+) -> LinearKernels:
+    """`faster_linear`'s choice for ``model`` at this thread count: read back from
+    ``cache_dir`` where a process of this machine made it before, else timed now (and stored
+    there, marked as made under a load where other work shared the cores meanwhile or its
+    timings did not settle)."""
+    pack = packing_fits(model)
+
+    def choose() -> tuple[Classes, bool]:
+        with watch_load() as seen:
+            timer = forwards() if forwards is not None else None
+            kernels, steady = _timed_kernels(model, _CLASSES, _REPEATS, pack, layers, timer)
+        return kernels.classes, seen[0].busy or not steady
+
+    if cache_dir is None:
+        return _kernels_of(choose()[0], layers)
+    import transformers
+
+    key = {
+        "model": model_digest(model),
+        "processor": processor(torch.device("cpu")),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "packed": pack,
+        "timed_by": "forwards" if forwards is not None else "layers",
+        "classes": [list(entry) for entry in _CLASSES],
+    }
+    return _kernels_of(cached_classes(cache_dir / "kernels", key, choose), layers)
+
+
+def _kernels_of(classes: Classes, layers: OneDnnLayers) -> LinearKernels:
+    """The kernels of ``classes``, over ``layers`` (reordered where ``packed`` is among them)
+    unless every class runs on torch's."""
+    used = {kernel for _, kernel in classes}
+    if "packed" in used:
+        layers.pack()
+    return LinearKernels(classes, None if used == {"torch"} else layers)
 
 
 # Per model (held weakly: they go with it), its layers on oneDNN and what ``"auto"`` chose for
@@ -332,7 +386,7 @@ def packing_fits(model: Any) -> bool:
 def faster_linear(
     model: Any,
     classes: Sequence[tuple[int, int, bool]] = _CLASSES,
-    repeats: int = 3,
+    repeats: int = _REPEATS,
     pack: bool = False,
     layers: OneDnnLayers | None = None,
     forwards: ForwardSeconds | None = None,
@@ -353,9 +407,22 @@ def faster_linear(
     differ: on some AMD EPYCs oneDNN's kernel is much faster than MKL's for a few rows, on some
     Intel Xeons slower for one. ``layers`` (the model's, `OneDnnLayers`) keep the reordered
     weights only if chosen."""
+    return _timed_kernels(model, classes, repeats, pack, layers, forwards)[0]
+
+
+def _timed_kernels(
+    model: Any,
+    classes: Sequence[tuple[int, int, bool]],
+    repeats: int,
+    pack: bool,
+    layers: OneDnnLayers | None,
+    forwards: ForwardSeconds | None,
+) -> tuple[LinearKernels, bool]:
+    """`faster_linear`'s choice, and whether it settled: each class's chosen kernel timed at
+    its least twice within `_SETTLED` (else a burst of other work may have decided it)."""
     weights, every = _linear_weights(model), _linear_weights(model, every=True)
     if not weights:
-        return LinearKernels.one("torch")
+        return LinearKernels.one("torch"), True
     layers = layers or OneDnnLayers(model)
     head = (
         getattr(model.get_output_embeddings(), "weight", None)
@@ -367,6 +434,7 @@ def faster_linear(
         layers.pack()
     kernels = ("torch", "onednn", "packed") if pack else ("torch", "onednn")
     chosen = []
+    steady = True
     with torch.inference_mode():
         for least, count, with_head in classes:
             pool = every if count < _EVERY_LAYER_BELOW else weights
@@ -376,12 +444,14 @@ def faster_linear(
             for _ in range(repeats):
                 for kernel in kernels:  # in turn: a change in load meets each
                     seconds[kernel].append(_class_seconds(timed, count, kernel, layers, by_forwards))
-            chosen.append((least, min(kernels, key=lambda kernel: min(seconds[kernel]))))
+            fastest = min(kernels, key=lambda kernel: min(seconds[kernel]))
+            chosen.append((least, fastest))
+            steady = steady and settled(seconds[fastest], _SETTLED)
     merged = [entry for i, entry in enumerate(chosen) if i == 0 or entry[1] != chosen[i - 1][1]]
     used = {kernel for _, kernel in merged}
     if "packed" not in used and not packed_before:
         layers.unpack()  # the reordered copies are not kept
-    return LinearKernels(((1, merged[0][1]), *merged[1:]), None if used == {"torch"} else layers)
+    return LinearKernels(((1, merged[0][1]), *merged[1:]), None if used == {"torch"} else layers), steady
 
 
 def _linear_weights(model: Any, every: bool = False) -> list[tuple[torch.Tensor, int]]:

@@ -67,10 +67,16 @@ _KERNEL_CONTEXT = 128
 class ModelRunner:
     """Forward passes of one model, serialised by its own lock (engine variants share it) and
     run by a `ModelThread` (``thread``, or the process's shared one); on a CPU its fp32 linear layers
-    run on the kernels ``linear`` chooses by a forward's tokens (`rag_lookahead.runtime.kernels`)."""
+    run on the kernels ``linear`` chooses by a forward's tokens (`rag_lookahead.runtime.kernels`;
+    ``"auto"``'s choice kept under ``cache_dir`` where given, for the next process)."""
 
     def __init__(
-        self, model: Any, linear: CpuLinear = "auto", thread: ModelThread | None = None, direct: bool = True
+        self,
+        model: Any,
+        linear: CpuLinear = "auto",
+        thread: ModelThread | None = None,
+        direct: bool = True,
+        cache_dir: Path | None = None,
     ) -> None:
         self.model = model
         self.thread = thread or ModelThread.shared()
@@ -87,7 +93,7 @@ class ModelRunner:
         self.direct: DirectForward | None = None
         self.linear = LinearKernels.one("torch")  # until chosen: what a kernel timer's prompt runs on
         timer = functools.partial(self._kernel_timer, direct)
-        self.linear = self.thread.call(lambda: linear_used(model, self.device, linear, timer))
+        self.linear = self.thread.call(lambda: linear_used(model, self.device, linear, timer, cache_dir))
         self.direct = None  # (a kernel timer's, unprobed)
         if direct:  # probed on the kernels chosen: each forward runs on them
             self.direct = self.thread.call(lambda: _matching_direct(self))

@@ -1,0 +1,96 @@
+"""``cpu_linear="auto"``'s choice kept on disk, so that the processes of one machine run on the
+same kernels.
+
+Timed anew in each process, the choice can differ between two kernels a few percent apart, and
+a busy moment at the start can tip it to one far slower for the rest of the process's life: the
+processes of one machine then decode at different speeds. A choice made on a quiet machine is
+kept (versioned JSON beside the cost curves, `rag_lookahead.planning.costs`) for a month, one
+made while other work shared the cores for an hour only, as a cost curve measured then is; its
+key names everything the timing depended on. The file holds kernel names only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rag_lookahead.files import atomic_write, exclusive
+from rag_lookahead.planning.costs import LOADED_MAX_AGE_SECONDS, MAX_AGE_SECONDS
+
+__all__ = ["Classes", "cached_classes"]
+
+FORMAT = "rag-lookahead-kernels"
+VERSION = 1
+KERNELS = ("torch", "onednn", "packed")
+
+# Each class of forwards by its least tokens, and its kernel, ascending from 1.
+Classes = tuple[tuple[int, str], ...]
+
+
+def cached_classes(
+    directory: Path, key: dict[str, Any], choose: Callable[[], tuple[Classes, bool]]
+) -> Classes:
+    """The classes stored for ``key`` under ``directory``, else ``choose()``'s (the classes,
+    and whether other work shared the cores meanwhile), stored. One process chooses while
+    another waits for its choice: two timing at once would slow each other's kernels."""
+    path = _path(directory, key)
+    classes = _read(path, key)
+    if classes is not None:
+        return classes
+    with contextlib.suppress(OSError):  # a read-only cache: chosen in each process
+        directory.mkdir(parents=True, exist_ok=True)
+    with exclusive(path):
+        classes = _read(path, key)
+        if classes is None:
+            classes, loaded = choose()
+            _write(path, key, classes, loaded)
+    return classes
+
+
+def _path(directory: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return directory / f"kernels-v{VERSION}-{digest}.json"
+
+
+def _read(path: Path, key: dict[str, Any]) -> Classes | None:
+    """The classes at ``path`` if they are for ``key``, fresh and well formed."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        loaded = data.get("loaded")
+        if not isinstance(loaded, bool):
+            return None
+        age = time.time() - float(data["chosen_at"])
+        if (
+            data.get("format") != FORMAT
+            or data.get("version") != VERSION
+            or data.get("key") != key
+            or not 0 <= age < (LOADED_MAX_AGE_SECONDS if loaded else MAX_AGE_SECONDS)
+        ):
+            return None
+        classes = tuple((int(least), str(kernel)) for least, kernel in data["classes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: chosen again
+    leasts = [least for least, _ in classes]
+    if not classes or leasts[0] != 1 or leasts != sorted(set(leasts)):
+        return None
+    if any(kernel not in KERNELS or (kernel == "packed" and not key.get("packed")) for _, kernel in classes):
+        return None
+    return classes
+
+
+def _write(path: Path, key: dict[str, Any], classes: Classes, loaded: bool) -> None:
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "key": key,
+        "chosen_at": time.time(),
+        "loaded": loaded,
+        "classes": [list(entry) for entry in classes],
+    }
+    with contextlib.suppress(OSError):  # a read-only cache only costs a choice next time
+        atomic_write(path, json.dumps(payload, indent=1))
