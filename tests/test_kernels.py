@@ -13,6 +13,7 @@ from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.runtime.kernels import OneDnnLayers, linear_used, onednn_available
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.testing import FAMILIES, CharTokenizer, tiny_model
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
@@ -186,7 +187,9 @@ def test_auto_takes_the_kernel_that_multiplies_this_models_layers_faster_for_so_
 
     monkeypatch.setattr(kernels, "_layers_seconds", seconds)
     model = copy.deepcopy(tiny_model("llama"))  # its own: the kernels are chosen once per model
-    used = linear_used(model, torch.device("cpu"), "auto")
+    # Chosen in the thread a runner chooses in: a thread count is per thread, and another
+    # count is another choice (which a runner would time by its own forwards).
+    used = ModelThread.shared().call(lambda: linear_used(model, torch.device("cpu"), "auto"))
     assert str(used) == chosen and str(ModelRunner(model, "auto").linear) == chosen
     assert used.layers is None or not used.layers.packs  # not chosen: no copy kept
     assert [used.kernel(n) == "onednn" for n in (1, 2, 3, 4, 15, 16, 63, 64, 300)] == [
