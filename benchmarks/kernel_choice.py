@@ -1,16 +1,17 @@
-"""What ``cpu_linear="auto"`` chooses, timing a step's classes by the runner's own forwards
-against timing the linear layers alone, on a quiet machine and beside bursts of other work.
+"""What ``cpu_linear="auto"`` chooses, timing its classes by the runner's own forwards against
+timing the linear layers alone, on a quiet machine and beside bursts of other work.
 
 Per round, in one process: a new runner over the built-in model chooses its kernels as the
-engine does (a step's classes by its forwards, `rag_lookahead.runtime.kernels.faster_linear`'s
-``forwards``), then the same choice is made from the layers alone (what every class was timed
-by before). Then each kernel's own forwards, alternated: one token and 16 chained tokens after
-256 cached, and a prompt's 256-token chunk after 512 (the median of ``--reps`` each, per round).
+engine does (by its forwards, `rag_lookahead.runtime.kernels.faster_linear`'s ``forwards``;
+nothing read from or written to the disk), then the same choice is made from the layers alone
+(what every class was timed by before). Then each kernel's own forwards, alternated: one token
+and 16 chained tokens after 256 cached, and a prompt's 256-token chunk after 512 (the median of
+``--reps`` each, per round).
 With ``--load``, a second process multiplies 512x512 matrices on one thread in bursts (20
 products, then 20 ms asleep) for the whole run, and is stopped at its end.
 
     python benchmarks/kernel_choice.py --rounds 3 --json benchmarks/kernel-choice-zen4.json
-    python benchmarks/kernel_choice.py --rounds 3 --load --json benchmarks/kernel-choice-zen4-loaded.json
+    python benchmarks/kernel_choice.py --rounds 4 --load --json benchmarks/kernel-choice-zen4-loaded-run2.json
 """
 
 from __future__ import annotations

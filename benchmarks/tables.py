@@ -257,14 +257,16 @@ def decode_step_table() -> str:
 
 KERNEL_CHOICE_RUNS = {
     "quiet": "kernel-choice-zen4.json",
-    "beside bursts of other work": "kernel-choice-zen4-loaded.json",
+    "beside bursts, run 1": "kernel-choice-zen4-loaded-run1.json",
+    "beside bursts, run 2": "kernel-choice-zen4-loaded-run2.json",
 }
 
 
 @table("kernel-choice")
 def kernel_choice_table() -> str:
-    """What `auto` chose per round, by the forwards and by the layers alone, and each kernel's
-    forwards' milliseconds, the rounds' medians (`kernel-choice-zen4{,-loaded}.json`)."""
+    """What `auto` chose per round, by the forwards and by the layers alone, for one token and
+    for a prompt's chunk, and each kernel's forwards' milliseconds, the rounds' medians
+    (`kernel-choice-zen4{,-loaded-run1,-loaded-run2}.json`)."""
     rows = []
     for machine, name in KERNEL_CHOICE_RUNS.items():
         rounds = load(name)["rounds"]
@@ -274,7 +276,8 @@ def kernel_choice_table() -> str:
                 for part in ("1 token", "16 tokens", "256-token chunk")
             ]
             picked = [
-                f"{sum(r[how].split(',')[0] == kernel for r in rounds)}/{len(rounds)}"
+                f"{sum(_kernel_at(r[how], tokens) == kernel for r in rounds)}/{len(rounds)}"
+                for tokens in (1, 256)
                 for how in ("by_forwards", "by_layers")
             ]
             rows.append([machine, code(kernel), *ms, *picked])
@@ -284,10 +287,23 @@ def kernel_choice_table() -> str:
         "1 token, ms",
         "16 tokens, ms",
         "256-token chunk, ms",
-        "chosen for 1 token, by forwards",
-        "by layers alone",
+        "chosen for 1 token: by forwards",
+        "by layers",
+        "for a chunk: by forwards",
+        "by layers",
     ]
     return markdown(header, rows)
+
+
+def _kernel_at(chosen: str, tokens: int) -> str:
+    """The kernel of a forward of ``tokens`` tokens in a choice written as `LinearKernels`
+    writes it (``packed,64:onednn``)."""
+    kernel = ""
+    for entry in chosen.split(","):
+        least, _, name = entry.rpartition(":")
+        if int(least or 1) <= tokens:
+            kernel = name
+    return kernel
 
 
 RETAINED_ROWS = (

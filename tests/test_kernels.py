@@ -240,39 +240,67 @@ def test_auto_takes_each_kernels_least_time_so_a_burst_of_other_work_decides_not
 
 
 @needs_onednn
-def test_auto_times_a_steps_classes_by_the_runners_own_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A runner choosing its kernels times a step's classes (1, 4 and 16 tokens) by its own
-    forwards on each kernel in turn, and a prompt's chunk by the linear layers alone; it
+def test_auto_times_every_class_by_the_runners_own_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner choosing its kernels times a step's classes (1, 4 and 16 tokens) and a prompt's
+    chunk (256 tokens) by its own forwards on each kernel in turn, not the layers alone; it
     forwards on what it chose, the direct forward probed on it."""
     from rag_lookahead.runtime import kernels
 
     layered: list[int] = []
-    forwarded: list[tuple[str, int]] = []
+    forwarded: list[tuple[str, str, int]] = []
+    fake = {"torch": 2.0, "onednn": 1.0, "packed": 0.5}
+
+    def layers_seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
+        layered.append(rows)
+        return 1.0
+
+    def faked(name: str, real: Any, prices: dict[str, float]) -> Any:
+        def timer(runner: ModelRunner, context: int) -> Any:
+            timed = real(runner, context)
+
+            def seconds(tokens: int) -> float:
+                kernel = runner.linear.kernel(tokens)
+                forwarded.append((name, kernel, tokens))
+                timed(tokens)  # the forward runs; its time is made up
+                return prices[kernel]
+
+            return seconds
+
+        return timer
+
+    monkeypatch.setattr(kernels, "_layers_seconds", layers_seconds)
+    monkeypatch.setattr(ModelRunner, "chain_timer", faked("step", ModelRunner.chain_timer, fake))
+    chunk_prices = {"torch": 2.0, "onednn": 0.5, "packed": 1.0}
+    monkeypatch.setattr(ModelRunner, "chunk_timer", faked("chunk", ModelRunner.chunk_timer, chunk_prices))
+    runner = ModelRunner(copy.deepcopy(tiny_model("llama")), "auto")
+    assert layered == []
+    kinds = sorted(set(forwarded))
+    assert kinds == sorted(
+        [("step", k, n) for k in fake for n in (1, 4, 16)] + [("chunk", k, 256) for k in fake]
+    )
+    assert len(forwarded) == 3 * 4 * 3
+    assert str(runner.linear) == "packed,64:onednn" and runner.direct is not None
+
+
+@needs_onednn
+def test_a_class_past_the_models_window_is_timed_on_the_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of 200 positions: a 256-token chunk cannot be forwarded after the prompt, so
+    that class is timed on the layers alone; a step's classes still by forwards."""
+    from transformers import AutoModelForCausalLM
+
+    from rag_lookahead.runtime import kernels
+    from rag_lookahead.testing.models import tiny_config
+
+    layered: list[int] = []
 
     def layers_seconds(weights: Any, rows: int, kernel: str, layers: Any) -> float:
         layered.append(rows)
         return {"torch": 1.0, "onednn": 0.5, "packed": 2.0}[kernel]
 
-    timer = ModelRunner.chain_timer
-
-    def chain_timer(runner: ModelRunner, context: int) -> Any:
-        timed = timer(runner, context)
-
-        def seconds(tokens: int) -> float:
-            kernel = runner.linear.kernel(tokens)
-            forwarded.append((kernel, tokens))
-            timed(tokens)  # the forward runs; its time is made up
-            return {"torch": 2.0, "onednn": 1.0, "packed": 0.5}[kernel]
-
-        return seconds
-
     monkeypatch.setattr(kernels, "_layers_seconds", layers_seconds)
-    monkeypatch.setattr(ModelRunner, "chain_timer", chain_timer)
-    runner = ModelRunner(copy.deepcopy(tiny_model("llama")), "auto")
-    assert set(layered) == {256} and len(layered) == 3 * 3
-    assert sorted(set(forwarded)) == [(k, n) for k in ("onednn", "packed", "torch") for n in (1, 4, 16)]
-    assert len(forwarded) == 3 * 3 * 3
-    assert str(runner.linear) == "packed,64:onednn" and runner.direct is not None
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", max_position_embeddings=200)).eval()
+    runner = ModelRunner(model, "auto")
+    assert set(layered) == {256} and runner.linear.kernel(300) == "onednn"
 
 
 class _Timed:

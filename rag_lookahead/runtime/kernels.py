@@ -268,8 +268,10 @@ class LinearKernels:
         return ",".join(name if least == 1 else f"{least}:{name}" for least, name in self.classes)
 
 
-# Seconds of one forward of so many tokens with its linear layers on the kernels given.
-ForwardSeconds = Callable[["LinearKernels", int], float]
+# Seconds of one forward of so many tokens (with ``True``: a prompt's chunk, its logits at its
+# last token alone; else a step's) with its linear layers on the kernels given; ``None`` where
+# it cannot be timed (past the model's window).
+ForwardSeconds = Callable[["LinearKernels", int, bool], "float | None"]
 
 # The classes of forwards by their tokens that ``"auto"`` chooses a kernel for, each timed at
 # one size in it: (least tokens, tokens timed, whether the output head runs over all of them).
@@ -397,13 +399,13 @@ def faster_linear(
     prompt's chunk): each kernel in turn, the least of ``repeats`` (other work only ever adds
     time, and a burst of it meets one kernel's timing, not all).
 
-    With ``forwards`` (seconds of one of the engine's own forwards), a step's classes are timed
-    by whole forwards: timed alone, the layers can rank the kernels otherwise than the forward
-    does (on a busy machine, BLAS's one-row product kept its speed alone and lost it within the
-    forward). Otherwise, and for a prompt's chunk (whose forwards are long, and which computes
-    far more than it reads), by the layers alone: a class of a few tokens over every layer's
-    own weight (one weight per shape would be read from the cache its own last timing filled),
-    a prompt's chunk over one weight per shape, weighted by how many layers share it. CPUs
+    With ``forwards`` (seconds of one of the engine's own forwards), every class is timed by
+    whole forwards (a step's tokens, or a prompt's chunk) where it times one: timed alone, the
+    layers can rank the kernels otherwise than the forward does (on a busy machine, BLAS's
+    one-row product kept its speed alone and lost it within the forward). Otherwise by the
+    layers alone: a class of a few tokens over every layer's own weight (one weight per shape
+    would be read from the cache its own last timing filled), a prompt's chunk (which computes
+    far more than it reads) over one weight per shape, weighted by how many layers share it. CPUs
     differ: on some AMD EPYCs oneDNN's kernel is much faster than MKL's for a few rows, on some
     Intel Xeons slower for one. ``layers`` (the model's, `OneDnnLayers`) keep the reordered
     weights only if chosen."""
@@ -439,11 +441,12 @@ def _timed_kernels(
         for least, count, with_head in classes:
             pool = every if count < _EVERY_LAYER_BELOW else weights
             timed = [(w, n) for w, n in pool if with_head or w is not head]
-            by_forwards = forwards if count < _EVERY_LAYER_BELOW else None
             seconds: dict[str, list[float]] = {kernel: [] for kernel in kernels}
             for _ in range(repeats):
                 for kernel in kernels:  # in turn: a change in load meets each
-                    seconds[kernel].append(_class_seconds(timed, count, kernel, layers, by_forwards))
+                    seconds[kernel].append(
+                        _class_seconds(timed, (count, with_head), kernel, layers, forwards)
+                    )
             fastest = min(kernels, key=lambda kernel: min(seconds[kernel]))
             chosen.append((least, fastest))
             steady = steady and settled(seconds[fastest], _SETTLED)
@@ -470,16 +473,17 @@ def _linear_weights(model: Any, every: bool = False) -> list[tuple[torch.Tensor,
 
 def _class_seconds(
     weights: Sequence[tuple[torch.Tensor, int]],
-    rows: int,
+    timed: tuple[int, bool],
     kernel: str,
     layers: OneDnnLayers,
     forwards: ForwardSeconds | None,
 ) -> float:
-    """Seconds of a class's forward of ``rows`` tokens on one kernel: one forward by
-    ``forwards`` where given, else its linear layers alone (`_layers_seconds`)."""
-    if forwards is not None:
-        return forwards(LinearKernels.one(kernel, layers), rows)
-    return _layers_seconds(weights, rows, kernel, layers)
+    """Seconds of a class's forward of ``timed`` (its tokens, and whether the output head runs
+    over all of them) on one kernel: one forward by ``forwards`` where it times one, else its
+    linear layers alone (`_layers_seconds`)."""
+    rows, with_head = timed
+    seconds = forwards(LinearKernels.one(kernel, layers), rows, not with_head) if forwards else None
+    return _layers_seconds(weights, rows, kernel, layers) if seconds is None else seconds
 
 
 def _layers_seconds(

@@ -377,26 +377,49 @@ class ModelRunner:
         return seconds
 
     def _kernel_timer(self, direct: bool) -> ForwardSeconds:
-        """Seconds of this runner's forward of so many chained tokens after a short prompt,
-        on the linear kernels given: the forwards `linear_used` chooses the kernels of a step
-        by (direct, with ``direct``, where the model's direct forward matches its own)."""
+        """Seconds of this runner's forward of so many tokens after a short prompt (a step's
+        chained draft tokens, or a prompt's chunk) on the linear kernels given, ``None`` past
+        the model's window: the forwards `linear_used` chooses the kernels by (direct, with
+        ``direct``, where the model's direct forward matches its own)."""
         window = getattr(self.model.config, "max_position_embeddings", None) or 512
         context = min(_KERNEL_CONTEXT, window // 2)
         # Timed as the forwards will run: directly where the model has a direct forward (only
         # its speed counts here; it is probed for exactness once the kernels are chosen).
         self.direct = DirectForward.of(self.model) if direct else None
         try:
-            timer = self.chain_timer(context)
+            step, chunk = self.chain_timer(context), self.chunk_timer(context)
         except Exception:  # a direct forward the probe would refuse: the model's own
             self.direct = None
-            timer = self.chain_timer(context)
+            step, chunk = self.chain_timer(context), self.chunk_timer(context)
 
-        def seconds(kernels: LinearKernels, tokens: int) -> float:
+        def seconds(kernels: LinearKernels, tokens: int, prompt: bool) -> float | None:
+            if context + tokens > window:
+                return None
             chosen, self.linear = self.linear, kernels
             try:
-                return timer(tokens)
+                return chunk(tokens) if prompt else step(tokens)
+            except Exception:  # a forward this model does not run so: timed on its layers
+                return None
             finally:
                 self.linear = chosen
+
+        return seconds
+
+    def chunk_timer(self, context_length: int) -> Callable[[int], float]:
+        """Seconds of one forward of a prompt's chunk of k tokens after ``context_length``
+        tokens (its logits at its last token alone)."""
+        vocab = int(self.model.config.vocab_size)
+        prompt = [(31 * i + 7) % vocab for i in range(context_length)]
+        _, cache = self.forward(torch.tensor([prompt]), new_tree_cache(), last_only=True)
+
+        def seconds(tokens: int) -> float:
+            ids = torch.tensor([[prompt[(5 * i + 3) % context_length] for i in range(tokens)]])
+            start = time.perf_counter()
+            self.forward(ids, cache, last_only=True)
+            self.synchronize()
+            elapsed = time.perf_counter() - start
+            cache.crop(-tokens)
+            return elapsed
 
         return seconds
 
