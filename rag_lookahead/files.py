@@ -6,21 +6,45 @@ half of one, and a crash leaves at most a stray temporary file. `exclusive` (and
 file (``.NAME.lock`` beside the target, `filelock`) that lets the second of two processes wait
 for the first to finish a slow piece of work (converting a model, measuring costs) and then read
 its result instead of doing it again.
+
+`read_cache` / `keep_cache`: the JSON files a cache keeps (cost curves, kernel choices,
+acceptance statistics). A file that cannot be used (not UTF-8, not JSON, nested past Python's
+limit, not an object of the expected shape, a folder, under a file where its folder should be)
+is a miss, with a warning naming it: the work is done again, never fatal. A folder that cannot
+take a new file (no write permission, a file in its way) costs the next process that work, and
+says so.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from filelock import FileLock, Timeout
 
-__all__ = ["atomic_file", "atomic_write", "exclusive", "fsync_file", "held", "lock_beside", "scratch_dir"]
+__all__ = [
+    "atomic_file",
+    "atomic_write",
+    "exclusive",
+    "fsync_file",
+    "held",
+    "keep_cache",
+    "lock_beside",
+    "read_cache",
+    "read_json_object",
+    "scratch_dir",
+]
+
+T = TypeVar("T")
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+_JSON_KINDS[type(None)] = "null"
 
 
 @contextmanager
@@ -115,3 +139,58 @@ def _acquire(lock: FileLock, waiting: str | None) -> None:
         if waiting is not None:
             print(waiting, file=sys.stderr, flush=True)
         lock.acquire()
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in the file at ``path``; ``None`` where there is no file.
+
+    Raises:
+        ValueError: Naming ``path``: it cannot be read (a folder, no permission, a file where a
+            folder of its path should be), is not UTF-8 or JSON, is nested deeper than Python's
+            parser recurses, or holds something other than an object.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is unreadable ({err})") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:  # RecursionError: arrays nested thousands deep
+        raise ValueError(f"{path} is not readable JSON ({str(err)[:200]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {_JSON_KINDS.get(type(data), 'a JSON value')}, not a JSON object")
+    return data
+
+
+def read_cache(path: Path, parse: Callable[[dict[str, Any]], T | None], again: str) -> T | None:
+    """What ``parse`` makes of the cache file at ``path``: ``None`` where there is none, or
+    where ``parse`` returns ``None`` (stale, for another key). A file that cannot be used
+    (`read_json_object`'s errors, or a ``ValueError``, ``KeyError`` or ``TypeError`` of
+    ``parse`` on a malformed object) is a miss too, with a warning naming it and saying
+    ``again`` (``"measuring again"``): a cache is never fatal."""
+    try:
+        data = read_json_object(path)
+    except ValueError as err:
+        warnings.warn(f"rag-lookahead: {err}; {again}", UserWarning, stacklevel=2)
+        return None
+    if data is None:
+        return None
+    try:
+        return parse(data)
+    except (ValueError, KeyError, TypeError) as err:
+        why = f"no field {err}" if isinstance(err, KeyError) else str(err)
+        warnings.warn(f"rag-lookahead: {path} is malformed ({why}); {again}", UserWarning, stacklevel=2)
+        return None
+
+
+def keep_cache(path: Path, text: str, lost: str) -> None:
+    """Write the cache file ``path`` (atomically, creating its folder). Where its folder cannot
+    take it (no write permission, a file in the way), a warning names it and says what is
+    ``lost`` (``"the next process measures again"``); nothing raises."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    except OSError as err:
+        warnings.warn(f"rag-lookahead: cannot keep {path} ({err}); {lost}", UserWarning, stacklevel=2)

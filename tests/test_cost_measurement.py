@@ -4,6 +4,8 @@ really run, and measuring again on request. Fake timers only: no test here reads
 
 import json
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -21,6 +23,7 @@ from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.engine import executor as executor_module
 from rag_lookahead.engine.executor import Executor
 from rag_lookahead.planning import costs as costs_module
+from rag_lookahead.planning.acceptance import save_acceptance
 from rag_lookahead.planning.costs import (
     LOADED_MAX_AGE_SECONDS,
     VERSION,
@@ -34,8 +37,9 @@ from rag_lookahead.planning.costs import (
     settled,
 )
 from rag_lookahead.planning.load import MachineLoad, watch_load
-from rag_lookahead.planning.planner import AcceptanceModel, plan_draft
+from rag_lookahead.planning.planner import AcceptanceModel, StepPlanner, plan_draft
 from rag_lookahead.runtime import runner as runner_module
+from rag_lookahead.runtime.kernel_cache import cached_classes
 from rag_lookahead.serve.readiness import measure_ahead
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
@@ -516,3 +520,103 @@ def test_each_timed_forward_waits_for_the_device_before_the_clock_is_read(monkey
 def _kept(seen: list[float], output: Any, seconds: Callable[[Any], float]) -> Any:
     seen.append(seconds(output))
     return output
+
+
+# ------------------------------------------------------- a cache file that cannot be used (issue 60)
+
+
+def _holding(data: str | bytes) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def damage(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    return damage
+
+
+def _a_folder_at_the_file(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _a_file_at_the_folder(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.rmtree(path.parent)
+    path.parent.write_text("not a folder")
+
+
+def _no_write_permission(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder refuses every new file and folder, as chmod a-w would (it binds no root)."""
+    path.unlink()
+    folder, real_open, real_mkdir = str(path.parent), os.open, os.mkdir
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def refused(target: Any) -> bool:
+        return os.fspath(target).startswith(folder)
+
+    def open_(target: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if refused(target) and flags & writes:
+            raise PermissionError(13, "Permission denied", os.fspath(target))
+        return real_open(target, flags, *args, **kwargs)
+
+    def mkdir(target: Any, *args: Any, **kwargs: Any) -> None:
+        if refused(target) and not os.path.isdir(target):
+            raise PermissionError(13, "Permission denied", os.fspath(target))
+        real_mkdir(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+# (case, what is done to a cache file the call wrote before): the next call is a miss, done anew
+# (chosen, measured, learned afresh) with a warning naming the file, and never fails
+UNUSABLE_CACHE_CASES: list[tuple[str, Callable[[Path, pytest.MonkeyPatch], None]]] = [
+    ("a JSON list", _holding("[]")),
+    ("null", _holding("null")),
+    ("a string", _holding('"onednn"')),
+    ("a number", _holding("3")),
+    ("an array nested 100,000 deep", _holding("[" * 100_000 + "]" * 100_000)),
+    ("an object nested 100,000 deep", _holding('{"a":' * 100_000 + "1" + "}" * 100_000)),
+    ("not UTF-8", _holding(b"\xff\xfe{\x00")),
+    ("a folder where the file should be", _a_folder_at_the_file),
+    ("a file where the folder should be", _a_file_at_the_folder),
+    ("a folder without write permission", _no_write_permission),
+]
+_KEY = {"model": "m", "packed": False}
+
+
+def _kernels(folder: Path, kernel: str) -> object:
+    return cached_classes(folder, _KEY, lambda: (((1, kernel),), False))
+
+
+def _costs(folder: Path, kernel: str) -> object:
+    return cached_curve(folder, _KEY, lambda: CostCurve((1, 2), (1.0, 1.5 if kernel == "onednn" else 9.0)))
+
+
+def _acceptance(folder: Path, kernel: str) -> object:
+    planner, path = StepPlanner(LookaheadConfig()), folder / "acceptance-m.json"
+    planner.load_acceptance(path, _KEY)
+    if kernel == "torch":  # the first call: a table worth reading back
+        planner.acceptance.load_state({"buckets": [["doc1", True, 3, 2.0, 5.0]], "scales": []})
+    save_acceptance(path, _KEY, planner.acceptance)
+    return planner.acceptance.state()
+
+
+# (cache, its call: what it reads back, or makes anew as the second argument says)
+CACHES: list[tuple[str, Callable[[Path, str], object]]] = [
+    ("kernel choice", _kernels),
+    ("cost curve", _costs),
+    ("acceptance table", _acceptance),
+]
+
+
+@pytest.mark.parametrize(("cache", "call"), CACHES, ids=[c[0] for c in CACHES])
+@pytest.mark.parametrize(("case", "damage"), UNUSABLE_CACHE_CASES, ids=[c[0] for c in UNUSABLE_CACHE_CASES])
+def test_a_cache_file_that_cannot_be_used_is_a_miss_with_a_warning_naming_it(
+    tmp_path, monkeypatch, cache, call, case, damage
+) -> None:
+    folder = tmp_path / "cache"
+    call(folder, "torch")
+    (path,) = (p for p in folder.iterdir() if not p.name.startswith("."))  # not its lock
+    fresh = call(tmp_path / "fresh", "onednn")  # what a process without the file makes
+    damage(path, monkeypatch)
+    with pytest.warns(UserWarning) as warned:
+        assert call(folder, "onednn") == fresh
+    assert any(str(path) in str(w.message) for w in warned), [str(w.message) for w in warned]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.decoding.tree import PREDICTION_LABEL, DraftTree
-from rag_lookahead.files import atomic_write
+from rag_lookahead.files import keep_cache, read_json_object
 
 __all__ = ["AcceptanceModel", "load_acceptance", "save_acceptance"]
 
@@ -162,27 +162,22 @@ def _counts(values: list[Any]) -> list[float]:
 def save_acceptance(path: Path, key: dict[str, Any], model: AcceptanceModel) -> None:
     """Write ``model``'s counts for ``key`` (atomically; a failure to write is not an error)."""
     payload = {"format": FORMAT, "version": VERSION, "key": key, **model.state()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(payload))
-    except OSError:
-        pass  # a read-only cache only costs the next process its head start
+    keep_cache(path, json.dumps(payload), "the next process learns acceptance afresh")
 
 
 def load_acceptance(path: Path, key: dict[str, Any], model: AcceptanceModel) -> bool:
     """Give ``model`` the counts stored for ``key`` at ``path``; whether there were any.
 
-    A missing file, another key or version is no table; a malformed one raises ``ValueError``.
+    A missing file, another key or version is no table; a malformed or unreadable one (a
+    folder, not JSON, `read_json_object`) raises ``ValueError`` naming it.
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        data = read_json_object(path)
+    except ValueError as err:
+        raise ValueError(f"not a readable acceptance table: {err}") from None
+    if data is None:
         return False
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as err:
-        raise ValueError(f"{path} is not a readable acceptance table: {err}") from err
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if data.get("format") != FORMAT:
         raise ValueError(f"{path} is not an acceptance table")
     if data.get("version") != VERSION or data.get("key") != key:
         return False

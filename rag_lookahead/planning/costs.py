@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rag_lookahead.files import atomic_write, exclusive
+from rag_lookahead.files import exclusive, keep_cache, read_cache
 
 __all__ = [
     "BatchCosts",
@@ -519,26 +519,24 @@ def _curve_path(directory: Path, key: dict[str, Any]) -> Path:
 
 def _read(path: Path, key: dict[str, Any], since: float | None = None) -> CostCurve | None:
     """The curve at ``path`` if it is for ``key``, fresh (a curve measured under a load only
-    for `LOADED_MAX_AGE_SECONDS`), and measured at ``since`` or later."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        measured_at, loaded = float(data["measured_at"]), data.get("loaded", False)
-        if not isinstance(loaded, bool):
-            return None
-        age = time.time() - measured_at
-        fresh = 0 <= age < (LOADED_MAX_AGE_SECONDS if loaded else MAX_AGE_SECONDS)
-        if (
-            data.get("format") != FORMAT
-            or data.get("version") != VERSION
-            or data.get("key") != key
-            or not fresh
-            or (since is not None and measured_at < since)
-        ):
-            return None
-        sizes, seconds = tuple(int(s) for s in data["sizes"]), tuple(float(s) for s in data["seconds"])
-        return CostCurve(sizes, seconds, loaded)  # fitted monotone, whatever the file holds
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or unreadable: measure again
+    for `LOADED_MAX_AGE_SECONDS`), and measured at ``since`` or later; a malformed file is a
+    miss, with a warning naming it (`read_cache`)."""
+    return read_cache(path, lambda data: _curve(data, key, since), "measuring the costs again")
+
+
+def _curve(data: dict[str, Any], key: dict[str, Any], since: float | None) -> CostCurve | None:
+    """``data``'s curve; ``None`` where it is for another key, stale or older than ``since``."""
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise ValueError(f"not a {FORMAT} file of version {VERSION}")
+    measured_at, loaded = float(data["measured_at"]), data.get("loaded", False)
+    if not isinstance(loaded, bool):
+        raise ValueError("'loaded' is not true or false")
+    age = time.time() - measured_at
+    fresh = 0 <= age < (LOADED_MAX_AGE_SECONDS if loaded else MAX_AGE_SECONDS)
+    if data.get("key") != key or not fresh or (since is not None and measured_at < since):
+        return None
+    sizes, seconds = tuple(int(s) for s in data["sizes"]), tuple(float(s) for s in data["seconds"])
+    return CostCurve(sizes, seconds, loaded)  # fitted monotone, whatever the file holds
 
 
 def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
@@ -551,11 +549,7 @@ def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
         "sizes": list(curve.sizes),
         "seconds": list(curve.seconds),
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(payload, indent=1))
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
+    keep_cache(path, json.dumps(payload, indent=1), "the next process measures the costs again")
 
 
 def _nearest(ratios: dict[tuple[int, int], float], group: int, wanted: int) -> float:

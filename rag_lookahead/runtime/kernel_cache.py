@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.files import atomic_write, exclusive
+from rag_lookahead.files import exclusive, keep_cache, read_cache
 from rag_lookahead.planning.costs import LOADED_MAX_AGE_SECONDS, MAX_AGE_SECONDS
 
 __all__ = ["Classes", "cached_classes"]
@@ -58,28 +58,27 @@ def _path(directory: Path, key: dict[str, Any]) -> Path:
 
 
 def _read(path: Path, key: dict[str, Any]) -> Classes | None:
-    """The classes at ``path`` if they are for ``key``, fresh and well formed."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        loaded = data.get("loaded")
-        if not isinstance(loaded, bool):
-            return None
-        age = time.time() - float(data["chosen_at"])
-        if (
-            data.get("format") != FORMAT
-            or data.get("version") != VERSION
-            or data.get("key") != key
-            or not 0 <= age < (LOADED_MAX_AGE_SECONDS if loaded else MAX_AGE_SECONDS)
-        ):
-            return None
-        classes = tuple((int(least), str(kernel)) for least, kernel in data["classes"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or unreadable: chosen again
+    """The classes at ``path`` if they are for ``key`` and fresh; a malformed file is a miss,
+    with a warning naming it (`read_cache`)."""
+    return read_cache(path, lambda data: _classes(data, key), "choosing the kernels again")
+
+
+def _classes(data: dict[str, Any], key: dict[str, Any]) -> Classes | None:
+    """``data``'s classes; ``None`` where they are for another key or stale."""
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise ValueError(f"not a {FORMAT} file of version {VERSION}")
+    loaded = data.get("loaded")
+    if not isinstance(loaded, bool):
+        raise ValueError("'loaded' is not true or false")
+    age = time.time() - float(data["chosen_at"])
+    if data.get("key") != key or not 0 <= age < (LOADED_MAX_AGE_SECONDS if loaded else MAX_AGE_SECONDS):
+        return None
+    classes = tuple((int(least), str(kernel)) for least, kernel in data["classes"])
     leasts = [least for least, _ in classes]
     if not classes or leasts[0] != 1 or leasts != sorted(set(leasts)):
-        return None
+        raise ValueError("the classes do not ascend from one token")
     if any(kernel not in KERNELS or (kernel == "packed" and not key.get("packed")) for _, kernel in classes):
-        return None
+        raise ValueError("a class names a kernel this model cannot run")
     return classes
 
 
@@ -92,5 +91,4 @@ def _write(path: Path, key: dict[str, Any], classes: Classes, loaded: bool) -> N
         "loaded": loaded,
         "classes": [list(entry) for entry in classes],
     }
-    with contextlib.suppress(OSError):  # a read-only cache only costs a choice next time
-        atomic_write(path, json.dumps(payload, indent=1))
+    keep_cache(path, json.dumps(payload, indent=1), "the next process chooses the kernels again")
