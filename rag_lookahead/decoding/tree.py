@@ -16,6 +16,7 @@ import torch
 from rag_lookahead.decoding.masks import ancestors, step_mask
 
 __all__ = [
+    "MAX_SOURCE_LENGTH",
     "PREDICTION_LABEL",
     "DraftTree",
     "PackedInputs",
@@ -29,6 +30,8 @@ __all__ = [
 # The source label of nodes drafted from a call's prediction (OpenAI's Predicted Outputs): the
 # planner trusts them from the start, the stats count them.
 PREDICTION_LABEL = "pred"
+# The longest source label the acceptance table keeps (and a saved table may hold).
+MAX_SOURCE_LENGTH = 64
 
 
 @dataclass(frozen=True)

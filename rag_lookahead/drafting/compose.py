@@ -9,6 +9,7 @@ from typing import Protocol
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.drafting.checked import CheckedDrafter
 from rag_lookahead.drafting.constrained import GrammarDrafter
 from rag_lookahead.drafting.jacobi import JacobiDrafter
 from rag_lookahead.drafting.prediction import PredictionDrafter
@@ -73,14 +74,18 @@ def call_drafter(
     grammar: GrammarState | None,
     own: Drafter | None,
     prediction: Sequence[int] = (),
+    *,
+    vocab_size: int,
 ) -> Drafter:
-    """A call's drafter (the caller's ``own``, behind a `PredictionDrafter` of its
+    """A call's drafter (the caller's ``own``, each of its drafts checked against the model's
+    ``vocab_size`` tokens and cut to its budget, behind a `PredictionDrafter` of its
     ``prediction`` if it has one; else one over its prompt's, documents' and prediction's token
     ids, inserted into the trie once its prefill is under way), under its grammar if it has one."""
     if own is None:
         drafter: Drafter = build_drafter(config, trie, sequences, shared, prediction)
     else:
-        drafter = ComposedDrafter([PredictionDrafter(prediction), own]) if prediction else own
+        checked = CheckedDrafter(own, vocab_size, config.max_tokens_per_forward)
+        drafter = ComposedDrafter([PredictionDrafter(prediction), checked]) if prediction else checked
     return drafter if grammar is None else GrammarDrafter(drafter, grammar)
 
 

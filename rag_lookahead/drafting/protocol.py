@@ -18,7 +18,9 @@ class Drafter(Protocol):
 
     def propose(self, context: Sequence[int], budget: int) -> StepDraft:
         """A tree rooted at ``context[-1]`` with at most ``budget`` draft tokens below it, and
-        any side rows the drafter wants forwarded with it (the Jacobi window)."""
+        any side rows the drafter wants forwarded with it (the Jacobi window). A caller's
+        drafter's drafts are checked, and cut to ``budget``, as they enter the engine
+        (`rag_lookahead.drafting.checked`)."""
         ...
 
     def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:

@@ -352,7 +352,15 @@ class LookaheadEngine(EngineBase):
             recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
             # The trie takes the call's texts once its prefill is under way.
             make_drafter=functools.partial(
-                call_drafter, self.config, self.trie, sequences, scope, grammar, drafter, predicted
+                call_drafter,
+                self.config,
+                self.trie,
+                sequences,
+                scope,
+                grammar,
+                drafter,
+                predicted,
+                vocab_size=self.vocab_size,
             )
             if drafts
             else None,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.decoding.tree import PREDICTION_LABEL, DraftTree
+from rag_lookahead.decoding.tree import MAX_SOURCE_LENGTH, PREDICTION_LABEL, DraftTree
 from rag_lookahead.files import keep_cache, read_json_object
 
 __all__ = ["AcceptanceModel", "load_acceptance", "save_acceptance"]
@@ -25,7 +25,6 @@ FORMAT = "rag-lookahead-acceptance"
 VERSION = 1
 _BUCKETS = 10
 _MAX_BUCKETS = 10_000  # far beyond any real table: a hostile file cannot make it huge
-_MAX_SOURCE = 64  # characters of a source name
 
 
 class AcceptanceModel:
@@ -142,7 +141,7 @@ def _row(row: Any, length: int) -> list[Any]:
     if not isinstance(row, list) or len(row) != length:
         raise ValueError(f"each acceptance entry is a list of {length} values")
     source, first = row[0], row[1]
-    if not isinstance(source, str) or not 0 < len(source) <= _MAX_SOURCE or not isinstance(first, bool):
+    if not isinstance(source, str) or not 0 < len(source) <= MAX_SOURCE_LENGTH or not isinstance(first, bool):
         raise ValueError("an acceptance entry starts with a source name and a first-level flag")
     return row
 
