@@ -785,6 +785,16 @@ CLI_VALUE_CASES: list[tuple[str, list[str], str]] = [
     ("--threads 0", _cli("ask", "q", "--index", "i", "--threads", "0"), "--threads: must be a positive"),
     ("--threads -2", _cli("eval-retrieval", "--data", "d", "--threads", "-2"), "--threads: must be"),
     ("serve --threads 0", _cli("serve", "--backend", "local", "--threads", "0"), "--threads: must be"),
+    (
+        "--min-body-rate -1",
+        _cli("serve", "--backend", "local", "--min-body-rate", "-1"),
+        "--min-body-rate: must be",
+    ),
+    (
+        "--body-rate-grace-seconds nan",
+        _cli("serve", "--backend", "local", "--body-rate-grace-seconds", "nan"),
+        "--body-rate-grace-seconds: must be",
+    ),
     ("--decoding-length 0", _cli("ask", "q", "--index", "i", "--decoding-length", "0"), "--decoding-length"),
     ("--branch-length -1", _cli("chat", "--index", "i", "--branch-length", "-1"), "--branch-length: must"),
     ("--decoding-length 2", _cli("ask", "q", "--index", "i", "--decoding-length", "2"), "ngram_size"),

@@ -542,13 +542,15 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     argv = ["serve", "--backend", "local", "--model", str(directory), "--port", "8123", "--mode", "trie"]
     limits = ["--max-running", "2", "--max-waiting", "0", "--max-body-bytes", "5000", "--drain-seconds", "7"]
     reads = ["--header-timeout-seconds", "3", "--body-timeout-seconds", "4.5", "--keep-alive-seconds", "2"]
-    assert cli.main([*argv, *limits, *reads, "--max-connections", "9", "--threads", "3"]) == 0
+    pace = ["--min-body-rate", "2048", "--body-rate-grace-seconds", "1.5"]
+    assert cli.main([*argv, *limits, *reads, *pace, "--max-connections", "9", "--threads", "3"]) == 0
     assert (ran["host"], ran["port"], ran["threads"]) == ("127.0.0.1", 8123, 3)
     state = ran["app"].state.lookahead
     settings = state.settings
     assert (settings.max_running, settings.max_waiting, settings.max_body_bytes) == (2, 0, 5000)
     assert settings.drain_s == 7
     assert (settings.header_timeout_s, settings.body_timeout_s, settings.keep_alive_s) == (3, 4.5, 2)
+    assert (settings.min_body_rate, settings.body_rate_grace_s) == (2048, 1.5)
     assert settings.max_connections == 9
     assert settings.api_key == KEY and state.model_name == str(directory)
     assert state.engine.config.mode == "trie"
@@ -573,6 +575,7 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (["--backend", "local", "--launch"], "--launch apply only to --backend vllm and sglang"),
         (["--backend", "local", "--python", "/x/python"], "--python apply only"),
         (["--backend", "vllm", "--model", "m", "--drain-seconds", "3"], "--drain-seconds apply only"),
+        (["--backend", "vllm", "--model", "m", "--min-body-rate", "0"], "--min-body-rate apply only"),
         (["--backend", "local", "--replicas", "2"], "--replicas apply only to --backend ray"),
         (["--backend", "local", "--ray-address", "auto"], "--ray-address apply only to --backend ray"),
         (
@@ -654,6 +657,10 @@ def test_an_empty_api_key_variable_is_refused(monkeypatch: pytest.MonkeyPatch, c
         ({"header_timeout_s": 0}, "header_timeout_s"),
         ({"body_timeout_s": float("nan")}, "body_timeout_s"),
         ({"body_timeout_s": "5"}, "body_timeout_s"),
+        ({"min_body_rate": -1}, "min_body_rate"),
+        ({"min_body_rate": 1.5}, "min_body_rate"),
+        ({"body_rate_grace_s": float("nan")}, "body_rate_grace_s"),
+        ({"body_rate_grace_s": -1}, "body_rate_grace_s"),
         ({"keep_alive_s": -1}, "keep_alive_s"),
         ({"keep_alive_s": 1e9}, "keep_alive_s"),
         ({"max_connections": 0}, "max_connections"),
@@ -974,6 +981,80 @@ def test_slow_clients_are_cut_off(guarded: LiveServer, sent: bytes, dripped: byt
     with socket.create_connection(("127.0.0.1", guarded.port), timeout=WAIT_S) as sock:
         sock.sendall(WHOLE)  # a whole request sent at once is in time
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+# A body's pace: a far deadline for the whole body, so that the minimum rate is what cuts.
+PACED = {
+    "header_timeout_s": SHORT_S,
+    "body_timeout_s": 600.0,
+    "min_body_rate": 1000,
+    "body_rate_grace_s": SHORT_S,
+}
+CHUNKED_HEAD = HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+CHUNKED_BODY = b"".join(b"1\r\n" + bytes([byte]) + b"\r\n" for byte in BODY) + b"0\r\n\r\n"
+
+# (case, settings, the head sent at once, the body dripped, words of the 408's message)
+DRIPPED_BODIES: list[tuple[str, dict[str, Any], bytes, bytes, str]] = [
+    (
+        "past the whole body's deadline",
+        {"header_timeout_s": SHORT_S, "body_timeout_s": SHORT_S},
+        HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY),
+        BODY,
+        "did not arrive within",
+    ),
+    (
+        "slower than the minimum rate",
+        PACED,
+        HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY),
+        BODY,
+        "bytes a second",
+    ),
+    ("slower than the minimum rate, chunked", PACED, CHUNKED_HEAD, CHUNKED_BODY, "bytes a second"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "settings", "head", "dripped", "words"), DRIPPED_BODIES, ids=[c[0] for c in DRIPPED_BODIES]
+)
+def test_a_dripping_body_is_408_and_closed(
+    case: str, settings: dict[str, Any], head: bytes, dripped: bytes, words: str
+) -> None:
+    """A body dripped a byte at a time is answered 408 and its connection closed, once past the
+    whole body's deadline or, with a far deadline, once behind the minimum rate."""
+    with LiveServer(create_app(served_engine(), ServeSettings(model_name=MODEL, **settings))) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as sock:
+            sock.sendall(head)
+            received = received_until_closed(sock, dripped)
+        assert received.startswith(b"HTTP/1.1 408") and b'"body_timeout"' in received, received
+        assert words.encode() in received, received
+        wait_until(lambda: not server.server.server_state.connections)
+
+
+def test_dripping_clients_hold_no_connection() -> None:
+    """Many clients dripping their bodies are each answered 408 and closed, behind the minimum
+    rate long before the whole body's deadline, while a client that keeps the pace, pausing
+    within its grace, is answered."""
+    with LiveServer(create_app(served_engine(), ServeSettings(model_name=MODEL, **PACED))) as server:
+        answers: list[bytes] = []
+
+        def drip() -> None:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as sock:
+                sock.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY))
+                answers.append(received_until_closed(sock, BODY))
+
+        drippers = [threading.Thread(target=drip, daemon=True) for _ in range(16)]
+        for thread in drippers:
+            thread.start()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as sock:
+            sock.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY[:300])
+            time.sleep(SHORT_S / 3)  # within the grace: the rest comes well ahead of the pace
+            sock.sendall(BODY[300:])
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        for thread in drippers:
+            thread.join(WAIT_S)
+        assert len(answers) == len(drippers)
+        assert all(a.startswith(b"HTTP/1.1 408") and b"bytes a second" in a for a in answers), answers
+        wait_until(lambda: not server.server.server_state.connections)
 
 
 def test_connections_past_the_cap_are_refused() -> None:

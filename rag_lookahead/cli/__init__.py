@@ -449,6 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {served.body_timeout_s:g})",
     )
     local.add_argument(
+        "--min-body-rate",
+        type=non_negative_int,
+        default=None,
+        help="bytes a second a request's body must keep up once its grace is over; slower is 408, "
+        f"so that a body dripped a byte at a time holds no connection long (0: no minimum; "
+        f"default: {served.min_body_rate})",
+    )
+    local.add_argument(
+        "--body-rate-grace-seconds",
+        dest="body_rate_grace_s",
+        type=non_negative_float,
+        default=None,
+        help=f"seconds a request's body has before --min-body-rate applies (default: "
+        f"{served.body_rate_grace_s:g})",
+    )
+    local.add_argument(
         "--keep-alive-seconds",
         dest="keep_alive_s",
         type=positive_float,

@@ -31,7 +31,8 @@ _CORPUS_FLAGS = ("corpus_ttl_s", "max_corpora", "max_corpus_bytes")
 # What uvicorn's connections take (`run_app`): Ray Serve's proxy holds the connections there.
 _CONNECTION_FLAGS = ("header_timeout_s", "keep_alive_s", "max_connections")
 _SETTINGS = (
-    *("max_running", "max_waiting", "max_body_bytes", "drain_s", "body_timeout_s", "embedder"),
+    *("max_running", "max_waiting", "max_body_bytes", "drain_s", "embedder"),
+    *("body_timeout_s", "min_body_rate", "body_rate_grace_s"),
     *_CORPUS_FLAGS,
     *_CONNECTION_FLAGS,
 )
@@ -43,6 +44,7 @@ _FLAGS = {
     "corpus_ttl_s": "--corpus-ttl-seconds",
     "header_timeout_s": "--header-timeout-seconds",
     "body_timeout_s": "--body-timeout-seconds",
+    "body_rate_grace_s": "--body-rate-grace-seconds",
     "keep_alive_s": "--keep-alive-seconds",
 }
 _REMOTE_FLAGS = ("python", "no_speculation", "launch")
@@ -65,7 +67,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _refuse(args: argparse.Namespace, flags: tuple[str, ...], backends: str) -> None:
-    given = [_flag(name) for name in flags if getattr(args, name) not in (None, False)]
+    # A flag given as 0 is given: only None (not given) and False (a switch left off) are not.
+    given = [_flag(name) for name in flags if all(getattr(args, name) is not off for off in (None, False))]
     if given:
         raise ValueError(f"{', '.join(given)} apply only to --backend {backends}, not {args.backend}")
 

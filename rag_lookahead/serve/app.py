@@ -94,7 +94,12 @@ def create_app(
 
     app = FastAPI(title="rag-lookahead", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lookahead = state
-    app.add_middleware(BodyDeadline, seconds=settings.body_timeout_s)
+    app.add_middleware(
+        BodyDeadline,
+        timeout_s=settings.body_timeout_s,
+        min_rate=settings.min_body_rate,
+        grace_s=settings.body_rate_grace_s,
+    )
     install_handlers(app)
     authorized = [Depends(_authorizer(settings.api_key))]
     # While the server stops, every new request is 503 but a scrape of its metrics.

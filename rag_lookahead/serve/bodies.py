@@ -78,39 +78,58 @@ def _too_large(limit: int) -> ApiError:
 
 
 class BodyDeadline:
-    """ASGI middleware: a request's body must arrive in full within ``seconds`` of its
-    headers, else the request is HTTP 408 and its connection closed, so that a client
-    sending a byte at a time holds no request for long. Plain ASGI (not Starlette's
-    ``BaseHTTPMiddleware``, which would hide a client's disconnect from the app)."""
+    """ASGI middleware: a request's body must arrive in full within ``timeout_s`` of its
+    headers and, once its first ``grace_s`` are over, keep up ``min_rate`` bytes a second
+    (``0``: no minimum), else the request is HTTP 408 and its connection closed. The deadline
+    alone would let a client dripping a byte at a time hold its connection for all of
+    ``timeout_s``, and enough such clients every connection the server takes. Plain ASGI (not
+    Starlette's ``BaseHTTPMiddleware``, which would hide a client's disconnect from the app)."""
 
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
+    def __init__(self, app: ASGIApp, timeout_s: float, min_rate: int = 0, grace_s: float = 0.0) -> None:
         self._app = app
-        self._seconds = seconds
+        self._timeout_s = timeout_s
+        self._min_rate = min_rate
+        self._grace_s = grace_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        deadline = anyio.current_time() + self._seconds
-        read = False  # the whole body is in: later messages are the client's disconnect
+        started = anyio.current_time()
+        received = 0
+        whole = False  # the whole body is in: later messages are the client's disconnect
 
         async def timed() -> Message:
-            nonlocal read
-            if read:
+            nonlocal received, whole
+            if whole:
                 return await receive()
-            with anyio.move_on_after(deadline - anyio.current_time()) as waited:
+            allowed = self._allowed(received)
+            with anyio.move_on_after(started + allowed - anyio.current_time()) as waited:
                 message = await receive()
             if waited.cancelled_caught:
-                raise ApiError(
-                    408,
-                    f"the request body did not arrive within {self._seconds:g} seconds",
-                    code="body_timeout",
-                    headers={"Connection": "close"},  # what may still come is not read
-                )
-            read = message["type"] != "http.request" or not message.get("more_body", False)
+                raise self._late(allowed)
+            received += len(message.get("body", b""))
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
         await self._app(scope, timed, send)
+
+    def _allowed(self, received: int) -> float:
+        """Seconds from the headers by which the body must be whole, or past ``received`` bytes."""
+        if not self._min_rate:
+            return self._timeout_s
+        return min(self._timeout_s, self._grace_s + received / self._min_rate)
+
+    def _late(self, allowed: float) -> ApiError:
+        if allowed < self._timeout_s:
+            why = (
+                f"came slower than {self._min_rate} bytes a second "
+                f"(after its first {self._grace_s:g} seconds)"
+            )
+        else:
+            why = f"did not arrive within {self._timeout_s:g} seconds"
+        # What may still come is not read: the connection closes after the answer.
+        return ApiError(408, f"the request body {why}", code="body_timeout", headers={"Connection": "close"})
 
 
 def known_fields(body: object, keys: frozenset[str], check_model: Callable[[str], None]) -> dict[str, Any]:

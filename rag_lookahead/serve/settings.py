@@ -75,6 +75,12 @@ class ServeSettings:
             (`run_app`'s server only).
         body_timeout_s: Seconds a request's body may take to arrive in full once its headers
             are in; a slower one is HTTP 408 and its connection closed.
+        min_body_rate: Bytes a second a request's body must keep up once its first
+            ``body_rate_grace_s`` are over: ``t`` seconds after its headers, at least
+            ``(t - body_rate_grace_s) * min_body_rate`` of its bytes have come, else HTTP 408
+            and its connection closed, so that a body dripped a byte at a time holds its
+            connection for the grace, not for ``body_timeout_s``; ``0``: no minimum.
+        body_rate_grace_s: Seconds a request's body has before ``min_body_rate`` applies.
         keep_alive_s: Seconds an idle connection stays open between requests
             (`run_app`'s server only).
         max_connections: Most connections open at once; one more is answered 503 and closed
@@ -97,6 +103,8 @@ class ServeSettings:
     max_corpus_bytes: int = 64 << 20
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    min_body_rate: int = 1024
+    body_rate_grace_s: float = 5.0
     keep_alive_s: float = 5.0
     max_connections: int = 512
     embedder: str | None = None
@@ -116,6 +124,8 @@ class ServeSettings:
         _count("max_corpus_bytes", self.max_corpus_bytes, 1)
         _seconds("header_timeout_s", self.header_timeout_s, _MAX_READ_S, zero=False)
         _seconds("body_timeout_s", self.body_timeout_s, _MAX_READ_S, zero=False)
+        _count("min_body_rate", self.min_body_rate, 0)
+        _seconds("body_rate_grace_s", self.body_rate_grace_s, _MAX_READ_S, zero=True)
         _seconds("keep_alive_s", self.keep_alive_s, _MAX_READ_S, zero=False)
         _count("max_connections", self.max_connections, 1)
         if self.embedder is not None and (not isinstance(self.embedder, str) or not self.embedder):
