@@ -512,7 +512,8 @@ def test_logprobs_keys_are_read(engine: Any) -> None:
     assert not chat(engine, logprobs=False).params.logprobs
     legacy = plan_completion({"prompt": "x", "logprobs": 3}).params
     assert legacy.logprobs and legacy.top_logprobs == 3
-    assert plan_completion({"prompt": "x", "logprobs": True}).params.logprobs
+    # A front end's completion takes logprobs as chat does; a request's is the legacy integer.
+    assert plan_call("completion", "x", {"logprobs": True}).params.logprobs
     assert plan_call("chat", "x", {"logprobs": True, "top_logprobs": 4}).params.top_logprobs == 4
     over_default = GenerationParams(logprobs=True, top_logprobs=3)
     assert plan_call("chat", "x", {"logprobs": False}, defaults=over_default).params.top_logprobs == 0
@@ -525,7 +526,10 @@ def test_bad_logprobs_name_their_parameter(engine: Any) -> None:
     assert "needs logprobs" in str(refused(engine, "top_logprobs", top_logprobs=2))
     assert "needs logprobs" in str(refused(engine, "top_logprobs", top_logprobs=2, logprobs=False))
     refused(engine, "logprobs", logprobs="yes")
-    for bad in ({"logprobs": 21}, {"logprobs": -1}, {"logprobs": 2, "top_logprobs": 2}, {"logprobs": "1"}):
+    for bad in (
+        *({"logprobs": 21}, {"logprobs": -1}, {"logprobs": 2, "top_logprobs": 2}, {"logprobs": "1"}),
+        *({"logprobs": True}, {"logprobs": False}, {"logprobs": True, "top_logprobs": 2}),
+    ):
         with pytest.raises(RequestError) as info:
             plan_completion({"prompt": "x", **bad})
         assert info.value.param in ("logprobs", "top_logprobs")

@@ -184,6 +184,8 @@ def test_the_openai_client_echoes(engine: LookaheadEngine) -> None:
         ({"prompt": PROMPT, "echo": True, "max_tokens": -1}, 400, "max_tokens"),
         ({"prompt": PROMPT, "echo": True, "max_tokens": False}, 400, "max_tokens"),
         ({"prompt": PROMPT, "echo": True, "logprobs": 21, "max_tokens": 0}, 400, "logprobs"),
+        ({"prompt": PROMPT, "echo": True, "logprobs": True, "max_tokens": 0}, 400, "logprobs"),  # chat's form
+        ({"prompt": PROMPT, "echo": True, "logprobs": False, "max_tokens": 0}, 400, "logprobs"),
         ({"prompt": [10**6, 3], "echo": True, "logprobs": 1, "max_tokens": 0}, 400, "prompt"),
         ({"prompt": [10**6, 3], "echo": True, "max_tokens": 0}, 400, "prompt"),
         ({"prompt": "x" * 600, "echo": True, "logprobs": 1, "max_tokens": 0}, 400, "prompt"),

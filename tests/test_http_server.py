@@ -325,6 +325,26 @@ HOSTILE_REQUESTS: list[tuple[str, str, int, str | None, str | None]] = [
         None,
         "logit_bias",
     ),
+    # An unknown key is refused with a null too: a null is as absent only for a known key.
+    (CHAT, '{"messages": ' + json.dumps(MESSAGES) + ', "foo": null}', 400, "unknown_parameter", "foo"),
+    (COMPLETION, '{"prompt": "Hi", "foo": null}', 400, "unknown_parameter", "foo"),
+    (
+        CHAT,
+        json.dumps(
+            {
+                "messages": MESSAGES,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "d", "schema": {"type": "strin"}},
+                },
+            }
+        ),
+        400,
+        None,
+        "response_format.json_schema.schema",
+    ),
+    # A completion's logprobs is OpenAI's legacy integer; true/false are the chat form.
+    (COMPLETION, '{"prompt": "Hi", "logprobs": true}', 400, None, "logprobs"),
 ]
 
 

@@ -4,6 +4,7 @@ parameter: in the translation core, and over HTTP with the ``openai`` client."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterator
 from importlib import resources
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
@@ -62,6 +64,10 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("logit_bias", {}),
     ("parallel_tool_calls", False),
     ("parallel_tool_calls", True),
+    # OpenAI's own parameters that this server refuses: their null asks for nothing.
+    ("audio", None),
+    ("functions", None),
+    ("reasoning_effort", None),
 ]
 
 # (key, value, the code of the error, or None): each refused, naming its key.
@@ -88,6 +94,7 @@ REFUSED: list[tuple[str, Any, str | None]] = [
     ("logit_bias", {" 5": 1}, None),
     ("logit_bias", {"1" + "0" * 40: 1}, None),
     ("logit_bias", [5], None),
+    ("foo", None, "unknown_parameter"),  # a null is as absent for a key OpenAI's API has only
 ]
 
 # What changes the answer and cannot be honoured here: still refused, never ignored.
@@ -152,6 +159,27 @@ def test_unknown_keys_are_still_refused(tool_engine: Any, key: str) -> None:
         chat(tool_engine, **{key: "x"})
     assert (info.value.param, info.value.code) == (key, "unknown_parameter")
     assert set(info.value.message.split("known: ")[1].split(", ")) >= IGNORED_KEYS
+
+
+def openai_parameters(create: Any) -> list[str]:
+    """The request keys an ``openai`` client's ``create`` sends."""
+    return [
+        name
+        for name in inspect.signature(create).parameters
+        if name != "self" and not name.startswith("extra_")
+    ]
+
+
+def test_a_null_of_every_openai_parameter_asks_for_nothing(tool_engine: Any) -> None:
+    """A client may spell out OpenAI's defaults as nulls: every parameter of the ``openai``
+    client's own list is then the request without it (an unknown key's null is refused)."""
+    for name in openai_parameters(openai.resources.chat.completions.Completions.create):
+        if name not in ("model", "messages", "timeout"):
+            assert chat(tool_engine, **{name: None}) == chat(tool_engine), name
+    completion = {"model": MODEL, "prompt": "Once"}
+    for name in openai_parameters(openai.resources.completions.Completions.create):
+        if name not in ("model", "prompt", "timeout"):
+            assert plan_completion({**completion, name: None}) == plan_completion(completion), name
 
 
 def test_logit_bias_is_read_as_token_ids_to_biases_and_written_back() -> None:

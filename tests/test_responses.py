@@ -10,6 +10,7 @@ naming the Responses parameter at fault.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import openai
 import pytest
 
 from rag_lookahead import LookaheadEngine
+from rag_lookahead.protocol.responses import plan_response
 from rag_lookahead.serve import ServeSettings, create_app
 from rag_lookahead.testing import SMALL_SCHEMA, packaged_template, tiny_tool_engine, weather_tool
 from rag_lookahead.testing.local_server import DEAD_END_FORMAT, WAIT_S, LiveServer, error_of, served_engine
@@ -154,6 +156,16 @@ def test_bookkeeping_and_extensions_are_the_chat_route_s(
     )
     error = bad_request(client, input=QUESTION, metadata={"run": 7})
     assert error.param == "metadata"
+
+
+def test_a_null_of_every_openai_parameter_asks_for_nothing(engine: LookaheadEngine) -> None:
+    """A client may spell out OpenAI's defaults as nulls: every parameter of the ``openai``
+    client's own list is then the request without it (an unknown key's null is refused)."""
+    request = {"model": MODEL, "input": QUESTION}
+    names = inspect.signature(openai.resources.responses.Responses.create).parameters
+    for name in names:
+        if name not in ("self", "model", "input", "timeout") and not name.startswith("extra_"):
+            assert plan_response({**request, name: None}, engine).call == plan_response(request, engine).call
 
 
 def test_a_streamed_response_is_the_whole_one_in_order(client: openai.OpenAI, live: LiveServer) -> None:
@@ -321,8 +333,8 @@ def bad_request(client: openai.OpenAI, **args: Any) -> openai.BadRequestError:
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", None),
         (
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}}},
-            None,  # refused as the call starts, as on chat
-            "invalid_request",
+            "text.format.schema",
+            None,
         ),
         ({"text": {"verbosity": "low"}}, "text.verbosity", None),
         ({"extra_body": {"documents": "one"}}, "documents", None),
@@ -411,6 +423,7 @@ HOSTILE: list[tuple[str, int, str | None, str | None]] = [
         "tools",
     ),
     ('{"input": "Hi", "model": 7}', 400, None, "model"),
+    ('{"input": "Hi", "foo": null}', 400, "unknown_parameter", "foo"),  # null or not: unknown
     ('{"input": "Hi", "model": "gpt-4o"}', 404, "model_not_found", "model"),
 ]
 

@@ -48,7 +48,7 @@ import torch
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.structured.grammar import Grammar
 
-__all__ = ["Closers", "GrammarCompiler", "GrammarState", "to_lark"]
+__all__ = ["Closers", "GrammarCompiler", "GrammarState", "check_grammar", "to_lark"]
 
 _BITS = torch.arange(32, dtype=torch.int32)  # bit k of each 32-bit mask word
 # JSON is laid out as `json.dumps` writes it: a small model given free whitespace can pad an
@@ -86,6 +86,17 @@ def to_lark(grammar: Grammar) -> str:
 
     rule(grammar)
     return "\n".join(["start: r0", *rules]) + "\n"
+
+
+def check_grammar(grammar: Grammar) -> None:
+    """Raise the `ValueError` a call under ``grammar`` would start with where llguidance
+    refuses the grammar itself (a JSON schema of an unknown type, a bad pattern, a ``$ref``
+    to nothing...), without a tokenizer: a request's grammar is refused as it is read."""
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(to_lark(grammar), None)
+    if error:
+        raise ValueError(f"the grammar cannot be used: {_first_line(error)}")
 
 
 def _expression(grammar: Grammar, rule: Callable[[Grammar], str]) -> str:

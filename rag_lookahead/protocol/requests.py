@@ -16,10 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rag_lookahead.config import GenerationParams
+from rag_lookahead.decoding.constraint import check_grammar
 from rag_lookahead.interface import Engine
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.protocol.errors import RequestError, checked_text
 from rag_lookahead.protocol.sampling import openai_to_params
+from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
 from rag_lookahead.structured import (
     Grammar,
     ToolFormat,
@@ -59,6 +61,16 @@ _NEUTRAL: dict[str, object] = {
     "presence_penalty": 0,
 }
 _COMPLETION_NEUTRAL = {**_NEUTRAL, "best_of": 1}
+
+# OpenAI's own parameters this server does not serve (docs/serving/openai-server.md's table):
+# refused with a value, but their null is OpenAI's default, which asks for nothing. Any other
+# key's null is refused as its value would be: it cannot be known to change nothing.
+_UNSERVED = frozenset(
+    {
+        *("audio", "reasoning_effort", "verbosity", "web_search_options", "moderation", "suffix"),
+        *("functions", "function_call", "prompt_cache_options", "prompt_cache_retention"),
+    }
+)
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
@@ -142,6 +154,7 @@ def plan_chat(
 def plan_completion(request: Mapping[str, Any], defaults: GenerationParams | None = None) -> CallPlan:
     """A ``/v1/completions`` request as a plan; ``defaults`` fill what it leaves out."""
     body = _checked_keys(request, _COMPLETION_KEYS, _COMPLETION_NEUTRAL)
+    _check_legacy_logprobs(body.get("logprobs"))
     prompt = _prompt(body.get("prompt"))
     echo, echo_only = _echo(body)
     if echo_only:
@@ -201,13 +214,14 @@ def _requested(body: Mapping[str, Any], plan: CallPlan) -> CallPlan:
 def _checked_keys(
     request: Mapping[str, Any], known: frozenset[str], neutral: Mapping[str, object]
 ) -> dict[str, Any]:
-    """The request's known keys with a value (``null`` is as absent), or the first bad key;
-    the bookkeeping (`IGNORED_KEYS`) checked and left out."""
+    """The request's known keys with a value (``null`` is as absent, for a key this server
+    or OpenAI's API knows), or the first bad key; the bookkeeping (`IGNORED_KEYS`) checked and
+    left out."""
     if not isinstance(request, Mapping):
         raise RequestError(f"the request body is a JSON object, got {type(request).__name__}")
     body: dict[str, Any] = {}
     for key, value in request.items():
-        if value is None:
+        if value is None and (key in known or key in neutral or key in _IGNORED or key in _UNSERVED):
             continue
         if key in _IGNORED:
             _IGNORED[key](key, value)
@@ -384,6 +398,18 @@ def _prompt(value: object) -> str | tuple[int, ...]:
     )
 
 
+def _check_legacy_logprobs(value: object) -> None:
+    """A completion request's ``logprobs`` is OpenAI's legacy integer (how many top tokens to
+    list), as OpenAI types it: a boolean is the chat form, whose ``true`` says no count."""
+    if isinstance(value, bool):
+        raise RequestError(
+            f"a completion's logprobs is an integer from 0 to {MAX_TOP_LOGPROBS}, how many of the "
+            f"likeliest tokens to list (OpenAI's legacy API), got {str(value).lower()}: 0 lists "
+            f"each token's own log probability alone",
+            "logprobs",
+        )
+
+
 def _echo(body: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether a completion echoes its prompt, and whether it only echoes (``max_tokens: 0``,
     which generates nothing: only with ``echo``)."""
@@ -461,9 +487,11 @@ def _response_format(value: object) -> Grammar | None:
                 "response_format.json_schema.schema",
             )
         try:
-            return Grammar.json_schema(schema).closing_in_budget()
+            grammar = Grammar.json_schema(schema).closing_in_budget()
+            check_grammar(grammar)  # here, not as the call starts: the error names the schema
         except (TypeError, ValueError) as err:
             raise RequestError(str(err), "response_format.json_schema.schema") from None
+        return grammar
     raise RequestError(
         f"response_format is {{'type': 'text' | 'json_object' | 'json_schema', ...}}, got {value!r}",
         "response_format",

@@ -48,6 +48,14 @@ _CHAT_KEYS = frozenset(
 ) | (IGNORED_KEYS - {"store"})
 # Keys a client may send with the value that changes nothing: accepted with that value only.
 _NEUTRAL: dict[str, object] = {"store": False, "truncation": "disabled", "background": False}
+# OpenAI's own Responses parameters this route does not serve: refused with a value, but their
+# null is OpenAI's default, which asks for nothing. Any other key's null is refused.
+_UNSERVED = frozenset(
+    {
+        *("reasoning", "top_logprobs", "max_tool_calls", "prompt", "conversation", "stream_options"),
+        *("context_management", "moderation", "prompt_cache_options", "prompt_cache_retention"),
+    }
+)
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _PART_KEYS = frozenset({"type", "text", "annotations", "logprobs"})
@@ -265,12 +273,13 @@ class ResponseEvents:
 
 
 def _checked_keys(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The request's known keys with a value (``null`` is as absent), or the first bad one."""
+    """The request's known keys with a value (``null`` is as absent, for a key this route or
+    OpenAI's API knows), or the first bad one."""
     if not isinstance(request, Mapping):
         raise RequestError(f"the request body is a JSON object, got {type(request).__name__}")
     body: dict[str, Any] = {}
     for key, value in request.items():
-        if value is None:
+        if value is None and key in _OWN_KEYS | _CHAT_KEYS | _UNSERVED:
             continue
         if key == "previous_response_id":
             raise RequestError(
