@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.language_models import LangSmithParams
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
+from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from typing_extensions import Self
 
@@ -41,7 +42,7 @@ from rag_lookahead.protocol import (
 from rag_lookahead.remote import ServerKind
 from rag_lookahead.streaming import StreamChunk, aiterate
 
-__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece", "areported", "reported", "usage"]
+__all__ = ["CALL_OPTIONS", "LookaheadSettings", "Piece", "areported", "reported", "run_config", "usage"]
 
 #: The settings that are a call's options too (``llm.invoke(x, max_tokens=32)``), besides ``stop``:
 #: a call's request starts from them (see `rag_lookahead.protocol.OPTION_KEYS` for the rest).
@@ -49,6 +50,9 @@ CALL_OPTIONS = (
     *("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed"),
     *("logprobs", "top_logprobs"),
 )
+
+# What LangChain's `invoke` passes its run from the config, by the name a call's keyword has.
+_RUN_KEYWORDS = ("callbacks", "tags", "metadata", "run_name", "run_id")
 
 #: One item of `LookaheadSettings._open`: each step's chunk (its text and, when asked for, its
 #: tokens' log probabilities), then the call's stats last.
@@ -270,6 +274,57 @@ class LookaheadSettings(BaseModel):
             return list(custom(text))
         return list(self.get_engine().tokenizer(text, add_special_tokens=False).input_ids)
 
+    # ------------------------------------------------------------------ runs
+
+    # LangChain's `invoke` hands its run the config's callbacks, tags, metadata, name and id,
+    # and a call's keyword of the same name a second time (a TypeError); `stream` would take
+    # it for a generation option. In every way of starting a run, each joins the config.
+    # (`super()` is LangChain's model, after these settings in the models' bases.)
+
+    def invoke(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        config = run_config(config, kwargs)
+        return super().invoke(input, config, stop=stop, **kwargs)  # type: ignore[misc]
+
+    async def ainvoke(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        config = run_config(config, kwargs)
+        return await super().ainvoke(input, config, stop=stop, **kwargs)  # type: ignore[misc]
+
+    def stream(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[Any]:
+        config = run_config(config, kwargs)
+        return super().stream(input, config, stop=stop, **kwargs)  # type: ignore[misc]
+
+    def astream(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        config = run_config(config, kwargs)
+        return super().astream(input, config, stop=stop, **kwargs)  # type: ignore[misc]
+
     # ------------------------------------------------------------------ calls
 
     # Both models stream alike: their own chunks (`_chunks`), each reported as it comes.
@@ -353,6 +408,36 @@ class LookaheadSettings(BaseModel):
             "finish_reason": FINISH_REASONS.get(reason, reason) if (reason := stats.finish_reason) else None,
             "lookahead": stats.as_dict(),
         }
+
+
+def run_config(config: RunnableConfig | None, kwargs: dict[str, Any]) -> RunnableConfig | None:
+    """``config`` with the run keywords among a call's ``kwargs``, taken out of them.
+
+    The call's ``metadata`` is added to the config's, its ``tags`` and ``callbacks`` follow the
+    config's lists, its ``run_name`` and ``run_id`` replace the config's.
+    """
+    given = {key: kwargs.pop(key) for key in _RUN_KEYWORDS if key in kwargs}
+    if not given:
+        return config
+    merged: dict[str, Any] = dict(config or {})
+    for key, value in given.items():
+        merged[key] = _joined(key, merged.get(key), value)
+    return cast(RunnableConfig, merged)
+
+
+def _joined(key: str, configured: Any, given: Any) -> Any:
+    """A run keyword's value, the call's ``given`` joined to the config's."""
+    if given is None or configured is None:
+        return configured if given is None else given
+    if key == "metadata":
+        if not isinstance(given, dict):
+            raise TypeError(f"metadata is a dict of a run's metadata, got {type(given).__name__}")
+        return {**configured, **given}
+    if key in ("tags", "callbacks"):
+        if not isinstance(given, list) or not isinstance(configured, list):
+            raise TypeError(f"{key} given both as a keyword and in the config are lists, to be joined")
+        return [*configured, *(item for item in given if key != "tags" or item not in configured)]
+    return given  # a name or an id: the call's
 
 
 def reported(chunks: Iterator[C], run_manager: CallbackManagerForLLMRun | None) -> Iterator[C]:

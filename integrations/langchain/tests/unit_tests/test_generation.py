@@ -3,6 +3,7 @@ text, stop sequences, callbacks, metadata, call-time documents."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -153,6 +154,63 @@ def test_unknown_call_options_are_rejected(engine) -> None:
         LookaheadLLM(engine=engine).invoke(QUESTION, model="other")
     with pytest.raises(TypeError, match="unexpected call option"):
         LookaheadLLM(engine=engine).invoke(QUESTION, tools=[])  # a completion model takes no tools
+
+
+def test_echo_is_refused_not_ignored(engine) -> None:
+    """OpenAI's ``echo`` (the prompt before the answer) is a server's request key only."""
+    llm = LookaheadLLM(engine=engine, max_tokens=4)
+    with pytest.raises(RequestError, match="echo=True is not supported") as info:
+        llm.invoke(QUESTION, echo=True)
+    assert info.value.param == "echo"
+    assert llm.invoke(QUESTION, echo=False) == llm.invoke(QUESTION)  # what it would do anyway
+
+
+class RunRecorder(BaseCallbackHandler):
+    """The metadata, tags and name of each model run, as it starts."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[dict[str, Any], list[str], str | None]] = []
+
+    def _record(self, kwargs: dict[str, Any]) -> None:
+        self.runs.append((kwargs.get("metadata") or {}, sorted(kwargs.get("tags") or []), kwargs.get("name")))
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        self._record(kwargs)
+
+    def on_llm_start(self, serialized: Any, prompts: Any, **kwargs: Any) -> None:
+        self._record(kwargs)
+
+
+async def _gathered(chunks: Any) -> list[Any]:
+    return [chunk async for chunk in chunks]
+
+
+# How a run may be started; each takes LangChain's run keywords as the config's.
+RUNS = {
+    "invoke": lambda llm, **kw: llm.invoke(QUESTION, **kw),
+    "stream": lambda llm, **kw: list(llm.stream(QUESTION, **kw)),
+    "batch": lambda llm, **kw: llm.batch([QUESTION], **kw),
+    "ainvoke": lambda llm, **kw: asyncio.run(llm.ainvoke(QUESTION, **kw)),
+    "astream": lambda llm, **kw: asyncio.run(_gathered(llm.astream(QUESTION, **kw))),
+}
+
+
+@pytest.mark.parametrize("cls", [ChatLookahead, LookaheadLLM])
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_run_keywords_of_a_call_join_its_run(engine, cls, run) -> None:
+    """``metadata=``, ``tags=``, ``run_name=`` beside the config: LangChain's own ``invoke``
+    passes the config's to the run, and would pass a call's twice (a TypeError)."""
+    recorder = RunRecorder()
+    config = {"callbacks": [recorder], "metadata": {"user": "u"}, "tags": ["a"]}
+    RUNS[run](
+        cls(engine=engine, max_tokens=4), config=config, metadata={"app": "rag"}, tags=["b"], run_name="mine"
+    )
+    assert recorder.runs == [({"user": "u", "app": "rag", **_ls(recorder)}, ["a", "b"], "mine")]
+
+
+def _ls(recorder: RunRecorder) -> dict[str, Any]:
+    """The LangSmith keys LangChain adds to a run's metadata itself."""
+    return {k: v for k, v in recorder.runs[0][0].items() if k.startswith("ls_")} if recorder.runs else {}
 
 
 def test_call_options_are_read_as_the_servers_requests(engine) -> None:
