@@ -796,15 +796,20 @@ class Streaming:
 
 @contextmanager
 def streaming(
-    max_tokens: int = 200, go: threading.Event | None = None, **settings: Any
+    max_tokens: int = 200,
+    go: threading.Event | None = None,
+    request: tuple[str, dict[str, Any]] | None = None,
+    **settings: Any,
 ) -> Iterator[Streaming]:
     """A server with ``settings`` over a `gated_engine` (``go`` lets its forwards on), once its
-    completion of ``max_tokens`` has streamed its first event; stopped at the end."""
+    completion of ``max_tokens`` (or ``request``: a route and its body) has streamed its first
+    event; stopped at the end."""
     engine, streams, gave_up = gated_engine(go)
     lines: list[str] = []
+    route, body = request or ("/v1/completions", {"prompt": "The Normans", "max_tokens": max_tokens})
     with LiveServer(create_app(engine, ServeSettings(model_name=MODEL, **settings))) as server:
-        body = {"model": MODEL, "prompt": "The Normans", "max_tokens": max_tokens, "stream": True}
-        reader = stream_lines(f"{server.url}/v1/completions", body, lines)
+        body = {"model": MODEL, **body, "stream": True}
+        reader = stream_lines(f"{server.url}{route}", body, lines)
         wait_until(lambda: bool(lines))
         yield Streaming(server, streams, gave_up, lines, reader)
 
@@ -878,16 +883,39 @@ def test_what_runs_past_the_drain_is_cut_and_told_so(stream: bool) -> None:
     assert streams[0].stats.finish_reason == "abandoned"
 
 
-def test_a_cut_stream_ends_with_an_error_event_then_done() -> None:
-    """The events as sent: the answer's text so far, an error in OpenAI's shape, ``[DONE]``."""
-    with streaming(drain_s=0) as run:
+# (route, request) of a stream the server cuts as it stops
+CUT_STREAMS: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/completions", {"prompt": "The Normans", "max_tokens": 200}),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 200}),
+    ("/v1/responses", {"input": "The Normans", "max_output_tokens": 200}),
+]
+
+
+@pytest.mark.parametrize(("route", "request_body"), CUT_STREAMS, ids=[c[0] for c in CUT_STREAMS])
+def test_a_cut_stream_ends_with_an_error_never_as_an_answer(route: str, request_body: dict[str, Any]) -> None:
+    """The events as sent: the answer's text so far, then an error in OpenAI's shape and the
+    route's end: ``[DONE]`` for chat and completions; ``response.failed`` for Responses (what
+    OpenAI ends a response the server could not finish with), never ``response.completed``."""
+    with streaming(drain_s=0, request=(route, request_body)) as run:
         run.server.server.handle_exit(signal.SIGTERM, None)
         run.reader.join(WAIT_S)
-    lines = run.lines
-    assert lines[-1] == "data: [DONE]"
-    error = json.loads(lines[-2].removeprefix("data: "))["error"]
-    assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
-    assert all(json.loads(line[6:])["choices"][0]["finish_reason"] is None for line in lines[:-2])
+    events = [json.loads(line.removeprefix("data: ")) for line in run.lines if line != "data: [DONE]"]
+    if route != "/v1/responses":
+        assert run.lines[-1] == "data: [DONE]"
+        *answer, last = events
+        assert (last["error"]["code"], last["error"]["type"]) == ("shutting_down", "service_unavailable")
+        assert all(event["choices"][0]["finish_reason"] is None for event in answer)
+        return
+    *answer, error, failed = events
+    assert (error["type"], error["code"]) == ("error", "shutting_down")
+    assert error["error"]["type"] == "service_unavailable"
+    assert failed["type"] == "response.failed"
+    response = failed["response"]
+    assert response["status"] == "failed" and response["error"]["code"] == "server_error"
+    assert "drain" in response["error"]["message"] and response["incomplete_details"] is None
+    assert [item["status"] for item in response["output"]] == ["incomplete"]  # the message cut
+    assert not {"response.completed", "response.incomplete"} & {event["type"] for event in answer}
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
 
 
 def test_a_second_signal_cuts_at_once() -> None:

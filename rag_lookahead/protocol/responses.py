@@ -193,9 +193,18 @@ class ResponseEvents:
         return [*events, self._event(last, response=response)]
 
     def failed(self, error: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The ``error`` event for a call that failed or was cut (``error`` is the server's
-        error object, ``{"error": {...}}``, kept whole for clients that read it there)."""
+        """The last events of a call that failed or was cut (``error`` is the server's error
+        object, ``{"error": {...}}``): an ``error`` event, with the object kept whole for clients
+        that read it there (the openai client raises on it, as on a chat stream's), then
+        ``response.failed``, OpenAI's end of a response the server could not finish: status
+        ``failed``, the output sent so far (a message cut short is ``incomplete``), and an
+        ``error`` whose code is OpenAI's ``server_error`` (its codes have none of this server's)."""
         inner = error["error"]
+        output = [*self._output]
+        if self._message_id is not None:
+            output.append(_message_item(self._message_id, self._text, "incomplete"))
+        response = _response(self._plan, self._header, "failed", output, None)
+        response["error"] = {"code": "server_error", "message": inner["message"]}
         return [
             self._event(
                 "error",
@@ -203,7 +212,8 @@ class ResponseEvents:
                 message=inner["message"],
                 param=inner.get("param"),
                 error=inner,
-            )
+            ),
+            self._event("response.failed", response=response),
         ]
 
     def _text_delta(self, piece: str) -> list[dict[str, Any]]:
