@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,77 @@ ENGINE_CASES: list[tuple[str, Callable[[LookaheadEngine], object], type[Exceptio
         ValueError,
         "a row with no tokens",
     ),
+    (
+        "generate past max_length",
+        lambda e: e.generate(torch.tensor([PROMPT]), max_length=5),
+        ValueError,
+        "Input length of input_ids is 5, but `max_length` is set to 5",  # transformers' words
+    ),
+    (
+        "generate past the model's max_length",
+        lambda e: generate_under(e, {"max_length": 3}),
+        ValueError,
+        "Input length of input_ids is 5, but `max_length` is set to 3",
+    ),
+    (
+        "generate past the model's window",
+        lambda e: e.generate(torch.tensor([PROMPT * 200])),
+        ValueError,
+        "Input length of input_ids is 1000, but `max_length` is set to 512",
+    ),
 ]
+
+
+@contextlib.contextmanager
+def generation_config(engine: LookaheadEngine, config: dict[str, Any]) -> Any:
+    """The model's generation config with ``config`` set, for the block only."""
+    saved = {key: getattr(engine.model.generation_config, key) for key in config}
+    engine.model.generation_config.update(**config)
+    try:
+        yield
+    finally:
+        engine.model.generation_config.update(**saved)
+
+
+def generate_under(engine: LookaheadEngine, config: dict[str, Any]) -> torch.Tensor:
+    """The drop-in's output of PROMPT with ``config`` set in the model's generation config."""
+    with generation_config(engine, config):
+        return engine.generate(torch.tensor([PROMPT]))
+
+
+# (case, the model's generation config, generate's arguments): the drop-in returns the tensor
+# `model.generate` returns, however long the prompt is next to the lengths it is given.
+GENERATE_LENGTH_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("no length: 20 new tokens", {}, {}),
+    ("a prompt past the default max_length", {}, {"input_ids": torch.tensor([PROMPT * 5])}),
+    ("the default cut at the model's window", {}, {"input_ids": torch.tensor([PROMPT * 100])}),
+    ("max_length", {}, {"max_length": 9}),
+    ("the model's max_length", {"max_length": 8}, {}),
+    ("max_new_tokens over max_length", {}, {"max_new_tokens": 3, "max_length": 6}),
+    ("the model's max_new_tokens over max_length", {"max_new_tokens": 2}, {"max_length": 30}),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "config", "kwargs"), GENERATE_LENGTH_CASES, ids=[c[0] for c in GENERATE_LENGTH_CASES]
+)
+def test_generate_lengths_are_model_generate_s(engine, case, config, kwargs) -> None:
+    kwargs = dict(kwargs)
+    ids = kwargs.pop("input_ids", torch.tensor([PROMPT]))
+    with generation_config(engine, config):
+        with warnings.catch_warnings(record=True) as theirs:
+            warnings.simplefilter("always")
+            want = engine.model.generate(ids, do_sample=False, **kwargs)
+        with warnings.catch_warnings(record=True) as ours:
+            warnings.simplefilter("always")
+            got = engine.generate(ids, **kwargs)
+    assert torch.equal(got, want), (got.shape, want.shape)
+    default = [
+        [str(w.message) for w in caught if "default `max_length`" in str(w.message)]
+        for caught in (theirs, ours)
+    ]
+    assert default[0] == default[1]  # the same nudge towards max_new_tokens, where it is given
+
 
 CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown mode", {"mode": "fast"}, "mode must be"),

@@ -11,6 +11,7 @@ does.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -20,6 +21,10 @@ from rag_lookahead.config import GenerationParams
 from rag_lookahead.streaming.stream import TextStream
 
 __all__ = ["generate"]
+
+# transformers' `max_length` where neither the call nor the model sets one, counted past the
+# prompt (its `_prepare_generated_length`), then cut to the model's window.
+_DEFAULT_NEW_TOKENS = 20
 
 
 class LookaheadEngine(Protocol):
@@ -42,6 +47,7 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     *,
     max_new_tokens: int | None = None,
+    max_length: int | None = None,
     do_sample: bool | None = None,
     temperature: float | None = None,
     top_k: int | None = None,
@@ -58,7 +64,8 @@ def generate(
 ) -> torch.Tensor:
     """``[B, L + T]`` token ids: each row's input, then its new tokens, like `model.generate`.
 
-    Unset arguments come from ``model.generation_config``, as in `generate`. ``documents`` are
+    Unset arguments come from ``model.generation_config``, as in `generate`, and the lengths
+    are read as it reads them (`_max_new_tokens`). ``documents`` are
     texts to draft from in this call; ``tokenizer`` is accepted for signature compatibility.
     """
     del tokenizer  # `generate` needs it for stop strings; the engine has its own
@@ -68,8 +75,9 @@ def generate(
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("a streamer needs a batch of one sequence, as in model.generate")
     gc = engine.model.generation_config
+    window = getattr(engine.model.config, "max_position_embeddings", None)
     params = GenerationParams(
-        max_new_tokens=_max_new_tokens(gc, max_new_tokens, input_ids.shape[1]),
+        max_new_tokens=_max_new_tokens(gc, max_new_tokens, max_length, input_ids.shape[1], window),
         do_sample=bool(gc.do_sample) if do_sample is None else do_sample,
         temperature=_pick(temperature, gc.temperature, 1.0),
         top_k=_pick(top_k, gc.top_k, None),
@@ -139,9 +147,40 @@ def _pick(value: Any, configured: Any, default: Any) -> Any:
     return configured if configured is not None else default
 
 
-def _max_new_tokens(gc: Any, requested: int | None, prompt_length: int) -> int:
+def _max_new_tokens(
+    gc: Any, requested: int | None, max_length: int | None, prompt_length: int, window: int | None
+) -> int:
+    """How many tokens a row may get, as `generate` reads its lengths: ``max_new_tokens`` (the
+    call's, then the model's), else ``max_length`` (the call's, then the model's), which counts
+    the (padded) prompt; neither set, transformers' default of 20 new tokens within the model's
+    window. A prompt already at ``max_length`` is `generate`'s own ValueError."""
     if requested is not None:
         return requested
     if gc.max_new_tokens is not None:
         return int(gc.max_new_tokens)
-    return int(gc.max_length) - prompt_length  # `generate`'s max_length counts the prompt
+    limit = max_length if max_length is not None else gc.max_length
+    if limit is None:
+        limit = _default_max_length(prompt_length, window)
+    if prompt_length >= limit:
+        raise ValueError(
+            f"Input length of input_ids is {prompt_length}, but `max_length` is set to {limit}. "
+            "This can lead to unexpected behavior. You should consider increasing `max_length` or, "
+            "better yet, setting `max_new_tokens`."
+        )
+    return int(limit) - prompt_length
+
+
+def _default_max_length(prompt_length: int, window: int | None) -> int:
+    """transformers' ``max_length`` where none is set: 20 tokens past the prompt, within the
+    model's window; with `generate`'s own warning, so that a drop-in's caller is told as theirs was."""
+    limit = _DEFAULT_NEW_TOKENS + prompt_length
+    if window is not None:
+        limit = min(limit, window)
+    warnings.warn(
+        f"Using the model-agnostic default `max_length` (={limit}) to control the generation "
+        "length. We recommend setting `max_new_tokens` to control the maximum length of the "
+        "generation.",
+        UserWarning,
+        stacklevel=5,  # the caller of `LookaheadEngine.generate`
+    )
+    return limit
