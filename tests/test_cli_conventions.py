@@ -1,9 +1,13 @@
 """`ask --json`, the mark of an answer cut at the token limit, `chat`'s history and `--debug`
 without special tokens: the commands over a tiny random model (it never ends an answer, so every
-answer is cut) and a small index, with the model loading replaced; and one spelling of each
-option in every command and example, the older spellings still accepted."""
+answer is cut) and a small index, with the model loading replaced; a command whose reader leaves
+early ends quietly; and one spelling of each option in every command and example, the older
+spellings still accepted."""
 
 import json
+import subprocess
+import sys
+from subprocess import PIPE
 
 import pytest
 
@@ -91,6 +95,41 @@ def test_debug_shows_no_special_tokens(pipelines, capsys) -> None:
     assert ask("--debug") == 0
     out = capsys.readouterr().out
     assert "<|eot|>" not in out and "sources:" in out
+
+
+# A command's output after its reader left (`rag-lookahead ask ... | head -c 1`): what it does,
+# run as a process of its own (the pipe is stdout's file descriptor).
+LEFT_PIPE = """
+import sys
+import rag_lookahead.cli.answers as answers
+
+def run(args):
+    print("a", flush=True)
+    sys.stdin.readline()  # the reader has gone
+    print("b" * WIDTH)
+    return 0
+
+answers.run_ask = run
+from rag_lookahead.cli import main
+sys.exit(main(["ask", "--index", "unused", "q"]))
+"""
+
+
+@pytest.mark.parametrize(
+    "width", [1, 1 << 20], ids=["held in the buffer to the end", "written while the command runs"]
+)
+def test_a_reader_that_leaves_early_ends_the_command_quietly(width: int) -> None:
+    command = [sys.executable, "-c", LEFT_PIPE.replace("WIDTH", str(width))]
+    with subprocess.Popen(command, stdin=PIPE, stdout=PIPE, stderr=PIPE) as process:
+        assert process.stdout is not None and process.stdin is not None and process.stderr is not None
+        assert process.stdout.read(1) == b"a"
+        process.stdout.close()
+        process.stdin.write(b"\n")
+        process.stdin.close()
+        err = process.stderr.read().decode()
+        code = process.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+    assert code == 1  # as Python's own recipe exits: the output was cut
 
 
 def test_chat_answers_each_question_after_the_earlier_turns(pipelines, capsys, monkeypatch) -> None:

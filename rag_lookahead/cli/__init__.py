@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -549,11 +550,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader of stdout left (`| head`): end quietly
+        _quiet_stdout()
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_settings(args)
         with _progress_lines():
-            return int(_runner(args.run)(args))
+            code = int(_runner(args.run)(args))
+        sys.stdout.flush()  # a closed pipe is found here, not as the interpreter exits
+        return code
     # A bad index (IndexFormatError) is a ValueError too.
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"rag-lookahead: error: {err}", file=sys.stderr)
@@ -561,6 +572,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device (Python's recipe for a closed pipe): what it still holds
+    is flushed there as the interpreter exits, rather than failing again with a traceback."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # no file descriptor (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 @contextmanager
