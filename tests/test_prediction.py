@@ -8,27 +8,47 @@ counts the prediction's verified draft tokens as accepted or rejected.
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.tree import DraftTree
-from rag_lookahead.drafting.prediction import PredictionDrafter, prediction_outcome
+from rag_lookahead.drafting.prediction import PredictionDrafter
 from rag_lookahead.drafting.suffix import SuffixDrafter
 from rag_lookahead.planning.costs import CostCurve
 from rag_lookahead.protocol import RequestError, plan_chat, plan_completion, usage
 from rag_lookahead.remote import ServerEngine
 from rag_lookahead.serve import ServeSettings, create_app
-from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stats import PredictionMatch, StepRecorder
 from rag_lookahead.testing import VOCAB, CharTokenizer, greedy_reference, tiny_model
-from rag_lookahead.testing.local_server import LiveServer, served_engine
+from rag_lookahead.testing.local_server import WAIT_S, LiveServer, served_engine
 
 NEW_TOKENS = 48
 PROMPT = [5, 17, 33, 2, 9]
 CPU_CURVE = CostCurve((1, 2, 8, 16, 64), (1.0, 1.6, 1.65, 1.9, 3.5))
+
+
+def lcs(a: list[int], b: list[int]) -> int:
+    """The longest common subsequence's length, by the textbook table."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        diagonal, row[0] = 0, 0
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], diagonal + 1 if x == y else max(row[j], row[j - 1])
+    return row[-1]
+
+
+def prediction_counts(predicted: list[int], answer: list[int]) -> tuple[int, int]:
+    """OpenAI's counts: the prediction's tokens that appear in the answer (in order), and the
+    others."""
+    accepted = lcs(predicted, answer)
+    return accepted, len(predicted) - accepted
 
 
 def predictions(reference: list[int]) -> dict[str, list[int]]:
@@ -59,9 +79,8 @@ def test_a_prediction_changes_no_token(family: str, mode: str, policy: str) -> N
         )
         assert completion.token_ids == reference, kind
         stats = completion.stats
-        assert stats.accepted_prediction_tokens <= sum(stats.accepted_per_step)
-        verified = stats.accepted_prediction_tokens + stats.rejected_prediction_tokens
-        assert verified <= sum(stats.drafted_per_step)
+        counts = (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens)
+        assert counts == prediction_counts(predicted, reference), kind  # OpenAI's, whatever drafted
         if kind != "wrong":
             # Most of the answer came from the prediction, in a few forwards.
             assert stats.accepted_prediction_tokens >= NEW_TOKENS * 2 // 3, kind
@@ -76,8 +95,11 @@ def test_without_a_prediction_nothing_is_counted() -> None:
     stats = engine.complete(PROMPT, max_new_tokens=NEW_TOKENS, documents=[tokenizer.decode(reference)]).stats
     assert sum(stats.accepted_per_step) > 0
     assert (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (0, 0)
-    plain = engine.plain().complete(PROMPT, max_new_tokens=NEW_TOKENS, prediction=tokenizer.decode(reference))
-    assert plain.token_ids == reference and plain.stats.accepted_prediction_tokens == 0
+    half = reference[: NEW_TOKENS // 2]
+    plain = engine.plain().complete(PROMPT, max_new_tokens=NEW_TOKENS, prediction=tokenizer.decode(half))
+    # Decoding plainly, nothing drafts from the prediction; its tokens in the answer still count.
+    assert plain.token_ids == reference and sum(plain.stats.accepted_per_step) == 0
+    assert (plain.stats.accepted_prediction_tokens, plain.stats.rejected_prediction_tokens) == (len(half), 0)
 
 
 def distrust(engine: LookaheadEngine, sources: list[str]) -> None:
@@ -126,26 +148,30 @@ def test_the_prediction_drafter_drafts_the_prediction_alone() -> None:
     assert drafter.propose([4, 7], 8).tree.tokens == (7,)
 
 
-def test_an_outcome_counts_the_prediction_s_verified_nodes() -> None:
-    # root -> 1 (pred) -> 2 (pred) -> 3 (pred); root -> 4 (sfx) -> 5 (pred)
-    tree = DraftTree(
-        (0, 1, 2, 3, 4, 5), (-1, 0, 1, 2, 0, 4), ("root", "pred4", "pred4", "pred4", "sfx1", "pred1")
-    )
-    assert prediction_outcome(tree, [0, 1, 2]) == ((True, True), 2)
-    assert prediction_outcome(tree, [0, 4]) == ((False,), 4)
-    assert prediction_outcome(tree, [0]) == ((), 4)
+@pytest.mark.parametrize("vocabulary", [2, 5, 40])
+def test_a_prediction_match_is_the_longest_common_subsequence(vocabulary: int) -> None:
+    rng = random.Random(vocabulary)
+    for _ in range(40):
+        predicted = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 70))]
+        answer = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 50))]
+        match = PredictionMatch(predicted)
+        cut = rng.randrange(0, len(answer) + 1)
+        match.extend(answer[:cut])  # as the answer's steps come
+        match.extend(answer[cut:])
+        assert (match.size, match.matched) == (len(predicted), lcs(predicted, answer))
 
 
-def test_the_recorder_settles_predicted_tokens_when_they_are_released() -> None:
-    recorder = StepRecorder(prompt_tokens=3)
-    recorder.released(1)  # the prefill's token
+def test_the_recorder_counts_the_prediction_in_the_tokens_released() -> None:
+    recorder = StepRecorder(prompt_tokens=3, prediction=PredictionMatch([4, 5, 6, 7, 8]))
+    recorder.released([4])  # the prefill's token
     recorder.step(5, 3, "pred4")
-    recorder.predicted((True, False, True), 2)
-    recorder.released(2)  # a stop string cut the step after its second token
+    recorder.released([9, 6])  # a stop string cut the step after its second token
     stats = recorder.stats()
-    assert (stats.new_tokens, stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (3, 1, 3)
-    recorder.released(4)  # a step with nothing from the prediction counts nothing
-    assert recorder.stats().accepted_prediction_tokens == 1
+    assert (stats.new_tokens, stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (3, 2, 3)
+    recorder.released([7, 8, 5])  # 5 came too late: 7 and 8 are the longer match
+    stats = recorder.stats()
+    assert (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (4, 1)
+    assert StepRecorder(prompt_tokens=3).stats().accepted_prediction_tokens == 0  # no prediction
 
 
 # ---------------------------------------------------------------------------- the request
@@ -183,10 +209,8 @@ def test_a_bad_prediction_is_refused_naming_it(prediction: object, param: str) -
 
 
 def test_the_usage_carries_the_prediction_s_counts() -> None:
-    recorder = StepRecorder(prompt_tokens=3)
-    recorder.step(2, 1, "pred2")
-    recorder.predicted((True,), 1)
-    recorder.released(2)
+    recorder = StepRecorder(prompt_tokens=3, prediction=PredictionMatch([1, 2]))
+    recorder.released([1, 3])
     details = usage(recorder.stats())["completion_tokens_details"]
     assert details == {"accepted_prediction_tokens": 1, "rejected_prediction_tokens": 1}
 
@@ -241,6 +265,69 @@ def test_chat_and_completions_take_openai_s_prediction(live: LiveServer, engine:
     last = chunks[-1].usage
     assert last is not None and last.completion_tokens_details is not None
     assert last.completion_tokens_details.accepted_prediction_tokens >= N // 2
+
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+def stop_in(text: str) -> dict[str, Any]:
+    """A stop string the answer ``text`` meets in its second half."""
+    return {"stop": [text[len(text) // 2 : len(text) // 2 + 3]]}
+
+
+# (case, route, the request's keys given the plain answer's text): each asked whole and streamed
+PREDICTION_USAGE_CASES: list[tuple[str, str, Callable[[str], dict[str, Any]]]] = [
+    ("greedy", COMPLETIONS, lambda text: {"temperature": 0}),
+    ("sampling", COMPLETIONS, lambda text: {"temperature": 1.0, "seed": 7}),
+    ("a stop string", COMPLETIONS, lambda text: {"temperature": 0, **stop_in(text)}),
+    ("a max_tokens cut", COMPLETIONS, lambda text: {"temperature": 0, "max_tokens": N // 3}),
+    ("chat, greedy", CHAT, lambda text: {"temperature": 0}),
+    ("chat, sampled, a stop string", CHAT, lambda text: {"temperature": 0.8, "seed": 3, **stop_in(text)}),
+]
+
+
+def streamed_chunks(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks of ``body`` asked streamed, with its usage last."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url, json=body, timeout=WAIT_S) as out:
+        return [json.loads(line[6:]) for line in out.iter_lines() if line.startswith("data: {")]
+
+
+def answer_text(reply: dict[str, Any], chunks: list[dict[str, Any]]) -> tuple[str, str]:
+    """The whole reply's text and the streamed one's."""
+    choice = reply["choices"][0]
+    if "message" in choice:
+        deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+        return choice["message"]["content"] or "", "".join(deltas)
+    return choice["text"], "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+@pytest.mark.parametrize(
+    ("case", "route", "keys"), PREDICTION_USAGE_CASES, ids=[c[0] for c in PREDICTION_USAGE_CASES]
+)
+def test_prediction_usage_is_openai_s_and_the_same_streamed_or_whole(
+    live: LiveServer, engine: LookaheadEngine, case: str, route: str, keys: Callable[[str], dict[str, Any]]
+) -> None:
+    """``accepted_prediction_tokens`` are the prediction's tokens that appear in the answer (in
+    order), ``rejected_prediction_tokens`` the others: together the prediction's tokens, the
+    accepted ones at most the answer's; and the usage streamed is the usage whole."""
+    prompt: dict[str, Any] = {"messages": MESSAGES} if route == CHAT else {"prompt": "The Normans were"}
+    text = engine.plain().complete(prompt.get("prompt") or MESSAGES, max_new_tokens=N).text
+    prediction = text[:6] + "#%&" + text[9:] + " and more than the answer"  # an edit, a tail
+    body = {"model": MODEL, **prompt, "max_tokens": N, **keys(text)}
+    body["prediction"] = {"type": "content", "content": prediction}
+    url = f"{live.url}{route}"
+    assert httpx.post(url, json=body, timeout=WAIT_S).status_code == 200  # the prompt now cached, for both
+    whole = httpx.post(url, json=body, timeout=WAIT_S).json()
+    chunks = streamed_chunks(url, body)
+    assert answer_text(whole, chunks)[0] == answer_text(whole, chunks)[1]
+    used, streamed = whole["usage"], chunks[-1]["usage"]
+    used.pop("lookahead"), streamed.pop("lookahead")  # how it was drafted: each call its own
+    assert streamed == used
+    details = used["completion_tokens_details"]
+    accepted, rejected = details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]
+    assert accepted + rejected == len(engine.tokenizer(prediction, add_special_tokens=False).input_ids)
+    assert 0 < accepted <= used["completion_tokens"] and rejected > 0
 
 
 def test_a_bad_prediction_is_400(live: LiveServer) -> None:

@@ -7,18 +7,19 @@ elsewhere; otherwise (the trie's policy, ``mode="jacobi"``, a caller's own draft
 `PredictionDrafter` of the prediction alone comes first, its branches taking the step's budget
 before any other drafter's (`rag_lookahead.drafting.compose.call_drafter`). Either way its nodes'
 sources start with ``PREDICTION_LABEL``: the planner learns apart from documents' drafts how
-much of them the model accepts (starting from trust, see `AcceptanceModel`), and the call's
-stats count the verified ones (`prediction_outcome`).
+much of them the model accepts (starting from trust, see `AcceptanceModel`). The call's stats
+count the prediction's tokens that appear in the answer, whatever drafted them
+(`rag_lookahead.streaming.stats.PredictionMatch`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag_lookahead.decoding.tree import PREDICTION_LABEL, DraftTree
+from rag_lookahead.decoding.tree import PREDICTION_LABEL
 from rag_lookahead.drafting.suffix import SuffixDrafter, SuffixRule
 
-__all__ = ["PREDICTION_LABEL", "PredictionDrafter", "prediction_outcome"]
+__all__ = ["PREDICTION_LABEL", "PredictionDrafter"]
 
 # A long copy drafts as deep as the step's budget lets it. Every occurrence of the context's
 # last token is looked at (up to a long file's worth): the default scan window would lose the
@@ -38,13 +39,3 @@ class PredictionDrafter(SuffixDrafter):
 
     def observe(self, tokens: Sequence[int], side_predictions: Sequence[int] = ()) -> None:
         pass  # the prediction stays as given
-
-
-def prediction_outcome(tree: DraftTree, accepted: Sequence[int]) -> tuple[tuple[bool, ...], int]:
-    """What a verified ``tree`` did with the prediction's nodes, given its accepted path (node
-    indices, root first): whether each accepted draft token came from the prediction, in order,
-    and how many prediction nodes were verified and not accepted."""
-    sources = tree.sources
-    path = tuple(sources[node].startswith(PREDICTION_LABEL) for node in accepted[1:])
-    drafted = sum(source.startswith(PREDICTION_LABEL) for source in sources[1:])
-    return path, drafted - sum(path)

@@ -36,7 +36,7 @@ from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.prompts import Prompt
 from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.runtime.threads import ModelThread
-from rag_lookahead.streaming.stats import StepRecorder
+from rag_lookahead.streaming.stats import PredictionMatch, StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
 
@@ -318,9 +318,10 @@ class LookaheadEngine(EngineBase):
                 file being edited, the document being rewritten): a document with priority,
                 drafted first wherever the answer's last tokens match it and trusted by the
                 planner from the start (see `rag_lookahead.drafting.prediction`); the answer is
-                the one plain decoding gives. The stats count its accepted and rejected tokens
+                the one plain decoding gives. The stats count its tokens that appear in the
+                answer and those that do not, as OpenAI does
                 (`DecodeStats.accepted_prediction_tokens`). An engine that decodes plainly
-                (``mode="off"``) drafts nothing from it.
+                (``mode="off"``) drafts nothing from it, and counts it alike.
         """
         if drafter is not None and self.config.mode == "off":
             raise ValueError("a drafter needs an engine that drafts: this one's mode is 'off'")
@@ -342,14 +343,16 @@ class LookaheadEngine(EngineBase):
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
         sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts and drafter is None else []
-        predicted = self._tokenize(prediction) if drafts and prediction else []
+        predicted = self._tokenize(prediction) if prediction else []
+        # Counted in every mode, as OpenAI counts it: the prediction's tokens in the answer.
+        recorder = StepRecorder(len(prompt_ids), prediction=PredictionMatch(predicted) if predicted else None)
         call = Call(
             prompt_ids=prompt_ids,
             config=self.config,
             planner=self.planner,
             chooser=TokenChooser(params),
             stopping=self._facts.stopping(params, eos, len(prompt_ids)),
-            recorder=StepRecorder(prompt_tokens=len(prompt_ids)),
+            recorder=recorder,
             # The trie takes the call's texts once its prefill is under way.
             make_drafter=functools.partial(
                 call_drafter,
@@ -367,7 +370,6 @@ class LookaheadEngine(EngineBase):
             batchable=batchable,
             grammar=grammar,
             top_logprobs=params.top_logprobs if params.logprobs else None,
-            predicts=bool(predicted),
         )
         steps = self.scheduler.chunks(call)
         stream = TextStream(steps, call.recorder, cancel=functools.partial(self.scheduler.cancel, call))

@@ -21,7 +21,6 @@ from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.constraint import GrammarState
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser, accept, raw_logprobs
-from rag_lookahead.drafting.prediction import prediction_outcome
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.engine.step import Scored, Verdict
 from rag_lookahead.planning.planner import StepPlanner
@@ -83,7 +82,6 @@ class Call:
     batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
     grammar: GrammarState | None = None  # the grammar every token keeps to, if any
     top_logprobs: int | None = None  # most likely tokens reported per token; None: no logprobs
-    predicts: bool = False  # it drafts from a prediction, whose verified nodes its stats count
     status: CallStatus = CallStatus.WAITING
     outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
     cancelled: bool = False  # asked from any thread; the loop ends it at a step boundary
@@ -122,8 +120,6 @@ def verify(call: Call, draft: StepDraft, logits: torch.Tensor) -> Verdict:
     side = logits[len(tree) : len(draft)].argmax(-1).tolist() if draft.side else []
     call.planner.learn(tree, accepted.nodes)
     call.recorder.step(len(tree) - 1, len(accepted.tokens) - 1, tree.source)
-    if call.predicts:
-        call.recorder.predicted(*prediction_outcome(tree, accepted.nodes))
     return Verdict(accepted.tokens, accepted.nodes, side, scored)
 
 
@@ -159,7 +155,7 @@ def release(call: Call, verdict: Verdict) -> FinishReason | None:
         call.grammar.advance(released.token_ids)
     elif call.grammar is not None and released.reason == "eos":  # "eos" means complete
         call.grammar.finish(released.token_ids)
-    call.recorder.released(len(released.token_ids))
+    call.recorder.released(released.token_ids)
     if call.drafter is not None:
         call.drafter.observe(released.token_ids, verdict.side_predictions)
     logprobs = _released_logprobs(call, verdict.scored, released.token_ids)

@@ -60,10 +60,10 @@ class ReplyHeader:
 def usage(stats: DecodeStats) -> dict[str, Any]:
     """Token counts as OpenAI's ``usage``, and the decode stats under ``"lookahead"``.
 
-    ``completion_tokens_details`` counts a prediction's draft tokens as `DecodeStats` does:
-    accepted, those verified that the answer kept; rejected, those verified that it did not
-    (both 0 without a prediction). Unlike OpenAI, ``completion_tokens`` counts the answer's
-    tokens only, not the rejected ones.
+    ``completion_tokens_details`` counts a prediction's tokens as `DecodeStats` does, as OpenAI
+    defines them: accepted, those that appear in the answer; rejected, the others (both 0
+    without a prediction). Unlike OpenAI, ``completion_tokens`` counts the answer's tokens only,
+    not the rejected ones.
     """
     return {
         "prompt_tokens": stats.prompt_tokens,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["DecodeStats", "FinishReason", "StepRecorder"]
+__all__ = ["DecodeStats", "FinishReason", "PredictionMatch", "StepRecorder"]
 
 FinishReason = Literal["eos", "stop_string", "length", "context_window", "abandoned"]
+# The most bytes of a prediction's token masks (`PredictionMatch`) kept for reuse per call.
+_MASKS_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -31,15 +34,15 @@ class DecodeStats:
         finish_reason: Why generation stopped; ``None`` while the call is still running.
         cached_prompt_tokens: Leading prompt tokens whose KV entries were reused from an
             earlier prompt instead of prefilled (see ``LookaheadConfig.prefix_cache_mb``).
-        accepted_prediction_tokens: Draft tokens from the call's ``prediction`` (nodes whose
-            longest match lay in it) that the model verified and the answer kept (OpenAI's
-            "tokens in the prediction that appeared in the completion"): the tokens the
-            prediction saved a forward for.
-        rejected_prediction_tokens: Draft tokens from the ``prediction`` that were verified
-            and are not in the answer: the model chose otherwise, at that node or above it, or
-            the answer ended before them. Counted at each verification, as OpenAI counts
-            them, so a prediction token drafted at several steps may count more than once;
-            unlike OpenAI's, they are not added to ``new_tokens``.
+        accepted_prediction_tokens: The tokens of the call's ``prediction`` that appear in
+            the answer (OpenAI's "tokens in the prediction that appeared in the completion"):
+            the longest common subsequence of the prediction's tokens and the answer's (its
+            ``new_tokens``), whatever drafted them, so at most ``new_tokens``.
+        rejected_prediction_tokens: The prediction's other tokens, those that do not appear
+            in the answer (an edit, or past where the answer ended): the two add up to the
+            prediction's tokens. Unlike OpenAI's, they are not added to ``new_tokens`` (no
+            one is billed here). Both are a function of the prediction and the answer alone:
+            the same for every mode that gives the answer, streamed or not.
     """
 
     prompt_tokens: int
@@ -91,14 +94,63 @@ class DecodeStats:
         }
 
 
+class PredictionMatch:
+    """How many of a prediction's tokens an answer holds, in order: the length of the longest
+    common subsequence of the two, kept up as the answer's tokens come (`extend`).
+
+    Bit-parallel (Allison and Dix; Hyyrö): a row of one bit per prediction token, a bit
+    cleared for each token matched, takes a few big-integer operations per answer token, so a
+    long prediction costs each token its length over the machine word, not its length.
+    """
+
+    def __init__(self, prediction: Sequence[int]) -> None:
+        self.size = len(prediction)
+        self._positions: dict[int, list[int]] = {}
+        for index, token in enumerate(prediction):
+            self._positions.setdefault(token, []).append(index)
+        self._masks: dict[int, int] = {}
+        self._masked_bytes = 0
+        self._full = (1 << self.size) - 1
+        self._row = self._full
+
+    @property
+    def matched(self) -> int:
+        """The prediction's tokens that appear in the answer so far."""
+        return self.size - self._row.bit_count()
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The answer's next ``tokens``."""
+        row = self._row
+        for token in tokens:
+            low = row & self._mask(token)
+            row = ((row + low) | (row - low)) & self._full
+        self._row = row  # one assignment: a reader in another thread sees a whole row
+
+    def _mask(self, token: int) -> int:
+        """The prediction's positions holding ``token``, as bits."""
+        mask = self._masks.get(token)
+        if mask is not None:
+            return mask
+        positions = self._positions.get(token, ())
+        bits = bytearray((self.size + 7) // 8 if positions else 0)
+        for index in positions:
+            bits[index >> 3] |= 1 << (index & 7)
+        mask = int.from_bytes(bits, "little")
+        # Kept while they fit: the answer's distinct tokens times a long prediction's bits
+        # could otherwise grow past what the call itself holds.
+        if self._masked_bytes + len(bits) <= _MASKS_BYTES:
+            self._masks[token] = mask
+            self._masked_bytes += len(bits)
+        return mask
+
+
 @dataclass
 class StepRecorder:
     """One call's measurements as it runs, frozen into `DecodeStats` on demand.
 
-    Only the engine's decoding loop writes it; streams and adapters read `stats`. A step that
-    verified prediction nodes says which of its accepted tokens came from the prediction
-    (`predicted`); the tokens released next (`released`) settle them as accepted, and those
-    the answer ended before as rejected.
+    Only the engine's decoding loop writes it; streams and adapters read `stats`. A call with
+    a prediction counts its tokens in the answer as the answer's tokens are released
+    (`released`); an engine that reads the counts off a server sets them instead.
     """
 
     prompt_tokens: int
@@ -113,28 +165,18 @@ class StepRecorder:
     cached_prompt_tokens: int = 0
     accepted_prediction: int = 0
     rejected_prediction: int = 0
-    # The last step's accepted draft tokens: whether each came from the prediction.
-    _predicted: tuple[bool, ...] = field(default=(), init=False, repr=False)
+    prediction: PredictionMatch | None = None  # the call's prediction, if it has one
 
     def step(self, drafted: int, accepted: int, source: str) -> None:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         self.sources.append(source)
 
-    def predicted(self, path: tuple[bool, ...], rejected: int) -> None:
-        """This step's accepted draft tokens, in order: whether each came from the prediction;
-        and how many of the prediction's verified nodes the model did not accept."""
-        self._predicted = path
-        self.rejected_prediction += rejected
-
-    def released(self, tokens: int) -> None:
-        """The first ``tokens`` of the step's tokens reached the answer (the rest were cut)."""
-        self.new_tokens += tokens
-        if self._predicted:
-            kept = sum(self._predicted[:tokens])
-            self.accepted_prediction += kept
-            self.rejected_prediction += sum(self._predicted) - kept
-            self._predicted = ()
+    def released(self, token_ids: Sequence[int]) -> None:
+        """These tokens reached the answer (a step's, less what its stopping cut)."""
+        self.new_tokens += len(token_ids)
+        if self.prediction is not None:
+            self.prediction.extend(token_ids)
 
     def finish(self, reason: FinishReason) -> None:
         """Record why generation ended; the first reason stands."""
@@ -144,6 +186,10 @@ class StepRecorder:
 
     def stats(self) -> DecodeStats:
         end = self.ended if self.ended is not None else time.perf_counter()
+        accepted, rejected = self.accepted_prediction, self.rejected_prediction
+        if self.prediction is not None:
+            accepted = self.prediction.matched
+            rejected = self.prediction.size - accepted
         return DecodeStats(
             prompt_tokens=self.prompt_tokens,
             new_tokens=self.new_tokens,
@@ -155,6 +201,6 @@ class StepRecorder:
             seconds=end - self.started,
             finish_reason=self.finish_reason,
             cached_prompt_tokens=self.cached_prompt_tokens,
-            accepted_prediction_tokens=self.accepted_prediction,
-            rejected_prediction_tokens=self.rejected_prediction,
+            accepted_prediction_tokens=accepted,
+            rejected_prediction_tokens=rejected,
         )
