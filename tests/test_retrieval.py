@@ -26,6 +26,7 @@ from rag_lookahead.rag import (
     RagPipeline,
     RetrievalConfig,
     SentenceTransformerEmbedder,
+    keyword,
     split_document,
 )
 from rag_lookahead.rag.keyword import KeywordIndex, tokenize
@@ -186,6 +187,38 @@ def test_keyword_search_returns_only_chunks_sharing_a_word() -> None:
     assert [row for row, _ in index.search("Where do bees dance?", 5)] == [2, 0]
     assert index.search("submarine", 5) == [] and index.search("the", 5) == []
     assert KeywordIndex.build([]).search("bees", 3) == []
+
+
+# (case, texts, query, the rows found): scripts written without spaces between words are cut
+# into pairs of characters, so a phrase is found inside a longer run; Latin words as before.
+SPACELESS_CASES: list[tuple[str, list[str], str, list[int]]] = [
+    ("chinese quoted phrase", ["我们明天去北京大学参观。", "上海的天气很好。"], '"北京大学"', [0]),
+    ("chinese one character", ["这只猫很可爱", "那只狗很凶"], "猫", [0]),
+    ("chinese phrase absent", ["上海的天气很好。", "我们去北京大学。"], "广州", []),
+    ("japanese quoted phrase", ["私は東京タワーに行きました。", "大阪城は美しい。"], "「東京タワー」", [0]),
+    ("japanese hiragana phrase", ["きょうはいいてんきですね", "あしたはあめ"], "いいてんき", [0]),
+    ("thai quoted phrase", ["ฉันชอบเรียนภาษาไทยมาก", "วันนี้อากาศดี"], '"ภาษาไทย"', [0]),
+    ("thai tone marks", ["เราไปเที่ยวเชียงใหม่", "กรุงเทพฯ ร้อนมาก"], "เชียงใหม่", [0]),
+    ("korean particle", ["서울에서 만나요", "부산은 바다가 좋아요"], "서울", [0]),
+    ("latin beside han", ["iPhone用户很多", "Android phones"], "iphone", [0]),
+    ("latin unchanged", ["bees make honey", "honey bees dance"], "Where do bees dance?", [1, 0]),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "texts", "query", "rows"), SPACELESS_CASES, ids=[c[0] for c in SPACELESS_CASES]
+)
+def test_phrases_of_scripts_without_spaces_are_found(case, texts, query, rows) -> None:
+    assert [row for row, _ in KeywordIndex.build(texts).search(query, 5)] == rows
+
+
+def test_scripts_without_spaces_are_cut_into_pairs_of_characters() -> None:
+    assert tokenize("北京大学", query=True) == ["北京", "京大", "大学"]
+    assert tokenize("猫", query=True) == ["猫"]  # a lone character is a term of its own
+    assert sorted(tokenize("猫很")) == ["很", "猫", "猫很"]  # a text's characters too, for such queries
+    assert tokenize("เชียงใหม่", query=True) == ["เชี", "ชีย", "ยง", "งใ", "ให", "หม่"]  # marks kept
+    assert tokenize("東京、大阪", query=True) == ["東京", "大阪"]  # punctuation ends a run
+    assert tokenize("Copying shutil_copytree Trees", query=True) == ["copi", "shutil", "copytre", "tree"]
 
 
 def test_the_dedent_question_finds_its_section_first(stdlib) -> None:
@@ -424,6 +457,31 @@ def test_index_over_an_index_of_an_older_format_says_how_to_rebuild(
     assert main(["index", str(STDLIB), "--out", str(directory)]) == 2
     err = capsys.readouterr().err
     assert "format version 2" in err and f"remove {directory} first" in err
+
+
+def test_an_index_saved_with_the_previous_word_cutting_is_searched_as_it_was_cut(
+    embedder, tmp_path: Path
+) -> None:
+    """An index saved before scripts without spaces were cut into pairs still loads (its queries
+    cut its way: Latin words alike); updated, its keyword index is cut the current way."""
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "notes.txt").write_text("Bees make honey.\n\n我们明天去北京大学参观。\n")
+    index, _ = DocumentIndex.build([corpus], embedder)
+    index._keyword = KeywordIndex.build(
+        [chunk.indexed_text for chunk in index.chunks], keyword.PREVIOUS_TOKENIZER
+    )
+    directory = saved(index, tmp_path / "idx")
+    assert (
+        json.loads((directory / "meta.json").read_text())["keyword"]["tokenizer"]
+        == keyword.PREVIOUS_TOKENIZER
+    )
+    old = DocumentIndex.load(directory, embedder)
+    assert old.search("honey", 2, "keyword") and old.search("北京大学", 2, "keyword") == []
+    old.update([corpus])  # nothing changed, but a saved update cuts the words anew
+    old.save(directory)
+    assert json.loads((directory / "meta.json").read_text())["keyword"]["tokenizer"] == keyword.TOKENIZER
+    assert DocumentIndex.load(directory, embedder).search("北京大学", 2, "keyword")
 
 
 def test_an_empty_index_saves_an_empty_keyword_folder(embedder, tmp_path: Path) -> None:

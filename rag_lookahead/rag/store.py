@@ -116,7 +116,7 @@ def save(
         keywords.save(scratch / _KEYWORD)
         files = sorted(p.name for p in (scratch / _KEYWORD).iterdir())
         meta["keyword"] = {
-            "tokenizer": keyword.TOKENIZER,
+            "tokenizer": keywords.tokenizer,
             "files": {name: _file_sha256(scratch / _KEYWORD / name) for name in files},
         }
         _write_text(scratch / _META, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
@@ -306,7 +306,7 @@ def read_rows(directory: Path, meta: Mapping[str, Any]) -> tuple[Any, list[Chunk
 def read_keyword(directory: Path, meta: Mapping[str, Any], rows: int) -> KeywordIndex:
     """The keyword index of `directory`'s `rows` chunks, its files checked against meta.json."""
     recorded = meta["keyword"]
-    if recorded["tokenizer"] != keyword.TOKENIZER:
+    if recorded["tokenizer"] not in keyword.TOKENIZERS:
         raise IndexFormatError(
             f"{directory}'s keyword index cut words as {recorded['tokenizer']!r}, but this "
             f"rag-lookahead cuts them as {keyword.TOKENIZER!r}; {_REBUILD}"
@@ -329,7 +329,7 @@ def read_keyword(directory: Path, meta: Mapping[str, Any], rows: int) -> Keyword
                 f"was edited; {_REBUILD}"
             )
     try:
-        return KeywordIndex.load(folder, rows)
+        return KeywordIndex.load(folder, rows, recorded["tokenizer"])
     except ValueError as err:
         raise IndexFormatError(f"{folder} is damaged ({err}); {_REBUILD}") from None
 
