@@ -131,7 +131,7 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
 def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int = 2048) -> Scheduler:
     # No model thread runs its loop: each test runs the phases itself.
     idle = SimpleNamespace(attach=lambda _: None, wake=lambda: None, in_thread=lambda: True)
-    runner = SimpleNamespace(costs=CostModel(), thread=idle, packs=lambda: False)
+    runner = SimpleNamespace(costs=CostModel(), thread=idle, packs=lambda: False, generation=0)
     scheduler = Scheduler(
         runner,  # type: ignore[arg-type]
         max_batch_size=4,

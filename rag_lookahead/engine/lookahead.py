@@ -335,6 +335,7 @@ class LookaheadEngine(EngineBase):
         eos = self._facts.call_eos(params.eos_token_id)
         self._facts.check_logit_bias(params.logit_bias)
         grammar = self._facts.grammar_state(params.grammar, eos)
+        self.runner.refresh()  # the model as it is now: see `model_changed`
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto":
@@ -394,6 +395,7 @@ class LookaheadEngine(EngineBase):
         between the steps of running calls."""
         ids = self.encode(prompt)
         self._facts.check_prompt(ids)
+        self.runner.refresh()
         text = functools.cache(lambda token: str(self.tokenizer.decode([token])))  # once per call
         return self.runner.thread.call(
             functools.partial(prompt_logprobs, self.runner, text, ids, top_logprobs)
@@ -404,6 +406,17 @@ class LookaheadEngine(EngineBase):
         from rag_lookahead.engine.generate import generate
 
         return generate(self, input_ids, **kwargs)
+
+    def model_changed(self) -> None:
+        """Say that the model changed where torch records nothing: a write through a tensor's
+        ``.data`` (``weight.data.mul_(2)``, ``weight.data.copy_(other)``), which bumps no
+        version counter and keeps the storage. Every other change (weights loaded, scaled,
+        stepped or replaced; a hook; a layer replaced or wrapped; an adapter injected, switched
+        or merged; train() and eval()) each call finds by itself. Either way, the prompts kept
+        for reuse are dropped and what was derived from the model's modules (the reordered
+        weights, the direct forward, the tree probe) is derived again; calls running meanwhile
+        are the caller's race, and only calls started afterwards are sure to see the change."""
+        self.runner.refresh(untracked=True)
 
     @property
     def tree_verification(self) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
@@ -78,6 +79,11 @@ class Scheduler:
         self._batch = BatchCache()  # packed or not as the first row joins (`_add_row`)
         self.pricing = Pricing(runner.costs, max_tokens_per_forward, runner.packs)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+        # The model's changes seen (`ModelRunner.refresh`) when the kept prompts were computed,
+        # and the calls admitted since, whose prompts may be kept (`_forget_stale_prompts`).
+        self._runner = runner
+        self._generation = runner.generation
+        self._fresh: weakref.WeakSet[Call] = weakref.WeakSet()
         self._thread = runner.thread
         self._thread.attach(self)
 
@@ -162,13 +168,28 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Waiting calls join, in order, while fewer than ``max_batch_size`` run."""
+        self._forget_stale_prompts()
         with self._lock:
             running = len(self._joining) + len(self._rows) + len(self._alone)
             while self._waiting and running < self.max_batch_size:
                 call = self._waiting.popleft()
                 call.status = CallStatus.PREFILLING
                 self._joining.append(call)
+                self._fresh.add(call)
                 running += 1
+
+    def _forget_stale_prompts(self) -> None:
+        """After the model changed (seen as each call starts: `ModelRunner.refresh`, before it is
+        queued), the kept prompts' entries are stale: they go, and only the calls admitted from
+        now on keep theirs (a running call's were partly computed before the change: a change
+        while calls run is the caller's race, but it outlives them in no kept prompt)."""
+        generation = self._runner.generation
+        if generation == self._generation:
+            return
+        self._generation = generation
+        self._fresh = weakref.WeakSet()
+        if self._prefixes is not None:
+            self._prefixes = PrefixCache(self._prefixes.max_bytes)
 
     def _fuse_joining(self) -> None:
         """Joining calls whose prompts ride in the batch's steps from now on (in order, while
@@ -290,7 +311,7 @@ class Scheduler:
         call.prefilled = end
         if end < len(prompt):
             return
-        if self._prefixes is not None and call.batchable:
+        if self._prefixes is not None and call.batchable and call in self._fresh:
             self._prefixes.store(prompt, call.cache)
         self._joining.remove(call)
         if self._first_token(call, logits):
@@ -403,7 +424,7 @@ class Scheduler:
         call.prefilled += tokens
         if call.prefilled < len(call.prompt_ids):
             return False
-        if self._prefixes is not None:
+        if self._prefixes is not None and call in self._fresh:
             self._prefixes.store(call.prompt_ids, self._batch.row_view(row))
         return self._first_token(call, logits)
 

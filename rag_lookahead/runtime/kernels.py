@@ -56,6 +56,7 @@ __all__ = [
     "onednn_available",
     "onednn_linear",
     "packing_fits",
+    "shadows_forward",
     "torch_linear",
 ]
 
@@ -111,13 +112,26 @@ class OneDnnLayers:
     made the copies)."""
 
     def __init__(self, model: Any) -> None:
-        self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear and _fits_weight(m.weight)]
+        self.layers = _linear_layers(model)
         self._reordered: dict[int, _Reordered] = {}
-        self._forwards = {
-            packed: [functools.partial(self._forward, layer, packed) for layer in self.layers]
+        self._forwards = self._shadows()
+        self.packs = False
+
+    def _shadows(self) -> dict[bool, list[_Shadow]]:
+        return {
+            packed: [_Shadow(self._forward, layer, packed) for layer in self.layers]
             for packed in (False, True)
         }
-        self.packs = False
+
+    def refresh(self, model: Any) -> None:
+        """``model``'s layers read again (a layer replaced or wrapped since), and the reordered
+        copies made anew where there are some (a weight written through ``.data``, which leaves
+        no trace `reordered` could see). In the model's thread, outside `installed`."""
+        self.layers = _linear_layers(model)
+        self._forwards = self._shadows()
+        self._reordered.clear()
+        if self.packs:
+            self.pack()
 
     def pack(self) -> None:
         """Reorders every layer's weight now (``installed(packed=True)`` reads the copies)."""
@@ -183,6 +197,20 @@ class OneDnnLayers:
             if _fits_weight(weight):
                 return self.linear(x, weight, bias, packed)
         return torch.nn.functional.linear(x, weight, bias)
+
+
+def _linear_layers(model: Any) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if type(m) is torch.nn.Linear and _fits_weight(m.weight)]
+
+
+class _Shadow(functools.partial[Any]):
+    """A layer's ``forward`` while `OneDnnLayers.installed` runs it on oneDNN."""
+
+
+def shadows_forward(value: Any) -> bool:
+    """Whether ``value`` is a layer's ``forward`` shadowed by `OneDnnLayers.installed` (the
+    engine's own, for one forward: not a change of the model)."""
+    return type(value) is _Shadow
 
 
 def torch_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

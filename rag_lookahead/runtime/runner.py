@@ -45,6 +45,7 @@ from rag_lookahead.runtime.attention import (
 )
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.direct import DirectForward
+from rag_lookahead.runtime.fingerprint import ModelState
 from rag_lookahead.runtime.kernels import ForwardSeconds, LinearKernels, linear_used
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks
@@ -68,7 +69,10 @@ class ModelRunner:
     """Forward passes of one model, serialised by its own lock (engine variants share it) and
     run by a `ModelThread` (``thread``, or the process's shared one); on a CPU its fp32 linear layers
     run on the kernels ``linear`` chooses by a forward's tokens (`rag_lookahead.runtime.kernels`;
-    ``"auto"``'s choice kept under ``cache_dir`` where given, for the next process)."""
+    ``"auto"``'s choice kept under ``cache_dir`` where given, for the next process).
+
+    What it derives from the model (the direct forward, the reordered weights, the tree probe's
+    verdict) is derived again after the model changed, as `refresh` finds at each call."""
 
     def __init__(
         self,
@@ -87,9 +91,14 @@ class ModelRunner:
         self.cache_arg = cache_kwarg(model)
         self.layer_masks = LayerMasks.of(model.config)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._probed = False
+        # Changes of the model's structure seen (`refresh`), and the one the tree probe and the
+        # direct forward were derived for.
+        self._structure = 0
+        self._probed: int | None = None
+        self._derived = 0
         self._tree_problem: str | None = None
         self._packs = False  # probed with the trees
+        self._wants_direct = direct
         self.direct: DirectForward | None = None
         self.linear = LinearKernels.one("torch")  # until chosen: what a kernel timer's prompt runs on
         timer = functools.partial(self._kernel_timer, direct)
@@ -97,6 +106,9 @@ class ModelRunner:
         self.direct = None  # (a kernel timer's, unprobed)
         if direct:  # probed on the kernels chosen: each forward runs on them
             self.direct = self.thread.call(lambda: _matching_direct(self))
+        self._state = ModelState.of(model)
+        self._state_lock = threading.Lock()
+        self.generation = 0  # changes of the model seen: what was computed before one is stale
 
     @property
     def device(self) -> torch.device:
@@ -134,12 +146,35 @@ class ModelRunner:
         forward = "model" if self.direct is None else "direct"
         return curve_key(self.model, self.device, max_tokens, str(self.linear), attention, forward)
 
+    def refresh(self, untracked: bool = False) -> int:
+        """The model's changes seen so far (`generation`), after looking whether it changed
+        since the last look (its `ModelState`: weights, modules, hooks, mode), once per call,
+        in the caller's thread. After any change what was computed before it is stale (the
+        schedulers drop their kept prompts when `generation` moves); after a change of its
+        structure the direct forward, the linear layers' reordered copies and the tree probe
+        are derived again, in the model's thread, before this returns. ``untracked``: the caller
+        says the model changed where torch records nothing (a write through ``.data``), taken
+        as a change of its structure."""
+        state = ModelState.of(self.model)
+        with self._state_lock:
+            change = "structure" if untracked else state.change_from(self._state)
+            self._state = state
+            if change is not None:
+                self.generation += 1
+            if change == "structure":
+                self._structure += 1
+            generation = self.generation
+        if change == "structure":
+            self.tree_problem()  # probed again now, not in the middle of a step
+        return generation
+
     def tree_problem(self) -> str | None:
-        """Why this model cannot verify draft trees, or ``None``; probed once, warned once.
+        """Why this model cannot verify draft trees, or ``None``; probed once (and again after
+        its structure changed: `refresh`), warned once each time.
 
         Once probed, the answer is read without waiting: every new call asks, and the probe's
         forwards run in the model's thread, behind the running batch's steps."""
-        if self._probed:
+        if self._probed == self._structure:
             return self._tree_problem
         problem, fresh = self.thread.call(self._probe)
         if fresh and problem is not None:
@@ -152,14 +187,31 @@ class ModelRunner:
 
     def _probe(self) -> tuple[str | None, bool]:
         """The probe's answer, and whether it was probed now: in the model's thread, which
-        runs one thing at a time, so it is probed once however many threads ask."""
-        if not self._probed:
-            self._tree_problem = tree_support_problem(self.model, self.cache_arg, self.layer_masks)
-            own = attention_used(self.model, self.device) == ATTENTION_NAME
-            self._packs = own and self._tree_problem is None and _packed_matches(self)
-            self._probed = True
-            return self._tree_problem, True
-        return self._tree_problem, False
+        runs one thing at a time, so it is probed once however many threads ask (and what
+        depends on the model's modules is derived again first, where they changed)."""
+        structure = self._structure  # (a change seen meanwhile has it probed again)
+        if self._probed == structure:
+            return self._tree_problem, False
+        if self._derived != structure:
+            self._derive_again()
+            self._derived = structure
+        self._tree_problem = _training_problem(self.model) or tree_support_problem(
+            self.model, self.cache_arg, self.layer_masks
+        )
+        own = attention_used(self.model, self.device) == ATTENTION_NAME
+        self._packs = own and self._tree_problem is None and _packed_matches(self)
+        self._probed = structure
+        return self._tree_problem, True
+
+    def _derive_again(self) -> None:
+        """After a change of the model's structure: its linear layers read again, with their
+        reordered copies (a weight written through ``.data`` left no trace), and its direct
+        forward probed again where none applies (built in training mode, or with a hook since
+        removed: an earlier one is kept, as it applies again once the model is as it was)."""
+        if self.linear.layers is not None:
+            self.linear.layers.refresh(self.model)
+        if self._wants_direct and (self.direct is None or not self.direct.applies()):
+            self.direct = _matching_direct(self) or self.direct
 
     def forward(
         self, input_ids: torch.Tensor, cache: Any, last_only: bool = False, **kwargs: Any
@@ -440,6 +492,17 @@ class ModelRunner:
             return elapsed
 
         return seconds
+
+
+def _training_problem(model: Any) -> str | None:
+    """Why a model in training mode decodes plainly: as `generate` would, each forward with its
+    dropout drawn anew where it has some (a draft's verification would draw other masks)."""
+    if not any(module.training for module in model.modules()):
+        return None
+    return (
+        "it is in training mode (model.train(), or a module added in its default training "
+        "mode), where dropout draws anew at every forward: call model.eval() to draft again"
+    )
 
 
 def _matching_direct(runner: ModelRunner) -> DirectForward | None:
