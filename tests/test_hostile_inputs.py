@@ -6,12 +6,14 @@ its message must hold. After each one the engine still answers, and no call's br
 
 from __future__ import annotations
 
+import codecs
 import concurrent.futures
 import contextlib
 import hashlib
 import importlib
 import json
 import os
+import shutil
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,12 +36,15 @@ from rag_lookahead.rag import (
     Document,
     DocumentIndex,
     RagPipeline,
+    Skipped,
     chunking,
     load_documents,
     split_document,
+    store,
 )
 from rag_lookahead.rag.documents import printable
 from rag_lookahead.rag.embedding import default_embedder_path
+from rag_lookahead.rag.keyword import KeywordIndex
 from rag_lookahead.structured import Grammar, ToolFormat, ToolFormatName
 from rag_lookahead.testing import (
     ASCII_VOCAB,
@@ -569,6 +574,28 @@ def _undecodable_name(tmp_path: Path) -> tuple[Path, str]:
     return docs, name
 
 
+def _fifo(tmp_path: Path) -> tuple[Path, str]:
+    docs = _folder(tmp_path)
+    os.mkfifo(docs / "pipe.txt")
+    return docs, "pipe.txt"
+
+
+def _link_to_a_fifo(tmp_path: Path) -> tuple[Path, str]:
+    docs = _folder(tmp_path)
+    os.mkfifo(docs / "pipe")
+    (docs / "pipe.md").symlink_to("pipe")
+    return docs, "pipe.md"
+
+
+def _holding(name: str, data: bytes) -> Callable[[Path], tuple[Path, str]]:
+    def make(tmp_path: Path) -> tuple[Path, str]:
+        docs = _folder(tmp_path)
+        (docs / name).write_bytes(data)
+        return docs, name
+
+    return make
+
+
 # (case, a folder and the name in it that is listed as skipped, words of the reason): not read,
 # and `DocumentIndex.build` and `rag-lookahead index` index the rest and list it
 SKIPPED_ENTRY_CASES: list[tuple[str, Callable[[Path], tuple[Path, str]], str]] = [
@@ -576,6 +603,29 @@ SKIPPED_ENTRY_CASES: list[tuple[str, Callable[[Path], tuple[Path, str]], str]] =
     ("a link loop", _link_loop, "a broken link"),
     ("an index inside the folder it indexes", _index_inside, "a rag-lookahead index"),
     ("a file name that is not UTF-8", _undecodable_name, "its name is not UTF-8"),
+    ("a FIFO", _fifo, "not a regular file (a FIFO)"),
+    ("a link to a FIFO", _link_to_a_fifo, "not a regular file (a FIFO)"),
+    (
+        "a NUL byte past the first 8 KiB",
+        _holding("late.txt", b"Plain words. " * 1000 + b"\0 and more words."),
+        "binary content (a NUL byte at offset 13000)",
+    ),
+    (
+        "random bytes",
+        _holding("noise.md", np.random.default_rng(0).bytes(4096)),
+        "binary content (a NUL byte at offset 82)",
+    ),
+    (
+        "UTF-16 without a byte-order mark",
+        _holding("wide.txt", "Plain words.".encode("utf-16-le")),
+        "binary content (a NUL byte at offset 1)",
+    ),
+    (
+        "UTF-16 with a byte-order mark and a lone surrogate",
+        _holding("wide.md", codecs.BOM_UTF16_LE + "ab".encode("utf-16-le") + b"\x00\xd8c\x00"),
+        "not UTF-16 (invalid data at offset 6)",
+    ),
+    ("records of binary content", _holding("data.jsonl", b"\x00\x01\x02"), "binary content"),
 ]
 
 
@@ -596,6 +646,89 @@ def test_an_entry_that_is_no_document_is_listed_not_read(
     capsys.readouterr()
     assert main(["index", str(docs), "--out", str(tmp_path / "out")]) == 0
     assert f"skipped {printable(str(docs / name))}: {words}" in capsys.readouterr().out
+
+
+def _named_fifo(tmp_path: Path) -> Path:
+    os.mkfifo(tmp_path / "pipe.txt")
+    return tmp_path / "pipe.txt"
+
+
+def _named_link_to_a_fifo(tmp_path: Path) -> Path:
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "pipe.md").symlink_to("pipe")
+    return tmp_path / "pipe.md"
+
+
+def _null_device(tmp_path: Path) -> Path:
+    (tmp_path / "null.txt").symlink_to(os.devnull)
+    return tmp_path / "null.txt"
+
+
+# (case, a path named explicitly that is no regular file, words of the reason): listed as skipped
+# and never opened (a FIFO's open waits for a writer: the run would hang), the rest indexed
+NAMED_ENTRY_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("a FIFO named explicitly", _named_fifo, "not a regular file (a FIFO)"),
+    ("a link to a FIFO named explicitly", _named_link_to_a_fifo, "not a regular file (a FIFO)"),
+    ("the null device linked as notes.txt", _null_device, "not a regular file (a character device)"),
+]
+
+
+def _within(run: Callable[[], Any], fifo: Path) -> Any:
+    """`run()`'s result; a run that blocks in a FIFO fails the test (a writer frees it)."""
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(run()), daemon=True)
+    thread.start()
+    thread.join(timeout=120)  # only so that a hang fails; a run takes well under a second
+    if thread.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # frees a reader blocked in open
+        thread.join(timeout=120)
+        pytest.fail("the run blocked on a file that is no regular file")
+    return done[0]
+
+
+@pytest.mark.parametrize(("case", "make", "words"), NAMED_ENTRY_CASES, ids=[c[0] for c in NAMED_ENTRY_CASES])
+def test_a_named_entry_that_is_no_regular_file_is_listed_not_opened(
+    tmp_path, capsys, monkeypatch, hash_embedder, case, make, words
+) -> None:
+    monkeypatch.setattr("rag_lookahead.cli.answers.make_embedder", lambda path: hash_embedder)
+    docs, path = _folder(tmp_path), make(tmp_path)
+    bees = docs / "bees.txt"
+    documents, skipped = _within(lambda: load_documents([bees, path]), path)
+    assert [doc.source for doc in documents] == [str(bees)]
+    assert skipped == [Skipped(str(path), words)]
+    capsys.readouterr()
+    assert _within(lambda: main(["index", str(bees), str(path), "--out", str(tmp_path / "out")]), path) == 0
+    assert f"skipped {path}: {words}" in capsys.readouterr().out
+    assert list(DocumentIndex.load(tmp_path / "out", hash_embedder).sources) == [str(bees)]
+
+
+_MARKS = {
+    "utf-16-le": codecs.BOM_UTF16_LE,
+    "utf-16-be": codecs.BOM_UTF16_BE,
+    "utf-32-le": codecs.BOM_UTF32_LE,
+    "utf-32-be": codecs.BOM_UTF32_BE,
+}
+# (case, a file's name, the encoding of its text after that encoding's byte-order mark, the text,
+# the texts read): read by its byte-order mark as the text it is, not skipped as binary content
+ENCODED_TEXT_CASES: list[tuple[str, str, str, str, list[str]]] = [
+    ("UTF-16 LE", "notes.txt", "utf-16-le", "Ünïcode notes.", ["Ünïcode notes."]),
+    ("UTF-16 BE", "notes.md", "utf-16-be", "# Kettles\n\nDescale.", ["# Kettles\n\nDescale."]),
+    ("UTF-32 LE", "notes.txt", "utf-32-le", "Wide 🚀 notes.", ["Wide 🚀 notes."]),
+    ("UTF-32 BE", "notes.md", "utf-32-be", "Wide notes.", ["Wide notes."]),
+    ("UTF-16 records", "a.jsonl", "utf-16-le", '{"text": "One."}\r\n{"text": "Two."}\n', ["One.", "Two."]),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "name", "encoding", "text", "texts"), ENCODED_TEXT_CASES, ids=[c[0] for c in ENCODED_TEXT_CASES]
+)
+def test_text_with_a_unicode_byte_order_mark_is_read_as_text(
+    tmp_path, case, name, encoding, text, texts
+) -> None:
+    (tmp_path / name).write_bytes(_MARKS[encoding] + text.encode(encoding))
+    documents, skipped = load_documents([tmp_path / name])
+    assert [doc.text for doc in documents] == texts and skipped == []
 
 
 # (case, a .jsonl record that is valid JSON but no text, words of why it is skipped): its line is
@@ -805,6 +938,62 @@ def test_two_concurrent_index_runs_lose_neither(tmp_path, monkeypatch, hash_embe
     assert sorted(DocumentIndex.load(out, hash_embedder).sources) == [
         str(f / f"{f.name}.txt") for f in folders
     ]
+
+
+def _saved_now(target: Path, other: DocumentIndex) -> list[Callable[[], None]]:
+    """Another process saves `other` over `target`, whole."""
+    return [lambda: other.save(target)]
+
+
+def _between_renames(target: Path, other: DocumentIndex) -> list[Callable[[], None]]:
+    """Another process's save, caught between its two renames (no index at `target`, the old
+    one set aside beside it), then done."""
+    scratch, aside = target.with_name(".idx.tmp-other"), target.with_name(".idx.old-other")
+    other.save(scratch)
+
+    def finish() -> None:
+        scratch.rename(target)
+        shutil.rmtree(aside)
+
+    return [lambda: target.rename(aside), finish]
+
+
+# (case, the reading step during which a save happens (of `rag_lookahead.rag.store`, or of
+# `KeywordIndex`), that save's steps, one per call of the step): a load sees one whole save
+READ_DURING_SAVE_CASES: list[tuple[str, str, Callable[[Path, DocumentIndex], list[Callable[[], None]]]]] = [
+    ("a save between meta.json and the chunks", "read_rows", _saved_now),
+    ("a save between the keyword digests and the keyword arrays", "KeywordIndex.load", _saved_now),
+    ("a save between meta.json and the keyword files", "read_keyword", _saved_now),
+    ("a save between its two renames", "read_meta", _between_renames),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "step", "save"), READ_DURING_SAVE_CASES, ids=[c[0] for c in READ_DURING_SAVE_CASES]
+)
+def test_a_load_while_another_process_saves_sees_one_whole_index(
+    tmp_path, monkeypatch, hash_embedder, case, step, save
+) -> None:
+    docs = _folder(tmp_path)
+    (tmp_path / "wasps").mkdir()
+    (tmp_path / "wasps" / "wasps.txt").write_text("Wasps build nests of paper.\n")
+    target = tmp_path / "idx"
+    DocumentIndex.build([docs], hash_embedder)[0].save(target)
+    other, _ = DocumentIndex.build([tmp_path / "wasps"], hash_embedder)  # as many chunks
+    steps = save(target, other)
+    owner: Any = KeywordIndex if step.startswith("KeywordIndex.") else store
+    name = step.removeprefix("KeywordIndex.")
+    real = getattr(owner, name)
+
+    def during(*args: Any) -> Any:
+        if steps:
+            steps.pop(0)()
+        return real(*args)
+
+    monkeypatch.setattr(owner, name, staticmethod(during) if owner is KeywordIndex else during)
+    loaded = DocumentIndex.load(target, hash_embedder)
+    assert loaded.chunks == other.chunks and loaded.sources == other.sources
+    assert [hit.chunk for hit in loaded.search("wasps paper", k=1, mode="keyword")] == list(other.chunks)
 
 
 def test_a_line_of_megabytes_is_warned_about_and_not_tokenized_whole(

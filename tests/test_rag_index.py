@@ -121,7 +121,7 @@ def test_bad_inputs_are_skipped_with_reasons(tmp_path: Path) -> None:
     reasons = {s.source.removeprefix(str(tmp_path) + "/"): s.reason for s in skipped}
     assert reasons["a-empty.txt"] == "empty"
     assert reasons["b-blank.md"] == "empty"
-    assert reasons["c-binary.txt"] == "binary"
+    assert reasons["c-binary.txt"] == "binary content (a NUL byte at offset 4)"
     assert reasons["d-latin1.txt"] == "not UTF-8 (invalid byte at offset 3)"
     assert reasons["g-records.jsonl#2"].startswith("invalid JSON")
     assert reasons["g-records.jsonl#4"] == "no 'text' field"
@@ -137,14 +137,14 @@ def test_bad_inputs_are_skipped_with_reasons(tmp_path: Path) -> None:
 def test_a_file_that_cannot_be_read_is_skipped_not_fatal(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "locked.txt").write_text("Only its owner may read this.")
     (tmp_path / "open.txt").write_text("Anyone may read this.")
-    read_bytes = Path.read_bytes
+    real_open = os.open
 
-    def refuse(path: Path) -> bytes:  # root reads every file, so a refusal is simulated
-        if path.name == "locked.txt":
+    def refuse(path, flags, *args):  # root reads every file, so a refusal is simulated
+        if os.fspath(path).endswith("locked.txt"):
             raise PermissionError(13, "Permission denied")
-        return read_bytes(path)
+        return real_open(path, flags, *args)
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     documents, skipped = load_documents([tmp_path])
     assert [doc.source for doc in documents] == [str(tmp_path / "open.txt")]
     assert skipped == [Skipped(str(tmp_path / "locked.txt"), "unreadable (Permission denied)")]
@@ -721,7 +721,7 @@ def test_update_replaces_only_what_changed(embedder, tmp_path: Path) -> None:
     report = index.update([corpus])
 
     assert (report.added, report.removed, report.unchanged) == (2, 2, 5)
-    assert report.skipped == (Skipped(str(corpus / "broken.txt"), "binary"),)
+    assert report.skipped == (Skipped(str(corpus / "broken.txt"), "binary content (a NUL byte at offset 0)"),)
     assert counting.embedded == [  # in sorted source order
         kites,
         "A sourdough starter needs flour, water and patience.",

@@ -1,9 +1,13 @@
 """Reading a corpus from disk: ``.txt``, ``.md`` and ``.jsonl`` files, or folders of them.
 
-Unreadable inputs (empty, binary, not UTF-8, a broken JSON line, a record whose text escapes a
-lone surrogate, a file whose name is not UTF-8) are reported as `Skipped` rather than raised, so
-one bad file or record never stops indexing a folder; mistakes in what the caller named (a
-missing path, an unsupported file) raise, because they are not about the data.
+Unreadable inputs (empty, binary content, not UTF-8, a broken JSON line, a record whose text
+escapes a lone surrogate, a file whose name is not UTF-8, a FIFO, socket or device) are reported
+as `Skipped` rather than raised, so one bad file or record never stops indexing a folder;
+mistakes in what the caller named (a missing path, an unsupported file) raise, because they are
+not about the data. Only regular files are opened, so a FIFO (even one named explicitly) never
+blocks a run, and a device is never read without end. A text file with a NUL byte anywhere is
+binary content; one that starts with a UTF-16 or UTF-32 byte-order mark is decoded as such,
+every other one as UTF-8 (after a UTF-8 byte-order mark, if any).
 
 A folder is read only within itself: a file or folder in it that is a symbolic link to somewhere
 outside (another project, ``/etc/passwd``) is skipped with the reason, unless ``follow_symlinks``
@@ -18,6 +22,7 @@ import codecs
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +30,23 @@ from pathlib import Path
 __all__ = ["SUPPORTED_SUFFIXES", "Document", "Skipped", "load_documents", "printable"]
 
 SUPPORTED_SUFFIXES = (".jsonl", ".md", ".txt")
-# The same heuristic as git and grep: text files practically never hold a NUL byte.
+# The same heuristic as git and grep: text files practically never hold a NUL byte. A .jsonl
+# file is probed at its start only: a NUL later costs just its record (no JSON allows one raw).
 _BINARY_PROBE = 8192
+# Byte-order marks of the encodings read besides UTF-8; UTF-32's first (UTF-16 LE's is its prefix).
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+# What a path that is no regular file is, by its mode (a link is followed first).
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 # What a rag-lookahead index directory (or a save's scratch copy of one) holds.
 _INDEX_FILES = ("index.faiss", "chunks.jsonl")
 # Half of a UTF-16 pair, alone: no Unicode text, so no encoder, tokenizer or hash takes it.
@@ -163,7 +183,8 @@ def _files(
             for found in sorted(_walk(path, follow_symlinks), key=_path_of):
                 yield found if isinstance(found, Skipped) else (found, folder)
         elif is_supported(path):
-            yield path, None
+            not_regular = _not_regular(path)
+            yield (path, None) if not_regular is None else not_regular
         else:
             raise ValueError(
                 f"{str(raw)!r} has an unsupported extension {path.suffix!r}; "
@@ -175,7 +196,8 @@ def _walk(root: Path, follow_symlinks: bool) -> Iterator[Path | Skipped]:
     """The supported files under `root` (links to files included: `load_documents` checks where
     they lead), and the entries skipped on the way. A link to a folder inside `root` adds nothing
     (the folder is walked as itself); one to a folder outside is entered only with
-    `follow_symlinks`, once per real folder. FIFOs, devices and sockets are passed over unread."""
+    `follow_symlinks`, once per real folder. A FIFO, device or socket with a supported name is
+    listed as skipped, unread (never opened)."""
     base = root.resolve()
     entered = {base}
     pending = [root]
@@ -195,8 +217,8 @@ def _walk(root: Path, follow_symlinks: bool) -> Iterator[Path | Skipped]:
                 if is_supported(path):
                     yield Skipped(str(path), f"a broken link, to {os.readlink(path)}")
             elif not entry.is_dir():
-                if entry.is_file() and is_supported(path):
-                    yield path
+                if is_supported(path):
+                    yield path if entry.is_file() else (_not_regular(path) or path)
             elif not entry.is_symlink():
                 pending.append(path)
             elif (target := path.resolve()) not in entered and not target.is_relative_to(base):
@@ -216,21 +238,48 @@ def _link_out(path: Path, folder: Path, target: Path) -> Skipped:
     return Skipped(str(path), reason)
 
 
+def _not_regular(path: Path) -> Skipped | None:
+    """`path` as skipped where it is no regular file (a link followed), by `os.stat` alone."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # opening it says why
+    return None if stat.S_ISREG(mode) else Skipped(str(path), _kind(mode))
+
+
+def _kind(mode: int) -> str:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    return f"not a regular file ({kind})"
+
+
+def _read_bytes(path: Path) -> bytes | str:
+    """The bytes of the regular file `path`, or why it was not read. Opened without blocking and
+    checked once open, so that a FIFO put in its place since the walk cannot hang the run."""
+    not_regular = _not_regular(path)
+    if not_regular is not None:
+        return not_regular.reason
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            return file.read() if stat.S_ISREG(mode) else _kind(mode)
+    except OSError as err:  # no permission, a file that vanished since the walk, an I/O error
+        return f"unreadable ({err.strerror or err})"
+
+
 def _read_file(path: Path, text_field: str) -> tuple[list[Document], list[Skipped]]:
     source = str(path)
+    data = _read_bytes(path)
+    if isinstance(data, str):
+        return [], [Skipped(source, data)]
+    jsonl = path.suffix.lower() == ".jsonl"
     try:
-        data = path.read_bytes()
-    except OSError as err:  # no permission, a file that vanished since the walk, an I/O error
-        return [], [Skipped(source, f"unreadable ({err.strerror or err})")]
-    if b"\0" in data[:_BINARY_PROBE]:
-        return [], [Skipped(source, "binary")]
-    if path.suffix.lower() == ".jsonl":
-        return _read_jsonl(source, data, text_field)
-    try:
-        text = _decode(data)
-    except _NotUtf8 as err:
+        text = _decode(data, whole=not jsonl)
+    except _NotText as err:
         return [], [Skipped(source, err.reason(0))]
-    if not text.strip():
+    if jsonl:  # a file in UTF-16 or 32 as its UTF-8 bytes, whose lines are split as any
+        return _read_jsonl(source, data if text is None else text.encode("utf-8"), text_field)
+    if not text or not text.strip():
         return [], [Skipped(source, "empty")]
     return [Document(source, text)], []
 
@@ -248,8 +297,8 @@ def _read_jsonl(source: str, data: bytes, text_field: str) -> tuple[list[Documen
         if not line.strip():
             continue  # blank lines (a trailing newline, spacing) are not records
         try:
-            text = _record_text(_decode(line), text_field)
-        except _NotUtf8 as err:
+            text = _record_text(_utf8(line), text_field)
+        except _NotText as err:
             skipped.append(Skipped(line_source, err.reason(line_offset)))
         except ValueError as err:
             skipped.append(Skipped(line_source, str(err)))
@@ -277,21 +326,37 @@ def _record_text(line: str, text_field: str) -> str:
     return text
 
 
-class _NotUtf8(Exception):
-    def __init__(self, offset: int) -> None:
+class _NotText(Exception):
+    def __init__(self, offset: int, what: str = "not UTF-8 (invalid byte") -> None:
         super().__init__(offset)
-        self.offset = offset
+        self.offset, self.what = offset, what
 
     def reason(self, base: int) -> str:
         """The skip reason, with the offset counted from `base` bytes before the data."""
-        return f"not UTF-8 (invalid byte at offset {base + self.offset})"
+        return f"{self.what} at offset {base + self.offset})"
 
 
-def _decode(data: bytes) -> str:
+def _decode(data: bytes, *, whole: bool) -> str | None:
+    """A file's text: by its UTF-16 or UTF-32 byte-order mark, else as UTF-8 where `whole`
+    (``None`` otherwise: a .jsonl file's UTF-8 is decoded by line). Binary content (a NUL
+    byte, in a .jsonl file's first block) and text that does not decode raise `_NotText`."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)  # the mark read and dropped
+            except UnicodeDecodeError as err:
+                raise _NotText(err.start, f"not {encoding.upper()} (invalid data") from None
+    nul = data.find(b"\0", 0, None if whole else _BINARY_PROBE)
+    if nul >= 0:
+        raise _NotText(nul, "binary content (a NUL byte")
+    return _utf8(data) if whole else None
+
+
+def _utf8(data: bytes) -> str:
     # A byte-order mark (Windows editors like to add one) is not part of the text; decoding
     # after it by hand keeps error offsets counted in the file's bytes.
     skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
         return data[skip:].decode("utf-8")
     except UnicodeDecodeError as err:
-        raise _NotUtf8(skip + err.start) from None
+        raise _NotText(skip + err.start) from None

@@ -270,12 +270,11 @@ class DocumentIndex:
                 not belong together (every chunk is bound to its vector; see
                 `rag_lookahead.rag.store`).
         """
-        meta = store.read_meta(Path(directory))
-        embedder = store.check_embedder(meta, embedder)
-        index = cls(embedder, store.chunking_config(meta))
-        index._faiss, index._chunks = store.read_rows(Path(directory), meta)
-        index._keyword = store.read_keyword(Path(directory), meta, len(index._chunks))
-        index._sources = dict(meta["sources"])
+        saved = store.read_index(Path(directory))  # one save's files, though another saves now
+        embedder = store.check_embedder(saved.meta, embedder)
+        index = cls(embedder, store.chunking_config(saved.meta))
+        index._faiss, index._chunks, index._keyword = saved.faiss, saved.chunks, saved.keywords
+        index._sources = dict(saved.meta["sources"])
         return index
 
     @staticmethod

@@ -9,8 +9,9 @@
 - ``meta.json``: format name and version, embedder name and dimension, chunking settings (an
   index saved before they named the sentence splitter was cut by ``"punctuation"``, and an update
   keeps cutting it so: its chunks stay as they were and new ones are cut alike), the SHA-256 of
-  every source's text, ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes, and
-  ``keyword``: the tokenizer's name and the SHA-256 of every file of ``keyword/``.
+  every source's text, ``chunks_sha256``, the SHA-256 of chunks.jsonl's bytes,
+  ``keyword``: the tokenizer's name and the SHA-256 of every file of ``keyword/``, and
+  ``save_id``, a random name of the save that wrote it (each save's meta.json differs).
 
 The files are chained, and `read_rows` checks the whole chain on every load: meta.json fixes
 chunks.jsonl byte for byte, every line must name its own row, and every line's ``vector``
@@ -26,6 +27,13 @@ Saving is atomic, but an update is load, change, save: two processes updating th
 at once would each save their own change over the other's. `lock` is a lock file beside the
 directory (``.NAME.lock``) that such writers hold from load to save.
 
+A save swaps a new directory in for the old one (two renames), while a reader opens the files
+one by one: one that reads while another process saves could see meta.json of one save and the
+chunks of the next, or find no directory between the renames. `read_index` stamps the
+directory (its inode and meta.json's bytes, which hold the save's ``save_id``) before and after
+reading it, and reads again while the stamps differ, or while no directory is there but a
+save's previous one is beside it.
+
 No pickle: every file is plain JSON or FAISS's own format, safe to read from anywhere.
 """
 
@@ -34,8 +42,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,7 +61,16 @@ from rag_lookahead.rag.chunking import Chunk, ChunkingConfig, chunk_id
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, Embedder, SentenceTransformerEmbedder
 from rag_lookahead.rag.keyword import KeywordIndex
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "META_FILE", "IndexFormatError", "lock", "refuse_foreign"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "META_FILE",
+    "IndexFormatError",
+    "SavedIndex",
+    "lock",
+    "read_index",
+    "refuse_foreign",
+]
 
 FORMAT = "rag-lookahead-index"
 # 2: chunks bound to their FAISS rows, chunks.jsonl to meta.json;
@@ -63,6 +82,10 @@ META_FILE = _META  # its presence tells an index directory apart
 _CHUNK_FIELDS = frozenset({"id", "source", "text", "start", "end", "headings", "row", "vector"})
 _VECTOR_DIGEST = 16  # hex digits of a row's SHA-256 kept in chunks.jsonl
 _FIRST_SPLITTER = "punctuation"  # of indexes whose chunking settings name no splitter
+# Seconds to wait before each new read of an index that a save changed meanwhile: a save's
+# swap takes two renames, so the first pauses are short; their sum bounds the wait on a save
+# that a crash left between its renames (whose error then names the previous index).
+_REREAD_PAUSES = (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 class IndexFormatError(ValueError):
@@ -108,6 +131,7 @@ def save(
         for row, (chunk, digest) in enumerate(zip(chunks, _row_digests(index), strict=True))
     )
     meta = {**meta, "chunks_sha256": hashlib.sha256(lines.encode("utf-8")).hexdigest()}
+    meta["save_id"] = uuid.uuid4().hex  # two saves of one index differ, to a reader's stamp
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = scratch_dir(target.parent, f".{target.name}.tmp-")
     try:
@@ -187,6 +211,69 @@ def _write_text(path: Path, text: str) -> None:
 
 
 # --------------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedIndex:
+    """The files of one save of an index, read and checked against each other."""
+
+    meta: dict[str, Any]
+    faiss: Any
+    chunks: list[Chunk]
+    keywords: KeywordIndex
+
+
+def read_index(directory: Path) -> SavedIndex:
+    """The index at `directory`, all of it from one save, though another process may save
+    meanwhile (see the module docstring).
+
+    Raises:
+        IndexFormatError: There is no index, or it is damaged (read the same twice), or saves
+            kept changing it while it was read.
+    """
+    error: Exception | None = None
+    for attempt in range(len(_REREAD_PAUSES) + 1):
+        if attempt:
+            time.sleep(_REREAD_PAUSES[attempt - 1])
+        before = _stamp(directory)
+        try:
+            saved = _read_once(directory)
+        except (IndexFormatError, OSError) as err:
+            if not _changed(directory, before):
+                raise
+            error = err
+        else:
+            if not _changed(directory, before):
+                return saved
+    if error is not None:
+        raise error
+    raise IndexFormatError(f"{directory} changed with every read (other processes saving it); try again")
+
+
+def _read_once(directory: Path) -> SavedIndex:
+    meta = read_meta(directory)
+    faiss_index, chunks = read_rows(directory, meta)
+    return SavedIndex(meta, faiss_index, chunks, read_keyword(directory, meta, len(chunks)))
+
+
+def _stamp(directory: Path) -> tuple[int, int, bytes] | None:
+    """Which save `directory` holds: its inode (each save swaps a new directory in, though a
+    removed one's number may come back) and meta.json's bytes (its save's ``save_id``, and the
+    digests that fix every other file); ``None`` where it has none to read."""
+    try:
+        status = os.stat(directory)
+        return status.st_dev, status.st_ino, (directory / _META).read_bytes()
+    except OSError:
+        return None
+
+
+def _changed(directory: Path, before: tuple[int, int, bytes] | None) -> bool:
+    """Whether a save changed `directory` since it was stamped `before`, or is swapping it in
+    now (no directory, a previous one beside it)."""
+    now = _stamp(directory)
+    if now is None and not directory.exists():
+        return bool(_leftovers(directory))
+    return now != before
 
 
 def read_meta(directory: Path) -> dict[str, Any]:
@@ -396,5 +483,10 @@ def _format_of(directory: Path) -> object:
 
 def _leftover_hint(directory: Path) -> str:
     # An interrupted save between its two renames leaves the previous index here, whole.
-    leftovers = sorted(directory.parent.glob(f".{directory.name}.old-*")) if directory.name else []
+    leftovers = _leftovers(directory)
     return f" (an interrupted save left the previous index at {leftovers[0]})" if leftovers else ""
+
+
+def _leftovers(directory: Path) -> list[Path]:
+    """The previous indexes a save set aside beside `directory` (until its swap is done)."""
+    return sorted(directory.parent.glob(f".{directory.name}.old-*")) if directory.name else []
