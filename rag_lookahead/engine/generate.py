@@ -41,6 +41,11 @@ class LookaheadEngine(Protocol):
     ) -> TextStream: ...
 
 
+# What `generate` samples with where neither the call nor the model's generation config sets
+# ``top_k``: transformers' own default (its global generation defaults).
+_TOP_K = 50
+
+
 def generate(
     engine: LookaheadEngine,
     input_ids: torch.Tensor,
@@ -80,7 +85,7 @@ def generate(
         max_new_tokens=_max_new_tokens(gc, max_new_tokens, max_length, input_ids.shape[1], window),
         do_sample=bool(gc.do_sample) if do_sample is None else do_sample,
         temperature=_pick(temperature, gc.temperature, 1.0),
-        top_k=_pick(top_k, gc.top_k, None),
+        top_k=_pick(top_k, gc.top_k, _TOP_K),
         top_p=_pick(top_p, gc.top_p, 1.0),
         repetition_penalty=_pick(repetition_penalty, gc.repetition_penalty, 1.0),
         eos_token_id=_ids(eos_token_id) if eos_token_id is not None else engine.eos_token_ids,
