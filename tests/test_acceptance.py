@@ -77,3 +77,18 @@ def test_an_engine_probes_at_setup_and_keeps_its_statistics_under_its_cache_dir(
     fresh.measure_costs()
     assert fresh.planner.acceptance.state()["scales"]  # it starts from what the first one learned
     assert json.loads(stored.read_text())["key"] == {"model": stored.stem.removeprefix("acceptance-")}
+
+
+def test_a_drafter_naming_a_new_source_every_step_leaves_a_table_that_loads_again() -> None:
+    model = learned()
+    for step in range(2_000):  # a caller's drafter that names a new source at every step
+        tree = DraftTree(
+            (0, 1, 2), (-1, 0, 1), ("none", f"s{step}", f"s{step}"), (1.0, 0.1 * (step % 10), 0.5)
+        )
+        model.update(tree, [0, 1, 2])
+    again = AcceptanceModel()
+    again.load_state(json.loads(json.dumps(model.state())))  # before, past 10,000 entries: refused
+    assert again.state() == model.state()
+    assert again.probability("doc1", True, 0.9) == model.probability("doc1", True, 0.9)
+    # the sources learned first keep learning; the later ones lean on the priors alone
+    assert again.scale("s1999", True) == AcceptanceModel().scale("s1999", True)

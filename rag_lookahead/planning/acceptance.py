@@ -25,6 +25,10 @@ FORMAT = "rag-lookahead-acceptance"
 VERSION = 1
 _BUCKETS = 10
 _MAX_BUCKETS = 10_000  # far beyond any real table: a hostile file cannot make it huge
+# The most sources a table learns (each keeps up to a bucket per level and decile, and a scale
+# per level), so that what it saves always loads again: a caller's drafter may name a new source
+# at every step, and past this its new sources lean on the priors alone.
+_MAX_SOURCES = _MAX_BUCKETS // (2 * (_BUCKETS + 1))
 
 
 class AcceptanceModel:
@@ -62,6 +66,7 @@ class AcceptanceModel:
         self._plans = 0
         self._seen: defaultdict[tuple[str, bool, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
         self._scales: defaultdict[tuple[str, bool], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        self._sources: set[str] = set()
 
     @staticmethod
     def _key(source: str, first_level: bool, estimate: float) -> tuple[str, bool, int]:
@@ -92,9 +97,21 @@ class AcceptanceModel:
             if parent not in on_path:
                 continue
             source, estimate, hit = tree.sources[node], tree.estimates[node], node in on_path
+            if not self._learns(source):
+                continue
             _add(self._seen[self._key(source, parent == 0, estimate)], (hit, 1.0), self.horizon)
             _add(self._scales[(source, parent == 0)], (hit, estimate, 1.0), self.horizon)
             self.observations += 1
+
+    def _learns(self, source: str) -> bool:
+        """Whether ``source``'s outcomes are counted: a source already known, or a new one
+        while fewer than ``_MAX_SOURCES`` are."""
+        if source in self._sources:
+            return True
+        if len(self._sources) >= _MAX_SOURCES:
+            return False
+        self._sources.add(source)
+        return True
 
     # ------------------------------------------------------------------ state
 
@@ -124,10 +141,14 @@ class AcceptanceModel:
         for row in scales:
             source, first, *counts = _row(row, 5)
             pooled[(source, first)] = _counts(counts)
+        sources = {source for source, _ in pooled} | {source for source, _, _ in seen}
+        if len(sources) > _MAX_SOURCES:
+            raise ValueError(f"an acceptance table holds at most {_MAX_SOURCES} sources")
         self._seen.clear()
         self._seen.update(seen)
         self._scales.clear()
         self._scales.update(pooled)
+        self._sources = sources
 
 
 def _add(counts: list[float], values: tuple[float, ...], horizon: float) -> None:
