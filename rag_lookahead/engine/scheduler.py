@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 
 from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.engine import observe
 from rag_lookahead.engine.executor import Executor
 from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import END as _END
@@ -96,6 +97,7 @@ class Scheduler:
     def submit(self, call: Call) -> None:
         """Queue ``call``: it starts at the next step boundary; read what it releases with
         `chunks`."""
+        observe.queued(self, call)  # (before the loop can end it)
         with self._lock:
             self._waiting.append(call)
         self._thread.wake()
@@ -139,7 +141,8 @@ class Scheduler:
         """One iteration of the loop, in the model's thread; a fault outside every phase's
         guard ends every call with it (none is left waiting on a loop that cannot go on)."""
         try:
-            self._iterate()
+            with observe.iteration(self):
+                self._iterate()
         except Exception as err:
             with self._lock:
                 waiting, self._waiting = list(self._waiting), deque()
@@ -283,9 +286,13 @@ class Scheduler:
             call = min(self._joining, key=lambda c: len(c.prompt_ids) - c.prefilled - c.passed_over)
             if call.cancelled:  # retired at the next iteration's start
                 return
-            before = self.pricing.prompt_forwards.tokens
+            before, released = self.pricing.prompt_forwards, call.recorder.new_tokens
             self._guarded([call], self._prefill)
-            forwarded = self.pricing.prompt_forwards.tokens - before
+            forwarded = self.pricing.prompt_forwards.tokens - before.tokens
+            if forwarded and observe.watching():
+                seconds = self.pricing.prompt_forwards.seconds - before.seconds
+                released = call.recorder.new_tokens - released
+                observe.prompt_apart(self, call.prompt_ids, call.prefilled, forwarded, seconds, released)
             if forwarded == 0 and call in self._joining:
                 return  # (nothing went: never spin on one call)
             for other in self._joining:
@@ -333,27 +340,41 @@ class Scheduler:
 
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
-        logits, call.cache = self._executor.plain_step(call.ids[-1], call.cache)
+        token, released, started = call.ids[-1], call.recorder.new_tokens, time.perf_counter()
+        logits, call.cache = self._executor.plain_step(token, call.cache)
+        seconds = time.perf_counter() - started
         verdict = choose_next(call, logits)
         call.recorder.step(0, 0, "none")
         self._release(call, verdict)  # an ended call has left `_alone`
+        observe.plain_step(self, token, seconds, call.recorder.new_tokens - released)
 
     def _batch_step(self, calls: list[Call]) -> None:
         """One step of every row: plan, one forward, update. A row's own work (drafting,
         choosing its tokens, releasing them) failing ends that row's call with the error while
         the others step on; only a failure of the shared work (the forward, the cache) reaches
         `_guarded`."""
+        began = time.perf_counter()  # (the phases' times for a step observer: `observe`)
         # 1. draft: each decoding row proposes; a row whose drafting fails leaves before the forward
         calls, proposals = self._proposals(calls)
         if not calls:
             return
+        drafted = time.perf_counter()
         # 2. plan: the drafts cut to what the batch pays for, prompts' chunks beside them
         plan = self._plan(calls, proposals)
         # 3. execute: one forward over every row
         output = self._executor.run(plan, self._batch)
         self.pricing.observe(plan, output.seconds, self._batch.lengths[0])
+        watching = observe.watching()
+        released = [call.recorder.new_tokens for call in calls] if watching else []
+        forwarded = time.perf_counter()
         # 4. update: verify, keep the accepted paths in the cache, release, end
         self._update(calls, plan, output)
+        if watching:
+            released = [call.recorder.new_tokens - n for call, n in zip(calls, released, strict=True)]
+            planned = forwarded - drafted - output.seconds
+            seconds = (drafted - began, planned, output.seconds, time.perf_counter() - forwarded)
+            proposed = [proposals.get(call) for call in calls]
+            observe.batch_step(self, plan, proposed, released, seconds, self._batch.packed)
 
     def _proposals(self, calls: list[Call]) -> tuple[list[Call], dict[Call, StepDraft]]:
         """The rows still stepping, and each decoding row's proposed draft (a prefilling row
@@ -452,6 +473,7 @@ class Scheduler:
                 drafter.close()
             except Exception as err:  # its branches stay in the trie: this call's error alone
                 error = error or err
+        observe.ended(self, call)  # (before its reader hears of it)
         call.outbox.put(error if error is not None else _END)
         call.ended.set()
 
