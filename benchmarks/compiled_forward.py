@@ -38,16 +38,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"a subset of {','.join(VARIANTS)}")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+    path = args.model or default_model_dir()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     widths = [int(w) for w in args.widths.split(",")]
     generator = torch.Generator().manual_seed(0)
-    context = torch.randint(100, model.config.vocab_size, (1, args.context), generator=generator)
-    fed = {w: torch.randint(100, model.config.vocab_size, (1, w), generator=generator) for w in widths}
+    vocab = int(model.config.vocab_size)
+    low = min(100, vocab - 1)  # (a tiny model's vocabulary is smaller)
+    context = torch.randint(low, vocab, (1, args.context), generator=generator)
+    fed = {w: torch.randint(low, vocab, (1, w), generator=generator) for w in widths}
     with torch.inference_mode():
         cache = DynamicCache()
-        model(input_ids=context, past_key_values=cache, use_cache=True)
+        model(input_ids=context, cache=cache, use_cache=True)
     results: dict[str, Any] = {}
     reference: dict[int, torch.Tensor] = {}
     for variant in args.variants.split(","):
@@ -110,7 +114,7 @@ def _forward(model: Any, variant: str) -> Callable[[torch.Tensor, DynamicCache, 
 
     def forward(ids: torch.Tensor, cache: DynamicCache, positions: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), layers.installed() if layers else contextlib.nullcontext():
-            out = call(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True)
+            out = call(input_ids=ids, cache=cache, position_ids=positions, use_cache=True)
         return out.logits[0]  # [w, V]
 
     return forward

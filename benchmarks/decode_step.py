@@ -51,10 +51,11 @@ def main() -> None:
     parser.add_argument("--kernels", default="onednn,packed,torch", help="cpu_linear values, alternated")
     parser.add_argument("--forwards", default="direct", help="direct and/or model, alternated")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     records = load_records(args.data, args.limit)
-    base = LookaheadEngine.from_pretrained()
+    base = LookaheadEngine.from_pretrained(args.model)
     forwards = args.forwards.split(",")
     engines = {
         kernel if len(forwards) == 1 else f"{kernel}/{forward}": LookaheadEngine(

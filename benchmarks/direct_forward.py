@@ -35,8 +35,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
-    engine = LookaheadEngine.from_pretrained()
+    engine = LookaheadEngine.from_pretrained(args.model)
     thread = engine.runner.thread
     thread.call(lambda: torch.set_num_threads(args.threads))
     runners = {

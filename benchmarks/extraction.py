@@ -122,9 +122,10 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained()
+    engine = LookaheadEngine.from_pretrained(args.model)
     engine.measure_costs()
     report = {"data": args.data.name, **run(engine, load_records(args.data, args.limit), args.max_new_tokens)}
     text = json.dumps(report, indent=1)

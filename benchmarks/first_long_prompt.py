@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 
-def _prefills(data: Path, limit: int, repeats: int) -> dict[str, Any]:
+def _prefills(data: Path, limit: int, repeats: int, model: str | None) -> dict[str, Any]:
     """In this process: the long prompt's prefill seconds, call after call."""
     from rag_lookahead import LookaheadConfig, LookaheadEngine, rag_messages
     from rag_lookahead.bench.run import load_records
 
-    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(mode="off", prefix_cache_mb=0))
+    engine = LookaheadEngine.from_pretrained(model, config=LookaheadConfig(mode="off", prefix_cache_mb=0))
     record = max(load_records(data, limit), key=lambda r: len(r["context"]))
     longest = rag_messages(record["question"], record["context"])
     "".join(engine.stream("The weather today is", max_new_tokens=1))  # the warm-up
@@ -46,11 +46,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", type=Path, help="the other tree (its root); without it, this one alone")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_prefills(args.data, args.limit, args.repeats)))
+        print(json.dumps(_prefills(args.data, args.limit, args.repeats, args.model)))
         return
     trees = {"after": Path(__file__).resolve().parents[1]}
     if args.before:
@@ -61,6 +62,7 @@ def main() -> None:
             env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
             child = [sys.executable, __file__, "--child", "--data", str(args.data)]
             child += ["--limit", str(args.limit), "--repeats", str(args.repeats)]
+            child += ["--model", args.model] if args.model else []
             out = subprocess.run(child, env=env, capture_output=True, text=True, check=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
             print(f"{name:<7} prefill seconds, call after call: {runs[name][-1]['prefill_seconds']}")

@@ -3,9 +3,12 @@ part the plan kept, and whether the Jacobi window rode along.
 
 Runs the engine in `auto` with the curve injected (``--curve-from``: the relative curve a bench
 JSON recorded, e.g. the GPU's, which is nearly flat; never calibrated) next to `trie`, which
-forwards every node the drafter offers, and counts the steps. Where the curve is flat, `auto`
-should keep every offered node and run the window on every step; the steps that verify no tree
-are the steps on which the drafter matched nothing.
+forwards every node the drafter offers, and counts the steps, as the engine's step observer
+tells them (`rag_lookahead.engine.observe`: each row's proposed draft and the part forwarded).
+Where the curve is flat, `auto` should keep every offered node and run the window on every step;
+the steps that verify no tree are the steps on which the drafter matched nothing. (The
+committed runs also forced the window on every step, ``auto+window``: that set the planner's
+private threshold, which no public setting reaches.)
 
     python benchmarks/flat_curve_plan.py --data dolly_context_qa.jsonl \
         --curve-from benchmarks/cuda/cuda-smollm2-dolly_context_qa.json \
@@ -25,16 +28,11 @@ import torch
 from rag_lookahead import LookaheadEngine
 from rag_lookahead.bench.run import gold_inputs, load_records
 from rag_lookahead.decoding.tree import StepDraft
-from rag_lookahead.planning import planner as planner_module
+from rag_lookahead.engine.observe import Iteration, StepObserver, observe_steps
 from rag_lookahead.planning.costs import CostCurve
-from rag_lookahead.planning.planner import StepPlanner
 
-# (name, mode, the Jacobi window's threshold): as it is, the window always, the trie alone.
-VARIANTS = (
-    ("auto", "auto", planner_module._WINDOW_OVERHEAD),
-    ("auto+window", "auto", float("inf")),
-    ("trie", "trie", planner_module._WINDOW_OVERHEAD),
-)
+# (name, mode): the plan, and the trie alone.
+VARIANTS = (("auto", "auto"), ("trie", "trie"))
 
 
 @dataclass
@@ -68,13 +66,14 @@ def main() -> None:
     engine = LookaheadEngine.from_pretrained(args.model)
     inputs = gold_inputs(engine, load_records(args.data, args.limit))
     results = {}
-    for name, mode, overhead in VARIANTS:
+    for name, mode in VARIANTS:
         config = replace(engine.config, mode=mode)
         tally = Tally()
-        watch = _Watch(tally, curve, overhead)
         run = LookaheadEngine(engine.model, engine.tokenizer, config, cost_curve=curve)
-        tokens = [run.complete(i.prompt_ids, max_new_tokens=args.max_new_tokens).token_ids for i in inputs]
-        watch.undo()
+        with observe_steps(Watch(tally, curve)):
+            tokens = [
+                run.complete(i.prompt_ids, max_new_tokens=args.max_new_tokens).token_ids for i in inputs
+            ]
         new_tokens = sum(map(len, tokens)) - len(tokens)  # after each prefill's token
         results[name] = {**vars(tally), "new_tokens": new_tokens, "answers": tokens}
     first = results[VARIANTS[0][0]]["answers"]
@@ -106,21 +105,18 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
 
 
-class _Watch:
-    """Counts what `StepPlanner.plan` was offered and kept (with the window's threshold set to
-    ``overhead``) until `undo`."""
+class Watch(StepObserver):
+    """Counts what each step's plan was offered and kept (a row's proposed draft, and the part
+    of it forwarded)."""
 
-    def __init__(self, tally: Tally, curve: CostCurve, overhead: float) -> None:
-        self.tally, self.curve, self.plan = tally, curve, StepPlanner.plan
-        self.overhead = planner_module._WINDOW_OVERHEAD
-        planner_module._WINDOW_OVERHEAD = overhead
+    def __init__(self, tally: Tally, curve: CostCurve) -> None:
+        self.tally, self.curve = tally, curve
 
-        def plan(planner: StepPlanner, draft: StepDraft, room: int, context: int = 0) -> StepDraft:
-            planned = self.plan(planner, draft, room, context)
-            self.count(draft, planned)
-            return planned
-
-        StepPlanner.plan = plan  # type: ignore[method-assign]
+    def iteration(self, record: Iteration) -> None:
+        for step in record.steps:
+            for row in step.rows:
+                if row.proposed is not None:
+                    self.count(row.proposed, row.forwarded)
 
     def count(self, offered: StepDraft, planned: StepDraft) -> None:
         t = self.tally
@@ -135,10 +131,6 @@ class _Watch:
         t.root_only += kept == 0 and planned.side is None
         forwarded = len(planned.tree) + (len(planned.side) if planned.side is not None else 0)
         t.priced += self.curve(forwarded) / self.curve(1)
-
-    def undo(self) -> None:
-        StepPlanner.plan = self.plan  # type: ignore[method-assign]
-        planner_module._WINDOW_OVERHEAD = self.overhead
 
 
 if __name__ == "__main__":

@@ -1,18 +1,21 @@
 """Host work per batched step against the forward's time, at a full batch.
 
 Runs ``--clients`` concurrent calls (one question each, all sent at once) on the batched engine
-and, for every loop iteration in which the batch held exactly ``--clients`` rows and nobody
-was joining, splits its time into the model's forward and the rest (drafting, planning, the
-inputs and mask, choosing and accepting tokens, the cache's bookkeeping, stop strings and the
-text): the host work, in wall time and in the driving thread's CPU time (which waiting for
-the CPU or for the GIL leaves out). Both come from the same run, so their ratio holds under
-load better than the absolute milliseconds do. ``--profile`` adds the host functions that cost most (the
-forward's own calls left out). Also reported, to hold against the batch replay's prices
-(`benchmarks/batch_replay.py`): the tokens a row gained per full step, and the forward's
-median time by its width (tokens per row).
+and, for every loop iteration that ran one step of the batch at exactly ``--clients`` rows and
+nothing else (nobody joining), splits its time into the model's forward and the rest (drafting,
+planning, the inputs and mask, choosing and accepting tokens, the cache's bookkeeping, stop
+strings and the text): the host work, in wall time and in the driving thread's CPU time (which
+waiting for the CPU or for the GIL leaves out; the forward counted at its wall time, as the
+thread computes its share of it). Both come from the same run, so their ratio holds under load
+better than the absolute milliseconds do. The iterations are the engine's step observer's
+(`rag_lookahead.engine.observe`). ``--profile`` adds the functions that cost most in the
+model's thread over the run (the forwards' torch calls among them). Also reported, to hold
+against the batch replay's prices (`benchmarks/batch_replay.py`): the tokens a row gained per
+full step, and the forward's median time by its width (tokens per row).
 
     python benchmarks/host_work.py --data dolly_context_qa.jsonl              # SmolLM2
     python benchmarks/host_work.py --tiny                                       # no data, tiny model
+    python benchmarks/host_work.py --data set.jsonl --model DIR                 # another model
     python benchmarks/host_work.py --parts                                      # no model
     python benchmarks/host_work.py --drafts --data dolly_context_qa.jsonl --max-new-tokens 128  # no model
 
@@ -56,64 +59,34 @@ from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.drafting.compose import build_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
+from rag_lookahead.engine.observe import Iteration, StepObserver, observe_steps
 from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_dir
 from rag_lookahead.prompts import encode_prompt, rag_messages
 from rag_lookahead.runtime.batch import batch_inputs
 from rag_lookahead.testing import random_tree, row_by_row_inputs
 
 
-class StepClock:
-    """Times the scheduler's iterations and the batched forwards inside them."""
+class StepClock(StepObserver):
+    """Each loop iteration that ran one step of the batch at ``rows`` rows, none of them
+    prefilling (told by the engine's step observer, `rag_lookahead.engine.observe`)."""
 
-    def __init__(self, engine: LookaheadEngine, rows: int, profile: bool) -> None:
+    def __init__(self, rows: int) -> None:
         self.rows = rows
-        self.forward = 0.0  # seconds of forwards in the iteration under way
-        self.forward_cpu = 0.0  # the driving thread's CPU seconds in them
         # (iteration, forward, driving thread's CPU outside the forward) seconds at full batch
         self.steps: list[tuple[float, float, float]] = []
-        self.width = 0  # tokens per row of the iteration's forward
         self.shapes: list[tuple[int, int]] = []  # (tokens per row, tokens gained by the rows) a full step
-        self.profile = cProfile.Profile() if profile else None
-        self.profiling = False  # within an iteration at full batch, outside its forward
-        scheduler, runner = engine.scheduler, engine.runner
-        name = "forward_packed" if runner.packs() else "forward_batch"  # the steps' forward
-        iterate, forward_batch = scheduler.driver._iterate, getattr(runner, name)
 
-        def timed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-            if self.profiling:
-                self.profile.disable()  # type: ignore[union-attr]
-            start, cpu = time.perf_counter(), time.thread_time()
-            logits = forward_batch(*args, **kwargs)  # [B, T, V], or [K, V] packed
-            inputs = args[0]
-            self.width = -(-logits.shape[0] // len(inputs.sizes)) if logits.dim() == 2 else logits.shape[1]
-            if logits.device.type == "cuda":
-                torch.cuda.synchronize(logits.device)
-            self.forward += time.perf_counter() - start
-            self.forward_cpu += time.thread_time() - cpu
-            if self.profiling:
-                self.profile.enable()  # type: ignore[union-attr]
-            return logits
-
-        def timed_iterate() -> None:
-            full = len(scheduler._rows) == self.rows and not scheduler._joining and not scheduler._waiting
-            self.forward = self.forward_cpu = 0.0
-            calls = list(scheduler._rows)
-            before = sum(len(call.ids) for call in calls)
-            self.profiling = full and self.profile is not None
-            if self.profiling:
-                self.profile.enable()  # type: ignore[union-attr]
-            start, cpu = time.perf_counter(), time.thread_time()
-            iterate()
-            elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
-            if self.profiling:
-                self.profile.disable()  # type: ignore[union-attr]
-                self.profiling = False
-            if full and self.forward > 0:
-                self.steps.append((elapsed, self.forward, cpu - self.forward_cpu))
-                self.shapes.append((self.width, sum(len(call.ids) for call in calls) - before))
-
-        setattr(runner, name, timed_forward)
-        scheduler.driver._iterate = timed_iterate
+    def iteration(self, record: Iteration) -> None:
+        if len(record.steps) != 1:  # a prompt forwarded apart beside the step: someone joining
+            return
+        step = record.steps[0]
+        if step.kind != "batch" or len(step.rows) != self.rows:
+            return
+        # The driving thread computes its share of the forward throughout: its CPU time outside
+        # the forward is the iteration's less the forward's wall time.
+        self.steps.append((record.seconds, step.seconds, max(record.cpu_seconds - step.seconds, 0.0)))
+        width = -(-step.tokens // len(step.rows)) if step.packed else step.width
+        self.shapes.append((width, step.released))
 
     def summary(self) -> dict[str, Any]:
         if not self.steps:
@@ -311,16 +284,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     # so that the calls below join at once (a prompt's prefill is no step of the batch).
     for prompt in prompts:
         run_clients(engine, [prompt], 1, args.stop)
-    clock = StepClock(engine, args.clients, bool(args.profile))
-    run_clients(engine, prompts, args.max_new_tokens, args.stop)
+    clock = StepClock(args.clients)
+    profile = cProfile.Profile() if args.profile else None
+    thread = engine.runner.thread  # where the loop runs: a profile is per thread
+    if profile is not None:
+        thread.call(profile.enable)
+    with observe_steps(clock):
+        run_clients(engine, prompts, args.max_new_tokens, args.stop)
+    if profile is not None:
+        thread.call(profile.disable)
     summary = {
         "model": "tiny" if args.tiny else engine.model.name_or_path,
         "rows": args.clients,
         **clock.summary(),
     }
     print(json.dumps(summary, indent=2))
-    if clock.profile is not None:
-        top_host_functions(clock.profile, args.profile)
+    if profile is not None:
+        top_host_functions(profile, args.profile)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,16 @@ def main() -> None:
     parser.add_argument(
         "--prompt-ms", type=float, help="milliseconds of that prompt's forward alone (else timed once here)"
     )
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
+    engine = LookaheadEngine.from_pretrained(args.model, config=LookaheadConfig(prefix_cache_mb=0))
     engine.measure_costs()
     limit = engine.config.max_tokens_per_forward
     pricing = Pricing(engine.runner.costs, limit, engine.runner.packs)
     # The scheduler calibrates prompts' chunks by the prompts it forwards alone: one here.
-    prompt = torch.tensor([[(7 * i + 3) % 1000 for i in range(args.prompt)]])
+    vocab = min(1000, int(engine.model.config.vocab_size))  # (a tiny model's is smaller)
+    prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(args.prompt)]])
     started = time.perf_counter()
     engine.runner.forward(prompt, new_tree_cache(), last_only=True)
     seconds = time.perf_counter() - started if args.prompt_ms is None else args.prompt_ms / 1000

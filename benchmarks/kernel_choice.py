@@ -1,12 +1,13 @@
 """What ``cpu_linear="auto"`` chooses, timing its classes by the runner's own forwards against
 timing the linear layers alone, on a quiet machine and beside bursts of other work.
 
-Per round, in one process: a new runner over the built-in model chooses its kernels as the
-engine does (by its forwards, `rag_lookahead.runtime.kernels.faster_linear`'s ``forwards``;
-nothing read from or written to the disk), then the same choice is made from the layers alone
-(what every class was timed by before). Then each kernel's own forwards, alternated: one token
-and 16 chained tokens after 256 cached, and a prompt's 256-token chunk after 512 (the median of
-``--reps`` each, per round).
+Per round, in one process: a new runner over a fresh copy of the built-in model (as a new
+process loads it: no choice made for it yet) chooses its kernels as the engine does (by its
+forwards, `rag_lookahead.runtime.kernels.faster_linear`'s ``forwards``; nothing read from or
+written to the disk), then the same choice is made from the layers alone (what every class was
+timed by before). Then each kernel's own forwards, a runner on each, alternated: one token and
+16 chained tokens after 256 cached (``--context``), and a prompt's 256-token chunk after 512
+(the median of ``--reps`` each, per round).
 With ``--load``, a second process multiplies 512x512 matrices on one thread in bursts (20
 products, then 20 ms asleep) for the whole run, and is stopped at its end.
 
@@ -17,6 +18,7 @@ products, then 20 ms asleep) for the whole run, and is stopped at its end.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import subprocess
@@ -28,8 +30,7 @@ from typing import Any
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.runtime import kernels
-from rag_lookahead.runtime.kernels import LinearKernels, OneDnnLayers, faster_linear
+from rag_lookahead.runtime.kernels import OneDnnLayers, faster_linear
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
 
@@ -53,13 +54,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--load", action="store_true", help="bursts of other work beside the run")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--context", type=int, default=256, help="cached tokens before a step (the chunk: as many)"
+    )
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
-    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(cpu_linear="packed"))
+    engine = LookaheadEngine.from_pretrained(args.model, config=LookaheadConfig(cpu_linear="packed"))
     thread = engine.runner.thread
     thread.call(lambda: torch.set_num_threads(args.threads))
     other = subprocess.Popen([sys.executable, "-c", BURSTS]) if args.load else None
     try:
-        rounds = [thread.call(lambda: _round(engine, args.reps)) for _ in range(args.rounds)]
+        rounds = [thread.call(lambda: _round(engine, args.reps, args.context)) for _ in range(args.rounds)]
     finally:
         if other is not None:
             other.kill()
@@ -73,10 +78,9 @@ def main() -> None:
             out.write(json.dumps(summary, indent=2) + "\n")
 
 
-def _round(engine: LookaheadEngine, reps: int) -> dict[str, Any]:
+def _round(engine: LookaheadEngine, reps: int, context: int) -> dict[str, Any]:
     """One round: both choices, then each kernel's forwards (ms, median of ``reps``)."""
-    model = engine.model
-    kernels._CHOSEN.pop(model, None)  # choose anew, as a new process would
+    model = copy.deepcopy(engine.model)  # a model no runner chose for yet, as in a new process
     runner = ModelRunner(model, "auto", engine.runner.thread)
     by_forwards = str(runner.linear)
     layers = runner.linear.layers or OneDnnLayers(model)
@@ -84,41 +88,39 @@ def _round(engine: LookaheadEngine, reps: int) -> dict[str, Any]:
     return {
         "by_forwards": by_forwards,
         "by_layers": by_layers,
-        "forward_ms": _forwards(runner, layers, reps),
+        "forward_ms": _forwards(model, engine, reps, context),
     }
 
 
-def _forwards(runner: ModelRunner, layers: OneDnnLayers, reps: int) -> dict[str, dict[str, float]]:
-    """Per kernel, the median ms of a step of 1 and of 16 chained tokens after 256 cached, and
-    of a prompt's 256-token chunk after 512, the kernels alternated rep by rep."""
-    layers.pack()
-    vocab = int(runner.model.config.vocab_size)
-    step = runner.chain_timer(256)
-    prompt = torch.tensor([[(31 * i + 7) % vocab for i in range(512)]])
-    chunk = torch.tensor([[(17 * i + 3) % vocab for i in range(256)]])
-    _, cache = runner.forward(prompt, new_tree_cache(), last_only=True)
+def _forwards(model: Any, engine: LookaheadEngine, reps: int, context: int) -> dict[str, dict[str, float]]:
+    """Per kernel (a runner on each), the median ms of a step of 1 and of 16 chained tokens
+    after ``context`` cached, and of a prompt's chunk of as many after twice as many, the
+    kernels alternated rep by rep."""
+    vocab = int(model.config.vocab_size)
+    prompt = torch.tensor([[(31 * i + 7) % vocab for i in range(2 * context)]])
+    chunk = torch.tensor([[(17 * i + 3) % vocab for i in range(context)]])
+    timed: dict[str, dict[str, Callable[[], float]]] = {}
+    for kernel in KERNELS:
+        runner = ModelRunner(model, kernel, engine.runner.thread)  # type: ignore[arg-type]
+        step = runner.chain_timer(context)
+        _, cache = runner.forward(prompt, new_tree_cache(), last_only=True)
 
-    def prefill() -> float:
-        started = time.perf_counter()
-        runner.forward(chunk, cache, last_only=True)
-        cache.crop(-chunk.shape[1])
-        return time.perf_counter() - started
+        def prefill(runner: ModelRunner = runner, cache: Any = cache) -> float:
+            started = time.perf_counter()
+            runner.forward(chunk, cache, last_only=True)
+            cache.crop(-chunk.shape[1])
+            return time.perf_counter() - started
 
-    timed: dict[str, Callable[[], float]] = {
-        "1 token": lambda: step(1),
-        "16 tokens": lambda: step(16),
-        "256-token chunk": prefill,
-    }
-    figures: dict[str, dict[str, list[float]]] = {k: {name: [] for name in timed} for k in KERNELS}
-    chosen = runner.linear
-    try:
-        for _ in range(reps):
-            for kernel in KERNELS:
-                runner.linear = LinearKernels.one(kernel, layers)
-                for name, run in timed.items():
-                    figures[kernel][name].append(run())
-    finally:
-        runner.linear = chosen
+        timed[kernel] = {
+            "1 token": lambda step=step: step(1),
+            "16 tokens": lambda step=step: step(16),
+            f"{context}-token chunk": prefill,
+        }
+    figures = {kernel: {name: [] for name in runs} for kernel, runs in timed.items()}
+    for _ in range(reps):
+        for kernel, runs in timed.items():
+            for name, run in runs.items():
+                figures[kernel][name].append(run())
     return {
         kernel: {name: round(1000 * statistics.median(s), 1) for name, s in by_name.items()}
         for kernel, by_name in figures.items()

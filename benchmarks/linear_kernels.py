@@ -92,7 +92,8 @@ def _step_runs(
 
 def forward_table(engine: LookaheadEngine, context: int, rows: int, widths: list[int], repeats: int) -> None:
     runners = {kernel: ModelRunner(engine.model, kernel) for kernel in KERNELS}  # type: ignore[arg-type]
-    prompt = [(31 * i + 7) % 1000 + 5 for i in range(context)]
+    vocab = min(1000, engine.vocab_size - 5)  # (a tiny model's is smaller)
+    prompt = [(31 * i + 7) % vocab + 5 for i in range(context)]
     print(
         f"{'rows':>4}{'width':>6}"
         + "".join(f"{kernel + ' ms':>11}" for kernel in KERNELS)
@@ -124,9 +125,10 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=300, help="cached tokens per row")
     parser.add_argument("--rows", type=int, default=8, help="rows of the batched forwards")
     parser.add_argument("--widths", default="1,2,3,4,8,12,16,17")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained()
+    engine = LookaheadEngine.from_pretrained(args.model)
     config = engine.model.config
     shapes = {"mlp": int(config.intermediate_size), "head": int(config.vocab_size)}
     widths = [int(w) for w in args.widths.split(",")]

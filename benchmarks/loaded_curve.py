@@ -46,9 +46,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--curve", choices=("own", "loaded"), required=True)
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = LookaheadEngine.from_pretrained()
+    loaded = LookaheadEngine.from_pretrained(args.model)
     loaded.runner.thread.call(lambda: torch.set_num_threads(args.threads))
     own = loaded.measure_costs()  # from the user's cache (measured there if missing)
     with tempfile.TemporaryDirectory(prefix="loaded-curve-") as directory:

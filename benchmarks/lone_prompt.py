@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", type=Path, help="the other tree (its root); without it, this one alone")
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default: none)")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process's run
     args = parser.parse_args()
     if args.child:
@@ -85,14 +86,14 @@ def _process(args: argparse.Namespace) -> dict[str, Any]:
     from rag_lookahead.bench.run import fresh_engine
 
     torch.set_num_threads(args.threads)
-    loaded = vllm_peer.loaded_engine(args.clients)
-    prompts = vllm_peer._prompts(loaded.tokenizer, Path(args.data), args.clients)
+    loaded = vllm_peer.loaded_engine(args.clients, args.model)
+    prompts = vllm_peer.prompts_of(loaded.tokenizer, Path(args.data), args.clients)
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     warm = loaded.tokenizer(vllm_peer.WARM_UP).input_ids
 
     def fresh() -> Any:  # an engine of its own prefix cache and trie, over the same model
         engine = fresh_engine(loaded, loaded.config)  # its costs read back from the disk cache
-        ask = vllm_peer._asker(engine, args.max_new_tokens)
+        ask = vllm_peer.asker(engine, args.max_new_tokens)
         ask(warm, vllm_peer.Request())
         return ask
 

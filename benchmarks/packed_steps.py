@@ -71,17 +71,19 @@ def prefilled_rows(runner: ModelRunner, lengths: Sequence[int], packed: bool = T
     """A batch (``packed`` or padded) of rows of ``lengths`` cached tokens (each its own
     made-up prompt)."""
     batch = BatchCache(packed=packed)
+    vocab = min(1000, int(runner.model.config.vocab_size) - 5)  # (a tiny model's is smaller)
     for row, length in enumerate(lengths):
         cache = new_tree_cache()
-        prompt = torch.tensor([[(7 * j + row) % 1000 + 5 for j in range(length)]])
+        prompt = torch.tensor([[(7 * j + row) % vocab + 5 for j in range(length)]])
         runner.forward(prompt, cache, last_only=True)
         batch.add_row(cache, expected_rows=len(lengths))
     return batch
 
 
-def chain(tokens: int) -> StepDraft:
-    """A draft of ``tokens`` tokens in one branch."""
-    return StepDraft(DraftTree(tuple(range(5, 5 + tokens)), tuple(range(-1, tokens - 1))))
+def chain(tokens: int, vocab: int = 1 << 30) -> StepDraft:
+    """A draft of ``tokens`` tokens in one branch (ids under ``vocab``)."""
+    ids = tuple(5 + n % (vocab - 5) for n in range(tokens))
+    return StepDraft(DraftTree(ids, tuple(range(-1, tokens - 1))))
 
 
 def _compare(runner: ModelRunner, lengths: list[int], sizes: list[int], repeats: int) -> dict[str, Any]:

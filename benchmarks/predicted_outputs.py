@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from retrieval_build import cpu_name
-from step_profile import _commit
+from step_profile import commit_id
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.divergence import divergences
@@ -72,7 +72,7 @@ class Task:
         text = self.file().read_text(encoding="utf-8").splitlines(keepends=True)
         first = next(i for i, line in enumerate(text) if line.lstrip().startswith(self.start))
         code = "".join(text[first : first + (lines or self.lines)])
-        where = {"python": platform.python_version()} if self.source == "stdlib" else {"commit": _commit()}
+        where = {"python": platform.python_version()} if self.source == "stdlib" else {"commit": commit_id()}
         provenance = {
             "source": self.source,
             "path": self.path,
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": cpu_name(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "commit": _commit(),
+        "commit": commit_id(),
         "mode": args.mode,
         "quick": args.quick,
         "tasks": [

@@ -35,10 +35,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=500, help="prompt tokens")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(mode="off", prefix_cache_mb=0))
-    prompt = [(7 * i + 3) % 1000 for i in range(args.context)]
+    config = LookaheadConfig(mode="off", prefix_cache_mb=0)
+    engine = LookaheadEngine.from_pretrained(args.model, config=config)
+    vocab = min(1000, engine.vocab_size)  # (a tiny model's is smaller)
+    prompt = [(7 * i + 3) % vocab for i in range(args.context)]
     for _ in range(args.rounds):
         main_thread = per_token(engine, prompt, args.tokens)
         other: list[float] = []

@@ -46,9 +46,9 @@ __all__ = ["PromptLookup", "load_curve", "matched", "record", "replay"]
 Plan = Callable[[DraftTree, list[int]], DraftTree]  # (proposed tree, the answer from here) -> verified tree
 
 
-def record(data: Path, limit: int, max_new_tokens: int, out: Path) -> None:
+def record(data: Path, limit: int, max_new_tokens: int, out: Path, model: str | None = None) -> None:
     """Greedy answers of the first ``limit`` records, with their prompts, as JSON."""
-    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(mode="off"))
+    engine = LookaheadEngine.from_pretrained(model, config=LookaheadConfig(mode="off"))
     answers = [
         {
             "prompt": item.prompt_ids,
@@ -142,6 +142,7 @@ def main() -> None:
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--out", required=True, type=Path)
     rec.add_argument("--threads", type=int, default=2, help="torch threads of the recording run")
+    rec.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     rep = commands.add_parser("replay", help="price policies on recorded answers")
     rep.add_argument("recorded", nargs="+", type=Path)
     rep.add_argument("--curve", required=True, type=Path, help="a cost-curve JSON from the cache")
@@ -165,7 +166,7 @@ def main() -> None:
         return
     if args.command == "record":
         torch.set_num_threads(args.threads)
-        record(args.data, args.limit, args.max_new_tokens, args.out)
+        record(args.data, args.limit, args.max_new_tokens, args.out, args.model)
         return
     curve = load_curve(args.curve)
     for path in args.recorded:

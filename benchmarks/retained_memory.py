@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default: none)")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)  # one process's run
     args = parser.parse_args()
     if args.way is not None:
@@ -73,15 +74,15 @@ def _phase(args: argparse.Namespace) -> dict[str, Any]:
     from rag_lookahead import LookaheadEngine
 
     torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained()
+    engine = LookaheadEngine.from_pretrained(args.model)
     engine.measure_costs()
     if retained:
         reserve_heap(working_set_bytes(engine.model, args.clients, engine.config.prefix_cache_mb << 20))
-    prompts = vllm_peer._prompts(engine.tokenizer, Path(args.data), args.limit)
-    ask = vllm_peer._asker(engine, args.max_new_tokens)
+    prompts = vllm_peer.prompts_of(engine.tokenizer, Path(args.data), args.limit)
+    ask = vllm_peer.asker(engine, args.max_new_tokens)
     ask(engine.tokenizer(vllm_peer.WARM_UP).input_ids, vllm_peer.Request())
     faults, stolen = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, _stolen()
-    run = vllm_peer._timed(ask, prompts, vllm_peer.Phase("concurrent", args.clients), 0)
+    run = vllm_peer.timed(ask, prompts, vllm_peer.Phase("concurrent", args.clients), 0)
     return {
         "tokens_per_s": run["tokens_per_s"],
         "wall_seconds": run["wall_seconds"],

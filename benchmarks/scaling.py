@@ -24,7 +24,6 @@ import gc
 import json
 import resource
 import statistics
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from soak import tiny_engine  # benchmarks/ is the script's own folder, first on
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.bench.run import hf_generate, load_records, run_header
-from rag_lookahead.drafting import OUTPUT_OWNER, TokenTrie, trie_nodes
+from rag_lookahead.drafting import OUTPUT_OWNER, TokenTrie
 from rag_lookahead.drafting.trie import Node, TrieDraft
 from rag_lookahead.drafting.trie_nodes import draft_candidates
 from rag_lookahead.prompts import rag_messages
@@ -80,8 +79,9 @@ FULL = Grid(
     2,
 )
 QUICK = Grid(Point(256, 32, 2_000), (256, 512), (32, 64), (2_000, 10_000), 1)
+SMALLEST = Grid(Point(96, 8, 300), (96,), (8,), (300,), 1)  # (the tests' run, on a tiny model)
 T = TypeVar("T")
-TRIE_SIZES = {"full": (10_000, 100_000, 1_000_000), "quick": (2_000, 10_000, 50_000)}
+TRIE_SIZES = {"full": (10_000, 100_000, 1_000_000), "quick": (2_000, 10_000, 50_000), "smallest": (300, 600)}
 
 
 class TimedTrie(TokenTrie):
@@ -198,8 +198,19 @@ def run_point(
     config = replace(
         engine.config, max_trie_nodes=room_for(engine.config, point.trie, point.context + point.answer)
     )
-    variant = engine.with_config(config)
-    trie = variant.trie = TimedTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
+    trie = TimedTrie(config.max_query_length, config.branch_length, config.max_trie_nodes)
+    # The same model and costs over a trie of the point's size (as `bench.run.fresh_engine`).
+    variant = LookaheadEngine(
+        engine.model,
+        engine.tokenizer,
+        config,
+        trie,
+        cost_curve=engine.cost_curve,
+        cache_dir=engine.cache_dir,
+        model_thread=engine.runner.thread,
+    )
+    if config.mode == "auto" and engine.cost_curve is not None:
+        variant.measure_costs()  # read back, as a new process would
     trie_bytes = texts.fill(trie, point.trie)
     trie.reset()
     start_nodes = len(trie)
@@ -415,12 +426,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, nargs="+")
     parser.add_argument("--table", type=Path, help="print the Markdown tables of a report written before")
     parser.add_argument("--quick", action="store_true", help="a tiny random model and a small grid")
+    parser.add_argument("--smallest", action="store_true", help="the smallest grid (4 prompt records)")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     parser.add_argument("--trie-only", action="store_true", help="part two only (no model timing)")
-    parser.add_argument(
-        "--read-every-child",
-        action="store_true",
-        help="drafts read every child of a node, as before RankedChildren (for comparison)",
-    )
     parser.add_argument("--records", type=int, default=None, help="prompts per point (default: 2; quick: 1)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
@@ -431,22 +439,23 @@ def main() -> None:
     if not args.data:
         parser.error("--data is required")
     torch.set_num_threads(args.threads)
-    grid = QUICK if args.quick else FULL
+    size = "smallest" if args.smallest else "quick" if args.quick else "full"
+    grid = {"full": FULL, "quick": QUICK, "smallest": SMALLEST}[size]
     grid = replace(grid, records=args.records or grid.records)
-    if args.read_every_child:
-        trie_nodes.WIDE_NODE = sys.maxsize  # no node counts as wide
     config = LookaheadConfig(prefix_cache_mb=0)  # the same prompts recur across points
-    engine = tiny_engine(config) if args.quick else LookaheadEngine.from_pretrained(config=config)
-    texts = Texts(engine, args.data, prompt_records=16)
+    if args.quick and not args.model:
+        engine = tiny_engine(config)
+    else:
+        engine = LookaheadEngine.from_pretrained(args.model, config=config)
+    texts = Texts(engine, args.data, prompt_records=4 if args.smallest else 16)
     report: dict[str, Any] = {
-        "read_every_child": args.read_every_child,
         **run_header(engine, grid.records, grid.base.answer),
         "data": [p.name for p in args.data],
     }
     prompts = [texts.prompt(engine, n, grid.base.context) for n in range(4)]
     answers = [held[: grid.base.answer] for held in texts.held]
-    report["trie_alone"] = trie_alone(texts, TRIE_SIZES["quick" if args.quick else "full"], prompts, answers)
-    report["crowded"] = crowded(texts, 8, 5000 if not args.quick else 500)
+    report["trie_alone"] = trie_alone(texts, TRIE_SIZES[size], prompts, answers)
+    report["crowded"] = crowded(texts, 8, {"full": 5000, "quick": 500, "smallest": 50}[size])
     if not args.trie_only:
         if engine.config.mode == "auto":
             engine.measure_costs()

@@ -50,12 +50,15 @@ def tiny_engine(config: LookaheadConfig) -> LookaheadEngine:
     return LookaheadEngine(LlamaForCausalLM(model_config).eval(), tokenizer, config)
 
 
-def rag_pipeline(records: list[dict[str, str]], config: LookaheadConfig, tiny: bool) -> RagPipeline:
-    """Every context of ``records`` indexed once, answered by SmolLM2 (or the tiny model)."""
+def rag_pipeline(
+    records: list[dict[str, str]], config: LookaheadConfig, tiny: bool, model: str | None = None
+) -> RagPipeline:
+    """Every context of ``records`` indexed once, answered by SmolLM2 (or the tiny model, or
+    ``model``)."""
     contexts = dict.fromkeys(r["context"] for r in records)
     index = DocumentIndex(SentenceTransformerEmbedder())
     index.add([Document(f"ctx#{i}", text) for i, text in enumerate(contexts) if text.strip()])
-    engine = tiny_engine(config) if tiny else LookaheadEngine.from_pretrained(config=config)
+    engine = tiny_engine(config) if tiny else LookaheadEngine.from_pretrained(model, config=config)
     if config.mode == "auto":
         engine.measure_costs()
     return RagPipeline(engine, index, RetrievalConfig(top_k=4))
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-trie-nodes", type=int, default=LookaheadConfig().max_trie_nodes)
     parser.add_argument("--tiny", action="store_true", help="a tiny random model instead of SmolLM2")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -75,7 +79,7 @@ def main() -> None:
 
     records = load_records(args.data)
     config = LookaheadConfig(mode="trie", max_trie_nodes=args.max_trie_nodes)
-    pipeline = rag_pipeline(records, config, args.tiny)
+    pipeline = rag_pipeline(records, config, args.tiny, args.model)
     engine = pipeline.engine
 
     peak_nodes, leaked, started = 0, 0, time.perf_counter()
@@ -89,7 +93,7 @@ def main() -> None:
     report = {
         "data": args.data.name,
         "queries": args.queries,
-        "model": "tiny-random-llama" if args.tiny else "SmolLM2-135M-Instruct",
+        "model": "tiny-random-llama" if args.tiny else args.model or "SmolLM2-135M-Instruct",
         "max_new_tokens": args.max_new_tokens,
         "max_trie_nodes": args.max_trie_nodes,
         "peak_trie_nodes": peak_nodes,

@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--mode", default="trie", choices=("auto", "trie", "jacobi"))
     parser.add_argument("--tiny", action="store_true", help="a tiny random model instead of SmolLM2")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     parser.add_argument("--torch-threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
@@ -95,7 +96,7 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
 
     records = load_records(args.data)
-    pipeline = rag_pipeline(records, LookaheadConfig(mode=args.mode), args.tiny)
+    pipeline = rag_pipeline(records, LookaheadConfig(mode=args.mode), args.tiny, args.model)
     engine, index = pipeline.engine, pipeline.index
     questions = [records[n % len(records)]["question"] for n in range(args.questions)]
 
@@ -139,7 +140,7 @@ def main() -> None:
     owned = {o: engine.trie.count_owned(o) for o in engine.trie.owners() - {OUTPUT_OWNER}}
     report = {
         "data": args.data.name,
-        "model": "tiny-random-llama" if args.tiny else "SmolLM2-135M-Instruct",
+        "model": "tiny-random-llama" if args.tiny else args.model or "SmolLM2-135M-Instruct",
         "mode": args.mode,
         "questions": args.questions,
         "client_threads": args.threads,

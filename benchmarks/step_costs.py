@@ -48,7 +48,8 @@ def median_ms(run: Callable[[], object], repeats: int = 7) -> float:
 def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
     """Milliseconds of one step of ``width`` chained tokens per row (nothing kept)."""
     runner, rows = engine.runner, batch.rows
-    draft = StepDraft(DraftTree(tuple(range(5, 5 + width)), tuple(range(-1, width - 1))))
+    ids = tuple(5 + n % (engine.vocab_size - 5) for n in range(width))
+    draft = StepDraft(DraftTree(ids, tuple(range(-1, width - 1))))
     start = time.perf_counter()
     if rows == 1:
         runner.forward_step(draft, batch.cache, batch.lengths[0])
@@ -61,19 +62,25 @@ def step_ms(engine: LookaheadEngine, batch: BatchCache, width: int) -> float:
 
 
 def batch_grid(
-    engine: LookaheadEngine, widths: tuple[int, ...], row_counts: tuple[int, ...], rounds: int = 7
+    engine: LookaheadEngine,
+    widths: tuple[int, ...],
+    row_counts: tuple[int, ...],
+    rounds: int = 7,
+    context: int = 850,
 ) -> list[list[float]]:
     """Milliseconds of a step by rows (``row_counts``) and tokens per row (``widths``): each
     cell the least of ``rounds`` timings, the rounds going over every cell in turn (as
     `measure_curve` does: other work only adds time, and a burst of it hits one timing of a
-    cell rather than all of them)."""
+    cell rather than all of them). One row holds ``context`` cached tokens, several rows 150
+    fewer to 150 more each."""
     rng = random.Random(0)
+    vocab = min(1000, engine.vocab_size)  # (a tiny model's is smaller)
     batches = []
     for rows in row_counts:
         batch = BatchCache()
         for row in range(rows):
-            length = rng.randint(700, 1000) if rows > 1 else 850
-            prompt = torch.tensor([[(7 * j + row) % 1000 for j in range(length)]])
+            length = rng.randint(max(context - 150, 1), context + 150) if rows > 1 else context
+            prompt = torch.tensor([[(7 * j + row) % vocab for j in range(length)]])
             cache = new_tree_cache()
             engine.runner.forward(prompt, cache, last_only=True)
             batch.add_row(cache)
@@ -96,6 +103,7 @@ def grid_json(
     rows: tuple[int, ...],
     ms: list[list[float]],
     rounds: int,
+    context: int = 850,
 ) -> dict[str, object]:
     """The grid as `benchmarks/batch_replay.py.load_grid` reads it, with its settings."""
     return {
@@ -104,7 +112,8 @@ def grid_json(
         "device": str(engine.device),
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "context": "one row: 850 tokens; several rows: 700 to 1,000 tokens each",
+        "context": f"one row: {context:,} tokens; several rows: "
+        f"{max(context - 150, 1):,} to {context + 150:,} tokens each",
         "cell": f"the least of {rounds} timings, taken in turn over the grid",
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": list(rows),
@@ -122,13 +131,18 @@ def main() -> None:
     parser.add_argument("--grid-only", action="store_true", help="only the rows-by-width grid")
     parser.add_argument("--json", type=Path, help="also write the grid here, for the batch replay")
     parser.add_argument("--rounds", type=int, default=7, help="timings of each cell (its least is kept)")
+    parser.add_argument(
+        "--context", type=int, default=850, help="cached tokens of one row (several: 150 fewer to 150 more)"
+    )
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained(config=LookaheadConfig(prefix_cache_mb=0))
+    engine = LookaheadEngine.from_pretrained(args.model, config=LookaheadConfig(prefix_cache_mb=0))
     widths, rows = _numbers(args.widths), _numbers(args.rows)
-    ms = batch_grid(engine, widths, rows, args.rounds)
+    ms = batch_grid(engine, widths, rows, args.rounds, args.context)
     if args.json is not None:
-        args.json.write_text(json.dumps(grid_json(engine, widths, rows, ms, args.rounds), indent=1) + "\n")
+        grid = grid_json(engine, widths, rows, ms, args.rounds, args.context)
+        args.json.write_text(json.dumps(grid, indent=1) + "\n")
     if args.grid_only:
         return
     runner = engine.runner
@@ -144,7 +158,8 @@ def main() -> None:
 
 def _drafter_made(engine: LookaheadEngine, prompt: list[int]) -> Callable[[], None]:
     """Make (and close) the drafter of a call of ``prompt``: its prompt into the trie and out."""
-    return lambda: call_drafter(engine.config, engine.trie, [prompt], None, None, None).close()
+    config, trie, vocab = engine.config, engine.trie, engine.vocab_size
+    return lambda: call_drafter(config, trie, [prompt], None, None, None, vocab_size=vocab).close()
 
 
 def _numbers(text: str) -> tuple[int, ...]:

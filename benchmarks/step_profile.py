@@ -655,7 +655,7 @@ def _header(args: argparse.Namespace, engine: LookaheadEngine, records: int) -> 
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "commit": _commit(),
+        "commit": commit_id(),
         "threads": args.threads,
         "records": records,
         "rows": args.rows,
@@ -665,7 +665,7 @@ def _header(args: argparse.Namespace, engine: LookaheadEngine, records: int) -> 
     }
 
 
-def _commit() -> str | None:
+def commit_id() -> str | None:
     """This checkout's commit, ``-dirty`` when its files differ from it."""
     out = subprocess.run(
         ["git", "describe", "--always", "--dirty", "--abbrev=40"],

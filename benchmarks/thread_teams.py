@@ -50,10 +50,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, _ = load_model(None)
-    prompt = torch.randint(100, 20_000, (1, 1000))
+    model, _ = load_model(args.model)
+    high = min(20_000, int(model.config.vocab_size))  # (a tiny model's vocabulary is smaller)
+    prompt = torch.randint(min(100, high - 1), high, (1, args.context))
 
     def prefill() -> Any:
         with torch.inference_mode():

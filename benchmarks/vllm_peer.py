@@ -109,11 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; choose from {','.join(METHODS)}")
     torch.set_num_threads(args.threads)
-    model = str(default_model_dir())
+    model = args.model or str(default_model_dir())
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    sets = {Path(p).stem: _prompts(tokenizer, Path(p), args.limit) for p in args.data}
+    sets = {Path(p).stem: prompts_of(tokenizer, Path(p), args.limit) for p in args.data}
     warm = tokenizer(WARM_UP).input_ids
     results: dict[str, dict[str, Any]] = {name: {} for name in sets}
     for method in args.methods:
@@ -154,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads of this engine")
     parser.add_argument("--vllm-python", help="the interpreter of vLLM's environment")
+    parser.add_argument("--model", help="a model directory (default: the default model, converted)")
     parser.add_argument(
         "--methods",
         type=lambda s: s.split(","),
@@ -168,7 +169,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prompts(tokenizer: Any, path: Path, limit: int) -> Prompts:
+def prompts_of(tokenizer: Any, path: Path, limit: int) -> Prompts:
+    """The first ``limit`` records of ``path`` as `rag-lookahead bench` asks them, as token ids."""
     return [
         encode_prompt(tokenizer, rag_messages(r["question"], r["context"])) for r in load_records(path, limit)
     ]
@@ -200,11 +202,11 @@ def _over_http(
     runs: dict[str, Any] = {name: {} for name in sets}
     for group in groups:
         with _server(method, model, args, _log_name(method, group)) as engine:
-            ask = _asker(engine, args.max_new_tokens)
+            ask = asker(engine, args.max_new_tokens)
             ask(warm, Request())  # the first request's one-off costs
             for name, phase in group:
                 before = _speculation(engine, vllm)
-                run = _timed(ask, sets[name], phase, args.seed)
+                run = timed(ask, sets[name], phase, args.seed)
                 if before is not None:
                     run["speculation"] = _counters(engine.speculation_counters() - before)
                 runs[name][phase.name] = run
@@ -291,11 +293,11 @@ def _counters(run: SpeculationCounters) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- local
 
 
-def loaded_engine(clients: int) -> LookaheadEngine:
-    """The built-in model as ``rag-lookahead serve`` sets it up on a CPU (after
+def loaded_engine(clients: int, model: str | None = None) -> LookaheadEngine:
+    """The built-in model (or ``model``) as ``rag-lookahead serve`` sets it up on a CPU (after
     `retain_freed_memory`): its costs read back or measured, the working set of ``clients``
     running calls reserved. Its forwards all run in its model's thread."""
-    loaded = LookaheadEngine.from_pretrained()
+    loaded = LookaheadEngine.from_pretrained(model)
     loaded.measure_costs()
     reserve_heap(working_set_bytes(loaded.model, clients, loaded.config.prefix_cache_mb << 20))
     return loaded
@@ -306,16 +308,16 @@ def _local(
 ) -> dict[str, Any]:
     """Each set and phase on a fresh engine over the same model: a trie and prefix cache of its
     own (it keeps the acceptance statistics and cost curves learned on disk, as any process)."""
-    loaded = loaded_engine(args.clients)
+    loaded = loaded_engine(args.clients, args.model)
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}
         for phase in _phases(args):
             fresh = fresh_engine(loaded, loaded.config)  # its costs read back from the disk cache
             engine = fresh.plain() if method == "local_plain" else fresh
-            ask = _asker(engine, args.max_new_tokens)
+            ask = asker(engine, args.max_new_tokens)
             ask(warm, Request())
-            run = _timed(ask, prompts, phase, args.seed)
+            run = timed(ask, prompts, phase, args.seed)
             runs[name][phase.name] = run
             _progress(name, method, phase, run)
     return runs
@@ -324,7 +326,7 @@ def _local(
 # ---------------------------------------------------------------------------------------- timing
 
 
-def _asker(engine: Engine, max_new_tokens: int) -> Ask:
+def asker(engine: Engine, max_new_tokens: int) -> Ask:
     """Greedy answers, streamed: the first chunk's time is the time to first token."""
 
     def ask(ids: list[int], request: Request) -> None:
@@ -338,7 +340,7 @@ def _asker(engine: Engine, max_new_tokens: int) -> Ask:
     return ask
 
 
-def _timed(ask: Ask, prompts: Prompts, phase: Phase, seed: int) -> dict[str, Any]:
+def timed(ask: Ask, prompts: Prompts, phase: Phase, seed: int) -> dict[str, Any]:
     """Every prompt answered by the phase's client threads taking them in order, each sent when
     taken, or in the poisson phase at its arrival time (its latency counted from then, also
     when every thread was busy); wall-clock totals."""

@@ -26,11 +26,15 @@ from rag_lookahead.runtime.kv_cache import new_tree_cache
 
 __all__ = [
     "METHODS",
+    "PROMPT_LOOKUP_TOKENS",
     "BenchInput",
     "MethodResult",
+    "format_table",
+    "fresh_engine",
     "gold_inputs",
     "hf_generate",
     "load_records",
+    "prefill_timer",
     "relative_costs",
     "run_benchmark",
     "run_header",
