@@ -3,16 +3,20 @@
 The vectors are the embedder's own, as floats or base64, for every input shape OpenAI takes
 (token ids read as OpenAI's ``cl100k_base`` tokens, or refused with the fix when tiktoken cannot
 load them); the model is listed by ``/v1/models``; each request holds a running slot and is
-embedded in the embedder's one thread; hostile requests get a 400 naming their field.
+embedded in the embedder's one thread; hostile requests get a 400 naming their field. A big
+request is embedded in slices that running streams step between, and stops at the next slice
+once its client has left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +27,11 @@ import tiktoken
 
 from rag_lookahead import LookaheadEngine
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER, SentenceTransformerEmbedder, default_embedder_path
+from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.serve import ServeSettings, create_app
-from rag_lookahead.serve.embeddings import MAX_INPUTS
-from rag_lookahead.testing import save_tiny_model
-from rag_lookahead.testing.local_server import LiveServer, error_of, served_engine
+from rag_lookahead.serve.embeddings import MAX_INPUTS, SLICE_TOKENS
+from rag_lookahead.testing import ASCII_VOCAB, save_tiny_model
+from rag_lookahead.testing.local_server import WAIT_S, LiveServer, error_of, served_engine, wait_until
 
 MODEL = "tiny"
 TEXTS = ["The Normans gave their name to Normandy.", "A region in France.", ""]
@@ -234,3 +239,103 @@ def test_serve_takes_embedder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     assert f"--embedder {missing!r} is not a directory" in capsys.readouterr().err
     assert cli.main(["serve", "--backend", "vllm", "--model", "m", "--embedder", path]) == 2
     assert "--embedder apply only to --backend local and ray" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- big requests
+
+
+class Sliced:
+    """The built-in embedder, run in the model's thread as it runs there, noting for each call
+    the texts it was given and how many tokens ``engine``'s running calls hold by then."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder, engine: LookaheadEngine) -> None:
+        self.inner, self.engine = embedder, engine
+        self.name, self.dimension, self.tokenizer = embedder.name, embedder.dimension, embedder.tokenizer
+        self.max_tokens = embedder.max_tokens
+        self.seen: list[tuple[int, int]] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        def run() -> np.ndarray:
+            running = self.engine.scheduler._rows  # read in the loop's own thread: between steps
+            self.seen.append((len(texts), sum(len(call.ids) for call in running)))
+            return self.inner.embed(texts)
+
+        return ModelThread.shared().call(run)
+
+
+def model_tokens(embedder: SentenceTransformerEmbedder, texts: Sequence[str]) -> list[int]:
+    return [len(ids) for ids in embedder.tokenizer(list(texts)).input_ids]
+
+
+# (case, the texts of one request): each is several slices' worth of the embedder's tokens
+BIG_REQUEST_CASES: list[tuple[str, list[str]]] = [
+    ("many short texts", [f"Rollo {i} gave his name to Normandy." for i in range(400)]),
+    ("a few long texts", ["The Normans " * 80 for _ in range(16)]),
+    ("one long text among short ones", ["word " * 250, *(["A region in France."] * 600)]),
+]
+
+
+@pytest.mark.parametrize(("case", "texts"), BIG_REQUEST_CASES, ids=[c[0] for c in BIG_REQUEST_CASES])
+def test_a_stream_steps_between_the_slices_of_a_big_request(
+    engine: LookaheadEngine, embedder: SentenceTransformerEmbedder, case: str, texts: list[str]
+) -> None:
+    """Embedded while a stream decodes, a big request goes to the model's thread a slice at a
+    time, and the stream's call steps between every two slices: it never waits for the whole
+    request. The vectors are the embedder's all the same."""
+    assert sum(model_tokens(embedder, texts)) > 3 * SLICE_TOKENS  # the case proves something
+    sliced = Sliced(embedder, engine)
+    app = create_app(engine, ServeSettings(model_name=MODEL), embedder=sliced)
+    no_eos = {str(ASCII_VOCAB): -100}  # the stream lasts its max_tokens
+    body = {"prompt": "The Normans", "max_tokens": 300, "stream": True, "logit_bias": no_eos}
+    with LiveServer(app) as live, httpx.stream("POST", f"{live.url}/v1/completions", json=body) as stream:
+        events = (line for line in stream.iter_lines() if line.startswith("data:"))
+        assert next(events)  # the stream's call is decoding
+        reply = httpx.post(f"{live.url}/v1/embeddings", json={"input": texts}, timeout=WAIT_S)
+        assert list(events)[-1] == "data: [DONE]"
+    assert reply.status_code == 200, reply.text
+    np.testing.assert_allclose(vectors(reply.json()), embedder.embed(texts), atol=1e-5)
+    assert sum(count for count, _ in sliced.seen) == len(texts)
+    held = [tokens for _, tokens in sliced.seen]
+    assert len(held) >= 3 and all(a < b for a, b in itertools.pairwise(held)), held
+
+
+class Leaving:
+    """The built-in embedder, whose first call waits until ``left()`` (its request cancelled
+    once its client has gone): the first slice of a request whose client leaves meanwhile."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder) -> None:
+        self.inner = embedder
+        self.name, self.dimension, self.tokenizer = embedder.name, embedder.dimension, embedder.tokenizer
+        self.max_tokens = embedder.max_tokens
+        self.left: Callable[[], bool] = lambda: True
+        self.seen: list[int] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not self.seen:
+            deadline = time.monotonic() + WAIT_S  # a bound: the test fails, never hangs
+            while not self.left() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self.seen.append(len(texts))
+        return self.inner.embed(texts)
+
+
+def test_a_request_whose_client_left_stops_at_the_next_slice(
+    engine: LookaheadEngine, embedder: SentenceTransformerEmbedder
+) -> None:
+    """The client of a big request leaves while its first slice is embedded: the request ends
+    there, its running slot is free, and the next request is embedded next, not after the rest
+    of the one nobody waits for."""
+    texts = BIG_REQUEST_CASES[0][1]
+    leaving = Leaving(embedder)
+    app = create_app(engine, ServeSettings(model_name=MODEL), embedder=leaving)
+    admission = app.state.lookahead.admission
+    leaving.left = lambda: admission.running == 0
+    with LiveServer(app) as live:
+        url = f"{live.url}/v1/embeddings"
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json={"input": texts}, timeout=httpx.Timeout(WAIT_S, read=0.5))
+        wait_until(lambda: bool(leaving.seen))
+        small = httpx.post(url, json={"input": "Rollo"}, timeout=WAIT_S)
+    assert small.status_code == 200, small.text
+    # The slice in hand when its client left, then the small request's.
+    assert len(leaving.seen) == 2 and leaving.seen[0] < len(texts) and leaving.seen[1] == 1, leaving.seen

@@ -177,9 +177,11 @@ def _api_routes(state: ServerState) -> APIRouter:
         return await _answer(state, request, plan, started)
 
     @router.post("/v1/embeddings")
-    async def embeddings(request: Request) -> JSONResponse:
+    async def embeddings(request: Request) -> Response:
         body = await json_body(request, state.settings.max_body_bytes)
-        return JSONResponse(await state.embeddings.answer(body, state.admission))
+        # A client that leaves cancels its request: the embedding stops at its next slice.
+        reply = await _unless_disconnected(request, state.embeddings.answer(body, state.admission))
+        return JSONResponse(reply) if reply is not None else Response(status_code=CLIENT_CLOSED)
 
     @router.post("/v1/responses")
     async def responses(request: Request) -> Response:

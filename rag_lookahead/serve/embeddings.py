@@ -5,8 +5,12 @@ the built-in all-MiniLM-L6-v2 (its wheel is a dependency, nothing is downloaded)
 directory ``ServeSettings.embedder`` names (``rag-lookahead serve --embedder DIR``). The model is
 loaded on the first request for vectors; its torch work (loading, encoding) runs where the
 engines' forwards do, in the process's shared `ModelThread` (a single OpenMP team, whatever
-thread the request came on), handed over one request at a time (`Embeddings.run`). Each
-request holds a running slot while it is embedded, as a generating call does.
+thread the request came on). A request's texts are handed over in slices of at most
+``slice_tokens`` of the model's tokens (a text longer than that alone), similar lengths
+together: the decoding loop steps between two slices, so a running stream goes on while a
+thousand texts are embedded, and a request whose client has left (it is cancelled) stops at
+the next slice. Each request holds a running slot while it is embedded, as a generating call
+does.
 
 OpenAI's request: ``input`` as a string, a list of strings, a list of token ids or a list of
 such lists; ``encoding_format`` ``"float"`` or ``"base64"`` (little-endian float32, what the
@@ -39,10 +43,13 @@ from rag_lookahead.serve.admission import Admission
 from rag_lookahead.serve.bodies import known_fields
 from rag_lookahead.serve.errors import ApiError
 
-__all__ = ["MAX_INPUTS", "OPENAI_ENCODING", "Embeddings"]
+__all__ = ["MAX_INPUTS", "OPENAI_ENCODING", "SLICE_TOKENS", "Embeddings"]
 
 #: The most inputs one request embeds (OpenAI's bound).
 MAX_INPUTS = 2048
+#: The most tokens of one slice of a request (unless one text is longer): what a running stream
+#: waits for at a time, against the steps the embedding waits for between its slices.
+SLICE_TOKENS = 1024
 #: The tiktoken encoding token-id inputs are read in: OpenAI's embedding models' own.
 OPENAI_ENCODING = "cl100k_base"
 _KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
@@ -59,9 +66,14 @@ class Embeddings:
     Args:
         source: A model directory (``None``: the built-in all-MiniLM-L6-v2), or an `Embedder`
             already loaded (a `DocumentIndex`'s, say, so that served vectors match the index's).
+        slice_tokens: The most tokens (the model's own) embedded in one hand-over to the
+            model's thread; a longer text goes alone.
     """
 
-    def __init__(self, source: str | Embedder | None = None) -> None:
+    def __init__(self, source: str | Embedder | None = None, *, slice_tokens: int = SLICE_TOKENS) -> None:
+        if isinstance(slice_tokens, bool) or not isinstance(slice_tokens, int) or slice_tokens < 1:
+            raise ValueError(f"slice_tokens must be a positive integer, got {slice_tokens!r}")
+        self._slice_tokens = slice_tokens
         if isinstance(source, str) or source is None:
             self.name = DEFAULT_EMBEDDER if source is None else source
             self._path: str | None = source
@@ -83,11 +95,12 @@ class Embeddings:
 
     async def answer(self, body: object, admission: Admission) -> dict[str, Any]:
         """The reply to a request ``body``: its vectors in OpenAI's shape, embedded in a
-        running slot; a request that cannot be served as it is raises `RequestError` (400)."""
+        running slot; a request that cannot be served as it is raises `RequestError` (400).
+        Cancelled (its client left), it stops at the next slice and frees its slot."""
         request = _checked(body, self.name)
         slot = await admission.enter()
         try:
-            vectors, tokens = await self.run(lambda: self._embed(request["input"], request["dimensions"]))
+            vectors, tokens = await self._embed(request["input"], request["dimensions"])
         finally:
             slot.release()
         encode = _base64 if request["encoding_format"] == "base64" else _floats
@@ -100,10 +113,21 @@ class Embeddings:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
+    async def _embed(self, inputs: Inputs, dimensions: int | None) -> tuple[np.ndarray, int]:
+        """The vectors of ``inputs`` (``[N, D]``) and the tokens the model read of them, each
+        slice of texts handed to the model's thread when the one before is back: the running
+        calls step in between, and a cancelled request hands nothing more over."""
+        model, texts, lengths = await self.run(lambda: self._read(inputs, dimensions))
+        vectors = np.empty((len(texts), model.dimension), dtype=np.float32)
+        for part in _slices(lengths, self._slice_tokens):
+            vectors[part] = await self.run(functools.partial(model.embed, [texts[i] for i in part]))
+        return vectors, sum(lengths)
+
     # ------------------------------------------------------------------ in the model's thread
 
-    def _embed(self, inputs: Inputs, dimensions: int | None) -> tuple[np.ndarray, int]:
-        """The vectors of ``inputs`` (``[N, D]``) and the tokens the model read of them."""
+    def _read(self, inputs: Inputs, dimensions: int | None) -> tuple[Embedder, list[str], list[int]]:
+        """The model, ``inputs``' texts and each one's length in its tokens, once the request
+        is one it can serve (all of it checked before any text is embedded)."""
         model = self._loaded()
         if dimensions is not None and dimensions != model.dimension:
             raise RequestError(
@@ -117,7 +141,7 @@ class Embeddings:
             len(ids) for ids in model.tokenizer(texts, add_special_tokens=True, verbose=False)["input_ids"]
         ]
         _check_lengths(lengths, getattr(model, "max_tokens", None), self.name)
-        return model.embed(texts), sum(lengths)
+        return model, texts, lengths
 
     def _loaded(self) -> Embedder:
         if self._model is None:
@@ -247,6 +271,20 @@ def _check_lengths(lengths: Sequence[int], limit: int | None, name: str) -> None
             f"input[{too_long}]",
             "input_too_long",
         )
+
+
+def _slices(lengths: Sequence[int], most: int) -> list[list[int]]:
+    """The texts' indices in slices of at most ``most`` tokens (a longer text alone), longest
+    texts first: texts of similar lengths share a slice, as they would a batch, and pad little."""
+    slices: list[list[int]] = []
+    tokens = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if not slices or tokens + lengths[i] > most:
+            slices.append([])
+            tokens = 0
+        slices[-1].append(i)
+        tokens += lengths[i]
+    return slices
 
 
 def _floats(vector: np.ndarray) -> list[float]:
