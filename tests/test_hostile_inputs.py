@@ -28,6 +28,7 @@ from transformers import AutoTokenizer
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie, rag_messages
 from rag_lookahead.cli import main
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.drafting.suffix import SuffixDrafter
 from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance
 from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.rag import (
@@ -1371,3 +1372,99 @@ def test_a_history_of_the_wrong_shape_is_refused(engine, hash_embedder, case, hi
         assert words in str(raised.value), str(raised.value)
     with pytest.raises(error, match=r"history"):
         rag_messages("What is it?", "Some context.", history=history)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ long texts beside decoding (issue 60)
+
+# A document of 12,000 tokens with a period of 997 (the trie stays well under its node cap).
+_PERIOD = [(i * 37 + 11) % VOCAB for i in range(997)]
+LONG_DOCUMENT = CharTokenizer().decode((_PERIOD * 13)[:12_000])
+MANY_DOCUMENTS = [LONG_DOCUMENT[i : i + 50] for i in range(0, 12_000, 50)]
+
+
+def _long_scope_call(engine: LookaheadEngine) -> None:
+    with engine.scope([LONG_DOCUMENT] * 3) as scope:
+        engine.complete(PROMPT, max_new_tokens=N, scope=scope)
+
+
+def _long_documents_added(engine: LookaheadEngine) -> None:
+    with engine.scope() as scope:
+        scope.add([LONG_DOCUMENT])
+
+
+# (case, the work on long texts, what takes them in and is watched: the trie's inserts or a
+# call's own index of its texts)
+LONG_TEXT_CASES: list[tuple[str, Callable[[LookaheadEngine], object], str]] = [
+    ("a call's long documents", complete(documents=[LONG_DOCUMENT]), "trie"),
+    ("a call's documents, many", complete(documents=MANY_DOCUMENTS), "trie"),
+    ("a scope of long documents", lambda engine: engine.scope([LONG_DOCUMENT]).close(), "trie"),
+    ("long documents added to a scope", _long_documents_added, "trie"),
+    ("a call drafting from a long scope", _long_scope_call, "index"),
+]
+
+
+@pytest.mark.parametrize(("case", "work", "watched"), LONG_TEXT_CASES, ids=[c[0] for c in LONG_TEXT_CASES])
+def test_long_texts_go_in_while_a_running_call_steps(engine, monkeypatch, case, work, watched) -> None:
+    """Long texts enter the trie (or a call's own index) in slices in the model's thread, and a
+    call decoding meanwhile steps between them: it never waits for all of them at once. The
+    answers are the same, and no branch is left once the work is done."""
+    reference = greedy_reference(engine.model, PROMPT, 500)
+    held: list[int] = []
+
+    def note(tokens: Sequence[int]) -> None:
+        if len(tokens) >= 32:  # a long text's part: not the running call's own few tokens
+            held.append(sum(len(call.ids) for call in engine.scheduler._rows))
+
+    insert, index = TokenTrie.insert, SuffixDrafter._append
+
+    def noted_insert(trie: TokenTrie, tokens: Sequence[int], *args: Any, **kwargs: Any) -> None:
+        note(tokens)
+        insert(trie, tokens, *args, **kwargs)
+
+    def noted_index(drafter: SuffixDrafter, tokens: list[int]) -> None:
+        note(tokens)
+        index(drafter, tokens)
+
+    if watched == "trie":
+        monkeypatch.setattr(TokenTrie, "insert", noted_insert)
+    else:
+        monkeypatch.setattr(SuffixDrafter, "_append", noted_index)
+    running = engine.stream(PROMPT, max_new_tokens=500)
+    assert next(running) is not None  # decoding
+    work(engine)
+    assert "".join(running) is not None and running.token_ids == reference
+    assert len(set(held)) >= 3, held  # the running call stepped between the slices
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
+
+
+def test_a_call_closed_while_its_long_documents_go_in_leaves_nothing(engine, monkeypatch) -> None:
+    """A call ended while its documents go in (its client left) takes no slice more in, and
+    its branches leave the trie; the call running beside it is unharmed."""
+    slices: list[int] = []
+    second, closing = threading.Event(), threading.Event()
+    insert, cancel = TokenTrie.insert, engine.scheduler.cancel
+
+    def noted_insert(trie: TokenTrie, tokens: Sequence[int], *args: Any, **kwargs: Any) -> None:
+        insert(trie, tokens, *args, **kwargs)
+        if len(tokens) >= 32:  # a slice of the long document
+            slices.append(len(tokens))
+            if len(slices) == 2:  # in hand when the call is closed
+                second.set()
+                closing.wait(60)  # (a bound)
+
+    def noted_cancel(call: Any, wait: bool = True) -> None:
+        call.cancelled = True
+        closing.set()
+        cancel(call, wait)
+
+    monkeypatch.setattr(TokenTrie, "insert", noted_insert)
+    monkeypatch.setattr(engine.scheduler, "cancel", noted_cancel)
+    running = engine.stream(PROMPT, max_new_tokens=500)
+    assert next(running) is not None  # decoding
+    leaving = engine.stream(PROMPT, max_new_tokens=N, documents=[LONG_DOCUMENT])
+    assert second.wait(60)
+    leaving.close()
+    assert leaving.stats.finish_reason == "abandoned" and not leaving.token_ids
+    assert len(slices) == 2  # none after the one in hand
+    assert "".join(running) is not None and running.token_ids == greedy_reference(engine.model, PROMPT, 500)
+    assert engine.trie.owners() <= {OUTPUT_OWNER}

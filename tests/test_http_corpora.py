@@ -13,7 +13,7 @@ import hashlib
 import json
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ from transformers import AutoTokenizer
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.drafting.suffix import SuffixDrafter
+from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.rag import DEFAULT_EMBEDDER, DocumentIndex, RagPipeline, RetrievalConfig
 from rag_lookahead.rag.embedding import default_embedder_path
 from rag_lookahead.remote import ServerEngine
@@ -33,7 +35,7 @@ from rag_lookahead.serve.corpora import Corpora
 from rag_lookahead.serve.errors import ApiError
 from rag_lookahead.serve.metrics import ServerMetrics
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
-from rag_lookahead.testing.local_server import LiveServer, error_of, wait_until
+from rag_lookahead.testing.local_server import WAIT_S, LiveServer, error_of, wait_until
 
 MODEL = "tiny"
 KEY = "test-key"
@@ -555,3 +557,90 @@ def test_a_pipeline_on_the_server_keeps_its_drafts(tmp_path: Path) -> None:
     assert answer.text == expected.text
     assert recording.calls[-1]["documents"] == list(query.documents)
     assert not scope_owners(served)
+
+
+# ---------------------------------------------------------------------------- long documents (issue 60)
+
+# 12,000 printable characters (one token each) with a period of 997: many slices of text work.
+LONG = "".join(chr(33 + (i * 37 + 11) % 997 % 94) for i in range(12_000))
+
+
+def _chat(url: str) -> httpx.Response:
+    body = {"model": MODEL, "messages": MESSAGES, "documents": [LONG], "max_tokens": 4}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=WAIT_S)
+
+
+def _completion(url: str) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "The Normans", "documents": [LONG], "max_tokens": 4}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_S)
+
+
+def _corpus(url: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/corpora", json={"documents": [LONG]}, timeout=WAIT_S)
+
+
+def _corpus_extended(url: str) -> httpx.Response:
+    corpus = httpx.post(f"{url}/v1/corpora", json={"documents": DOCUMENTS}).json()["id"]
+    return httpx.post(f"{url}/v1/corpora/{corpus}/documents", json={"documents": [LONG]}, timeout=WAIT_S)
+
+
+def _call_naming_a_long_corpus(url: str) -> httpx.Response:
+    corpus = httpx.post(f"{url}/v1/corpora", json={"documents": [LONG] * 3}, timeout=WAIT_S).json()["id"]
+    body = {"model": MODEL, "prompt": "The Normans", "corpus": corpus, "max_tokens": 4}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_S)
+
+
+# (case, the request of long documents, what takes them in and is watched: the trie's inserts or
+# a call's own index of its texts)
+LONG_DOCUMENT_CASES: list[tuple[str, Callable[[str], httpx.Response], str]] = [
+    ("a chat request's documents", _chat, "trie"),
+    ("a completion's documents", _completion, "trie"),
+    ("a new corpus", _corpus, "trie"),
+    ("documents added to a corpus", _corpus_extended, "trie"),
+    ("a call naming a long corpus", _call_naming_a_long_corpus, "index"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "request_", "watched"), LONG_DOCUMENT_CASES, ids=[c[0] for c in LONG_DOCUMENT_CASES]
+)
+def test_a_stream_steps_while_long_documents_go_in(
+    monkeypatch: pytest.MonkeyPatch, case: str, request_: Callable[[str], httpx.Response], watched: str
+) -> None:
+    """Long documents enter the trie (or a call's own index) in slices in the model's thread,
+    and a stream decoding meanwhile steps between every few of them: it never waits for all of
+    them at once (a request of 3.5 MB once held the streams for its whole insert)."""
+    engine = new_engine()
+    held: list[int] = []
+
+    def note(tokens: Sequence[int]) -> None:
+        if len(tokens) >= 100:  # a long text's part: not the stream's own tokens, nor DOCUMENTS
+            held.append(sum(len(call.ids) for call in engine.scheduler._rows))
+
+    insert, index = TokenTrie.insert, SuffixDrafter._append
+
+    def noted_insert(trie: TokenTrie, tokens: Sequence[int], *args: Any, **kwargs: Any) -> None:
+        note(tokens)
+        insert(trie, tokens, *args, **kwargs)
+
+    def noted_index(drafter: SuffixDrafter, tokens: list[int]) -> None:
+        note(tokens)
+        index(drafter, tokens)
+
+    no_eos = {str(ASCII_VOCAB): -100}  # the stream lasts its max_tokens
+    body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 300, "stream": True, "logit_bias": no_eos}
+    with LiveServer(create_app(engine, ServeSettings(model_name=MODEL))) as live:
+        with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=WAIT_S) as stream:
+            events = (line for line in stream.iter_lines() if line.startswith("data:"))
+            assert next(events)  # the stream's call is decoding
+            if watched == "trie":
+                monkeypatch.setattr(TokenTrie, "insert", noted_insert)
+            else:
+                monkeypatch.setattr(SuffixDrafter, "_append", noted_index)
+            response = request_(live.url)
+            monkeypatch.undo()
+            assert list(events)[-1] == "data: [DONE]"
+        assert response.status_code == 200, response.text
+        assert len(set(held)) >= 3, held  # the stream stepped between the slices
+        live.app.state.lookahead.corpora.close()
+        wait_until(lambda: not scope_owners(engine))  # nothing of the documents is left

@@ -2,11 +2,13 @@
 
 import gc
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
+from rag_lookahead.engine.scope import DocumentScope
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
 PROMPT = [3, 14, 15, 9, 26]
@@ -56,6 +58,23 @@ def test_documents_added_later_are_eliminated_too(engine_and_document) -> None:
         scope.add(["x"])
     with pytest.raises(ValueError, match="closed"):
         engine.complete(PROMPT, max_new_tokens=2, scope=scope)
+
+
+def test_a_scope_closed_while_its_documents_go_in_keeps_none_of_them(engine_and_document) -> None:
+    """Documents go in a slice at a time (in the model's thread, between steps): a scope closed
+    between two slices (by another thread) takes no slice more, and keeps none of them."""
+    engine, document, _ = engine_and_document
+    slices: list[object] = []
+
+    def run(work: Any) -> None:
+        slices.append(work())
+        scope.close()  # as another thread would, between two slices
+
+    scope = DocumentScope(engine.trie, engine.tokenizer.encode, run)
+    with pytest.raises(RuntimeError, match="closed while its documents went in"):
+        scope.add([document * 100])  # several slices' worth
+    assert len(slices) == 1
+    assert engine.trie.owners() <= {OUTPUT_OWNER}
 
 
 def test_an_unclosed_scope_is_eliminated_when_collected(engine_and_document) -> None:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.tree import DraftTree
-from rag_lookahead.drafting.compose import build_drafter
+from rag_lookahead.drafting.compose import DrafterBuild, build_drafter
 from rag_lookahead.drafting.suffix import SuffixDrafter, SuffixRule, match_bucket
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
@@ -193,3 +193,67 @@ def test_shared_documents_are_drafted_from_too() -> None:
     tree = drafter.propose([1, 2, 40, 41], budget=4).tree
     assert chain(tree) == [42, 43] and set(tree.sources[1:]) == {"sfx2"}
     drafter.close()
+
+
+# (case, the drafters' config): each builds the same drafter however its texts are sliced
+SLICED_BUILD_CASES: list[tuple[str, LookaheadConfig]] = [
+    ("the call's text, then the trie", LookaheadConfig(mode="trie", draft_policy="suffix")),
+    ("the trie alone", LookaheadConfig(mode="trie", draft_policy="trie")),
+    ("auto: with the Jacobi pool", LookaheadConfig(mode="auto")),
+    ("the Jacobi pool alone", LookaheadConfig(mode="jacobi")),
+]
+
+
+@pytest.mark.parametrize(("case", "config"), SLICED_BUILD_CASES, ids=[c[0] for c in SLICED_BUILD_CASES])
+@FAST
+@given(
+    texts=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=40), min_size=1, max_size=4),
+    budgets=st.lists(st.integers(1, 60), max_size=30),
+    shared=st.booleans(),
+    prediction=st.lists(st.integers(0, 9), max_size=10),
+)
+def test_a_drafter_built_in_slices_is_the_one_built_at_once(
+    case: str,
+    config: LookaheadConfig,
+    texts: list[list[int]],
+    budgets: list[int],
+    shared: bool,
+    prediction: list[int],
+) -> None:
+    """Taken in a slice at a time (as the model's thread takes a call's long texts in between
+    steps), every slice some of it, the texts make the drafter they make at once: its drafts
+    are the same, wherever the slices ended."""
+    scope = Shared() if shared else None
+    whole = build_drafter(config, TokenTrie(), texts, scope, prediction)
+    build = DrafterBuild(config, TokenTrie(), texts, scope, prediction)
+    for budget in budgets:
+        if not build.left:
+            break
+        left = build.left
+        assert build.advance(budget) > 0 and build.left < left
+    sliced = build.drafter()
+    assert build.left == 0
+    for context in [text[:end] for text in texts for end in range(1, len(text) + 1)]:
+        a, b = whole.propose(context, 8), sliced.propose(context, 8)
+        assert (a.tree.tokens, a.tree.parents, a.tree.sources, a.side) == (
+            b.tree.tokens,
+            b.tree.parents,
+            b.tree.sources,
+            b.side,
+        )
+
+
+def test_a_build_let_go_before_its_drafter_leaves_nothing_in_the_trie() -> None:
+    """A call that ends while its texts go in (its client left) takes its branches with it; a
+    scope's stay, the scope's own."""
+    trie = TokenTrie()
+    build = DrafterBuild(LookaheadConfig(mode="trie"), trie, [[1, 2, 3, 4, 5, 6, 7, 8]])
+    build.advance(1)
+    assert trie.owners() == {build.owner}
+    build.close()
+    build.close()  # idempotent
+    assert not trie.owners()
+    scoped = DrafterBuild(LookaheadConfig(mode="trie"), trie, [[1, 2, 3]], Shared())
+    scoped.advance(1)
+    scoped.close()
+    assert trie.owners() == {Shared.owner}

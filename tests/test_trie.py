@@ -144,6 +144,25 @@ def test_stream_equals_insert(
     check_invariants(streamed)
 
 
+@FAST
+@given(tokens_st, st.lists(st.integers(1, 7), max_size=10), inserts_st)
+def test_an_insert_in_parts_equals_one_insert(
+    toks: list[int], parts: list[int], others: list[tuple[str, list[int]]]
+) -> None:
+    """A long text inserted a part at a time (each part with the n-grams' ends past it, as the
+    model's thread takes it in between steps) counts what one insert of it counts."""
+    parted = build(others, max_query_length=1, branch_length=3)
+    width, start = parted.ngram_length, 0
+    for size in [*parts, len(toks)]:
+        parted.insert(toks[start : start + size + width - 1], "a", starts=size)
+        start = min(start + size, len(toks))
+    whole = build([*others, ("a", toks)], max_query_length=1, branch_length=3)
+    assert snapshot(parted) == snapshot(whole)
+    check_invariants(parted)
+    with pytest.raises(ValueError, match="starts"):
+        parted.insert(toks, "a", starts=-1)
+
+
 def test_stream_tokens_visible_immediately() -> None:
     trie = TokenTrie(max_query_length=2, branch_length=4)
     stream = trie.insert_cursor()

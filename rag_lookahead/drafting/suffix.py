@@ -111,7 +111,13 @@ class SuffixDrafter:
             self._append(as_tokens(seq))
             self._text.append(_SEPARATOR)
         for seq in sequences:
-            self._append(as_tokens(seq))
+            self.add_text(seq)
+
+    def add_text(self, tokens: Sequence[int], *, ends: bool = True) -> None:
+        """Take one more text to draft from, or a part of it (``ends=False``: the text goes on
+        at the next call): the same drafter as one given all its texts at once."""
+        self._append(as_tokens(tokens))
+        if ends:
             self._text.append(_SEPARATOR)
 
     def _append(self, tokens: list[int]) -> None:

@@ -139,13 +139,18 @@ class TokenTrie:
                 node = child
             return dict(node.counts)
 
-    def insert(self, tokens: Sequence[int], owner: str) -> None:
-        """Count every n-gram ``tokens[i : i + ngram_length]`` for ``owner``."""
+    def insert(self, tokens: Sequence[int], owner: str, *, starts: int | None = None) -> None:
+        """Count every n-gram ``tokens[i : i + ngram_length]`` for ``owner``; with ``starts``,
+        only those that begin in the first ``starts`` tokens (the rest are their ends): a long
+        text goes in a part at a time, ``insert(text[a : b + ngram_length - 1], owner,
+        starts=b - a)``, the same counts as one insert of it all."""
         check_owner(owner)
         toks = as_tokens(tokens)
         width = self.ngram_length
+        if starts is not None:
+            check_int("starts", starts, 0)
         with self._lock, collector_paused():
-            for start in range(len(toks)):
+            for start in range(len(toks) if starts is None else min(starts, len(toks))):
                 node = self._root
                 for token in toks[start : start + width]:
                     node = self._bump(node, token, owner)

@@ -19,7 +19,7 @@ import torch
 
 from rag_lookahead.config import GenerationParams, LookaheadConfig
 from rag_lookahead.decoding.verify import TokenChooser
-from rag_lookahead.drafting.compose import call_drafter
+from rag_lookahead.drafting.compose import DrafterBuild, call_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.engine.model_facts import ModelFacts
@@ -347,6 +347,8 @@ class LookaheadEngine(EngineBase):
         predicted = self._tokenize(prediction) if prediction else []
         # Counted in every mode, as OpenAI counts it: the prediction's tokens in the answer.
         recorder = StepRecorder(len(prompt_ids), prediction=PredictionMatch(predicted) if predicted else None)
+        # The loop takes these texts in: long ones a slice at a time before the prefill.
+        build = DrafterBuild(self.config, self.trie, sequences, scope, predicted) if sequences else None
         call = Call(
             prompt_ids=prompt_ids,
             config=self.config,
@@ -354,7 +356,7 @@ class LookaheadEngine(EngineBase):
             chooser=TokenChooser(params),
             stopping=self._facts.stopping(params, eos, len(prompt_ids)),
             recorder=recorder,
-            # The trie takes the call's texts once its prefill is under way.
+            # The trie takes the call's texts once its prefill is under way (long ones before).
             make_drafter=functools.partial(
                 call_drafter,
                 self.config,
@@ -365,10 +367,12 @@ class LookaheadEngine(EngineBase):
                 drafter,
                 predicted,
                 vocab_size=self.vocab_size,
+                build=build,
             )
             if drafts
             else None,
             batchable=batchable,
+            prepare=build,
             grammar=grammar,
             top_logprobs=params.top_logprobs if params.logprobs else None,
         )
@@ -378,12 +382,13 @@ class LookaheadEngine(EngineBase):
         return stream
 
     def scope(self, documents: Iterable[str] = ()) -> DocumentScope:
-        """Documents for several calls: insert them now, eliminate them when the scope closes.
+        """Documents for several calls: insert them now (in slices, in the model's thread: the
+        running calls step in between), eliminate them when the scope closes.
 
         Use it as ``with engine.scope(passages) as docs: engine.complete(q, scope=docs)``;
         calls not given the scope never draft from its documents.
         """
-        scope = DocumentScope(self.trie, self._tokenize)
+        scope = DocumentScope(self.trie, self._tokenize, self.runner.thread.call)
         scope.add(documents)
         return scope
 

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,7 +29,17 @@ from rag_lookahead.streaming.stats import FinishReason, StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.streaming.stream import StreamChunk
 
-__all__ = ["END", "Call", "CallStatus", "choose", "choose_next", "propose", "release", "verify"]
+__all__ = [
+    "END",
+    "Call",
+    "CallStatus",
+    "Preparation",
+    "choose",
+    "choose_next",
+    "propose",
+    "release",
+    "verify",
+]
 
 END = None  # the outbox's last item
 
@@ -68,6 +78,24 @@ _FINISH_REASONS: dict[CallStatus, FinishReason] = {
 _FINISHED = {reason: status for status, reason in _FINISH_REASONS.items()}
 
 
+class Preparation(Protocol):
+    """What a call's drafter takes in before its first token (its long texts: `DrafterBuild`),
+    taken in a slice at a time between two steps of the running calls."""
+
+    @property
+    def left(self) -> int:
+        """The work still to do, in the entries `advance` counts."""
+        ...
+
+    def advance(self, budget: int) -> int:
+        """Do about ``budget`` entries of the work (some, while any is left); how many."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what was done, unless the call's drafter was made from it."""
+        ...
+
+
 @dataclass(eq=False)
 class Call:
     """One generation call, from submission to its last token."""
@@ -82,6 +110,7 @@ class Call:
     batchable: bool  # may share the batch cache (else: plain, in the model's own cache)
     grammar: GrammarState | None = None  # the grammar every token keeps to, if any
     top_logprobs: int | None = None  # most likely tokens reported per token; None: no logprobs
+    prepare: Preparation | None = None  # what ``make_drafter`` takes in: before the prefill if long
     status: CallStatus = CallStatus.WAITING
     outbox: queue.SimpleQueue[StreamChunk | BaseException | None] = field(default_factory=queue.SimpleQueue)
     cancelled: bool = False  # asked from any thread; the loop ends it at a step boundary

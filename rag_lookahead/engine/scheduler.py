@@ -22,7 +22,9 @@ so batching changes no output; only the rounding of batched kernels differs.
 The loop runs in the model's own thread (`ModelThread`), one iteration after another while
 any call is queued or running: a submitted call starts at once, whether or not it is read yet,
 and the threads that read its chunks only wait for them. A call nobody reads advances with the
-others, and is ended when its stream is closed or dropped.
+others, and is ended when its stream is closed or dropped. A call whose drafter has long texts
+to take in (documents, a scope's) takes them in first, a slice between two steps of the running
+calls (`Preparation`), taking turns with other such calls; then its prompt is prefilled.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from rag_lookahead.decoding.tree import StepDraft
+from rag_lookahead.drafting.compose import TEXT_SLICE
 from rag_lookahead.engine import observe
 from rag_lookahead.engine.executor import Executor
 from rag_lookahead.engine.pricing import Pricing, PromptForwards
@@ -73,6 +76,7 @@ class Scheduler:
         self._lock = threading.Lock()  # guards the waiting queue
         self._waiting: deque[Call] = deque()
         # Only the thread running an iteration touches these.
+        self._preparing: list[Call] = []  # taking their drafters' long texts in, in turn
         self._joining: list[Call] = []  # prefilling apart, in order
         self._rows: list[Call] = []  # the batch, in row order (some may still be prefilling)
         self._alone: list[Call] = []  # decoding plainly outside the batch
@@ -133,7 +137,7 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether a call is queued or running (asked by the model's thread, between
         iterations: only the queue may change meanwhile)."""
-        return bool(self._waiting or self._joining or self._rows or self._alone)
+        return bool(self._waiting or self._preparing or self._joining or self._rows or self._alone)
 
     # ------------------------------------------------------------------ the loop
 
@@ -146,7 +150,7 @@ class Scheduler:
         except Exception as err:
             with self._lock:
                 waiting, self._waiting = list(self._waiting), deque()
-            for call in [*waiting, *self._joining, *self._rows, *self._alone]:
+            for call in [*waiting, *self._preparing, *self._joining, *self._rows, *self._alone]:
                 self._end(call, err)
             self._rows, self._batch = [], BatchCache()
 
@@ -166,18 +170,23 @@ class Scheduler:
         # 6. one step of each call outside the batch
         for call in list(self._alone):
             self._guarded([call], self._alone_step)
-        # 7. joining prompts' chunks apart, up to the budget (they step from the next iteration)
+        # 7. a slice of a joining call's long texts (it prefills once all are in)
+        if self._preparing:
+            self._guarded([self._preparing.pop(0)], self._prepare)
+        # 8. joining prompts' chunks apart, up to the budget (they step from the next iteration)
         self._prefill_joining()
 
     def _admit(self) -> None:
         """Waiting calls join, in order, while fewer than ``max_batch_size`` run."""
         self._forget_stale_prompts()
         with self._lock:
-            running = len(self._joining) + len(self._rows) + len(self._alone)
+            running = len(self._preparing) + len(self._joining) + len(self._rows) + len(self._alone)
             while self._waiting and running < self.max_batch_size:
                 call = self._waiting.popleft()
                 call.status = CallStatus.PREFILLING
-                self._joining.append(call)
+                # Texts that would hold the loop up go in first, in slices; short ones at the first token.
+                long_texts = call.prepare is not None and call.prepare.left > TEXT_SLICE
+                (self._preparing if long_texts else self._joining).append(call)
                 self._fresh.add(call)
                 running += 1
 
@@ -260,7 +269,7 @@ class Scheduler:
                 self._rows, self._batch = [], BatchCache()
 
     def _retire_cancelled(self) -> None:
-        for group in (self._joining, self._alone):
+        for group in (self._preparing, self._joining, self._alone):
             for call in [c for c in group if c.cancelled]:
                 self._end(call)
         gone = [i for i, c in enumerate(self._rows) if c.cancelled]
@@ -269,6 +278,13 @@ class Scheduler:
         self._drop_rows(gone)
 
     # ------------------------------------------------------------------ phases
+
+    def _prepare(self, call: Call) -> None:
+        """A slice of ``call``'s long texts taken in (it is out of `_preparing`): then it
+        prefills, or waits its next turn behind the other calls taking texts in."""
+        assert call.prepare is not None
+        call.prepare.advance(TEXT_SLICE)
+        (self._joining if call.prepare.left <= 0 else self._preparing).append(call)
 
     def _prefill_joining(self) -> None:
         """Chunks of the joining prompts forwarded apart while fewer than
@@ -463,6 +479,8 @@ class Scheduler:
     def _end(self, call: Call, error: BaseException | None = None) -> None:
         """The call is over: record it, release what it holds, tell its consumer."""
         call.finish("abandoned")  # unless it finished
+        if call in self._preparing:
+            self._preparing.remove(call)
         if call in self._joining:
             self._joining.remove(call)
         if call in self._alone:
@@ -472,6 +490,11 @@ class Scheduler:
             try:
                 drafter.close()
             except Exception as err:  # its branches stay in the trie: this call's error alone
+                error = error or err
+        if call.prepare is not None:  # texts taken in for a drafter never made leave too
+            try:
+                call.prepare.close()
+            except Exception as err:
                 error = error or err
         observe.ended(self, call)  # (before its reader hears of it)
         call.outbox.put(error if error is not None else _END)

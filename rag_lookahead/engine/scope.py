@@ -9,10 +9,12 @@ scope is garbage-collected unclosed). Calls draft from a scope's documents only 
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rag_lookahead.drafting.compose import TEXT_SLICE
 from rag_lookahead.drafting.trie import TokenTrie
 
 if TYPE_CHECKING:
@@ -59,12 +61,26 @@ class ScopeLifecycle:
 
 
 class DocumentScope(ScopeLifecycle):
-    """Document branches owned by one query, visible to the calls that are passed this scope."""
+    """Document branches owned by one query, visible to the calls that are passed this scope.
 
-    def __init__(self, trie: TokenTrie, tokenize: Callable[[str], list[int]]) -> None:
+    Args:
+        trie: The trie the branches go into.
+        tokenize: A document's token ids.
+        run: Runs a slice of the inserts and returns its result: the engine's model thread's
+            `ModelThread.call`, so that its running calls step between two slices of a long
+            document rather than wait for all of it (by default, here and now).
+    """
+
+    def __init__(
+        self,
+        trie: TokenTrie,
+        tokenize: Callable[[str], list[int]],
+        run: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
         self.owner = f"scope-{uuid.uuid4().hex}"
         self._trie = trie
         self._tokenize = tokenize
+        self._run: Callable[[Callable[[], Any]], Any] = run if run is not None else _here
         self._sequences: list[list[int]] = []
         self._closed = False
 
@@ -81,17 +97,32 @@ class DocumentScope(ScopeLifecycle):
         return tuple(self._sequences)
 
     def add(self, documents: Iterable[str]) -> None:
-        """Insert ``documents`` as branches owned by this scope."""
+        """Insert ``documents`` as branches owned by this scope, a slice at a time (`run`): a
+        call given the scope meanwhile may draft from some of them already, which changes no
+        answer; those it pools into its own drafters (`sequences`) are those added before."""
         if self._closed:
             raise RuntimeError("this document scope is closed; open a new one")
         sequences = [self._tokenize(text) for text in document_texts(documents) if text]
-        with self._trie.lock:  # all at once: no call sees half of them
-            for seq in sequences:
-                self._trie.insert(seq, self.owner)
-            self._sequences.extend(sequences)
+        width = self._trie.ngram_length
+        step = max(1, TEXT_SLICE // width)  # each token counts ``width`` nodes
+        for seq in sequences:
+            for start in range(0, len(seq), step):
+                # The n-grams starting in this slice end past it.
+                self._run(functools.partial(self._insert, seq[start : start + step + width - 1], step))
+        self._sequences.extend(sequences)
+
+    def _insert(self, tokens: Sequence[int], starts: int) -> None:
+        with self._trie.lock:  # (`close` eliminates under it: a slice after would stay behind)
+            if self._closed:
+                raise RuntimeError("this document scope was closed while its documents went in")
+            self._trie.insert(tokens, self.owner, starts=starts)
 
     def close(self) -> None:
         """Eliminate this scope's branches from the trie (idempotent)."""
         if not self._closed:
             self._closed = True
             self._trie.eliminate(self.owner)
+
+
+def _here(work: Callable[[], Any]) -> Any:
+    return work()

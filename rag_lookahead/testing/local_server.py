@@ -194,7 +194,13 @@ def leftovers(state: ServerState) -> list[str]:
         if branches:
             held.append(f"trie branches of {sorted(branches)}")
         scheduler = engine.scheduler
-        calls = [scheduler._waiting, scheduler._joining, scheduler._rows, scheduler._alone]
+        calls = [
+            scheduler._waiting,
+            scheduler._preparing,
+            scheduler._joining,
+            scheduler._rows,
+            scheduler._alone,
+        ]
         if any(calls):
             held.append(f"{sum(map(len, calls))} calls in the engine's scheduler")
     return held
