@@ -873,3 +873,18 @@ def test_a_chunk_apart_is_sized_on_the_measured_curve_not_on_a_class_timed_slow(
     assert 127 / alone(127) > 256 / alone(256)  # calibrated: 127 pays best
     assert pricing.prefill_chunk(1000, 4) == 256
     assert pricing.prefill_chunk(90, 4) == 90  # the rest of a prompt
+
+
+def test_a_lone_call_s_draft_fits_max_tokens_per_forward() -> None:
+    from rag_lookahead.engine.observe import StepLog, observe_steps
+
+    model = tiny_model("llama")
+    config = LookaheadConfig(mode="trie", min_query_length=1, max_tokens_per_forward=6, max_batch_size=2)
+    engine = LookaheadEngine(model, CharTokenizer(), config)
+    prompt = [3, 14, 15]
+    answer = greedy_reference(model, prompt, 24)
+    engine.complete(prompt, max_new_tokens=24)  # its answer in the trie: long drafts next time
+    with observe_steps(StepLog()) as log:
+        again = engine.complete(prompt, max_new_tokens=24)
+    assert again.token_ids == answer
+    assert max(step.tokens for step in log.steps) == 6  # decoding_length (16) cut to fit

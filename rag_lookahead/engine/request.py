@@ -134,8 +134,9 @@ class Call:
 
 def propose(call: Call) -> StepDraft:
     """The call's draft for its next step (its root alone when it may not draft)."""
-    # Room for the drafted tokens plus the model's own one.
-    budget = min(call.config.decoding_length, call.stopping.room() - 1)
+    # Room for the drafted tokens plus the model's own one, in the window and in one forward.
+    config = call.config
+    budget = min(config.decoding_length, config.max_tokens_per_forward - 1, call.stopping.room() - 1)
     if call.drafter is None or budget <= 0:
         return StepDraft(DraftTree.root_only(call.ids[-1]))
     return call.drafter.propose(call.ids, budget)
