@@ -260,3 +260,18 @@ def test_a_draft_under_a_grammar_is_checked_against_what_the_grammar_forced(tmp_
     with pytest.raises(ValueError, match="HostileDrafter proposed token id 70000, outside"):
         engine.complete(prompt, max_new_tokens=N, grammar=GRAMMAR, drafter=hostile, prediction=prediction)
     assert hostile.closed
+
+
+def test_a_document_holding_tokens_the_model_cannot_embed_drafts_none_of_them() -> None:
+    """A tokenizer may know tokens the model has no row for (added ones): a document that holds
+    them must not draft them, or the batch's forward fails for every call in it."""
+    model = tiny_model("llama")
+    engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie", min_query_length=1))
+    prompt = NEIGHBOURS[0]
+    answer = greedy_reference(model, prompt, N)
+    outside = [VOCAB + 7, VOCAB + 300]
+    document = CharTokenizer().decode(prompt + outside[:1] + answer[:4] + outside[1:] + answer[4:])
+    calls = [engine.stream(prompt, max_new_tokens=N, documents=[document])]
+    calls += [engine.stream(ids, max_new_tokens=N) for ids in NEIGHBOURS[1:]]
+    assert calls[0].complete().token_ids == answer
+    assert calls[1].complete().token_ids == greedy_reference(model, NEIGHBOURS[1], N)

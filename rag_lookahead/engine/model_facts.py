@@ -73,8 +73,14 @@ class ModelFacts:
         return SpecialText.of(self.tokenizer)
 
     def tokenize(self, text: str) -> list[int]:
-        """A document's token ids, without special tokens."""
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        """A document's token ids, without special tokens, less any the model has no row for (a
+        tokenizer's added tokens may lie past its embedding): drafted, such a token would end
+        every call of the batch's forward, and the model never picks it anyway."""
+        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        vocab = self.vocab_size
+        if ids and not 0 <= min(ids) <= max(ids) < vocab:
+            ids = [i for i in ids if 0 <= i < vocab]
+        return ids
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Refuse a prompt that fills the context window or holds ids outside the vocabulary."""
