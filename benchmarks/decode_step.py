@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kernels", default="onednn,packed,torch", help="cpu_linear values, alternated")
+    parser.add_argument("--kernels", default="onednn,reordered,torch", help="cpu_linear values, alternated")
     parser.add_argument("--forwards", default="direct", help="direct and/or model, alternated")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")

@@ -25,6 +25,7 @@ from rag_lookahead import LookaheadEngine
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.tuning import ModelTuning
 
 
 def main() -> None:
@@ -41,8 +42,8 @@ def main() -> None:
     thread = engine.runner.thread
     thread.call(lambda: torch.set_num_threads(args.threads))
     runners = {
-        "direct": ModelRunner(engine.model, engine.config.cpu_linear, thread),
-        "model": ModelRunner(engine.model, engine.config.cpu_linear, thread, direct=False),
+        "direct": ModelTuning(engine.model, engine.config.cpu_linear, thread=thread).runner,
+        "model": ModelTuning(engine.model, engine.config.cpu_linear, False, thread=thread).runner,
     }
     assert runners["direct"].direct is not None, "the built-in model runs directly"
     rows = []

@@ -40,7 +40,7 @@ def main() -> None:
     engine = LookaheadEngine.from_pretrained(args.model, config=LookaheadConfig(prefix_cache_mb=0))
     engine.measure_costs()
     limit = engine.config.max_tokens_per_forward
-    pricing = Pricing(engine.runner.costs, limit, engine.runner.packs)
+    pricing = Pricing(engine.costs, limit, engine.runner.packs)
     # The scheduler calibrates prompts' chunks by the prompts it forwards alone: one here.
     vocab = min(1000, int(engine.model.config.vocab_size))  # (a tiny model's is smaller)
     prompt = torch.tensor([[(7 * i + 3) % vocab for i in range(args.prompt)]])

@@ -3,7 +3,7 @@ timing the linear layers alone, on a quiet machine and beside bursts of other wo
 
 Per round, in one process: a new runner over a fresh copy of the built-in model (as a new
 process loads it: no choice made for it yet) chooses its kernels as the engine does (by its
-forwards, `rag_lookahead.runtime.kernels.faster_linear`'s ``forwards``; nothing read from or
+forwards, `rag_lookahead.tuning.kernel_choice.faster_linear`'s ``forwards``; nothing read from or
 written to the disk), then the same choice is made from the layers alone (what every class was
 timed by before). Then each kernel's own forwards, a runner on each, alternated: one token and
 16 chained tokens after 256 cached (``--context``), and a prompt's 256-token chunk after 512
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import subprocess
@@ -30,11 +31,14 @@ from typing import Any
 import torch
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.runtime.kernels import OneDnnLayers, faster_linear
+from rag_lookahead.runtime.kernels import OneDnnLayers
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.tuning import ModelTuning
+from rag_lookahead.tuning.kernel_choice import faster_linear
+from rag_lookahead.tuning.timers import chain_timer
 
-KERNELS = ("torch", "onednn", "packed")
+KERNELS = ("torch", "onednn", "reordered")
 # The other work of ``--load``: bounded by the run (stopped at its end) and by a deadline.
 BURSTS = (
     "import time, torch\n"
@@ -59,7 +63,7 @@ def main() -> None:
     )
     parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
     args = parser.parse_args()
-    engine = LookaheadEngine.from_pretrained(args.model, config=LookaheadConfig(cpu_linear="packed"))
+    engine = LookaheadEngine.from_pretrained(args.model, config=LookaheadConfig(cpu_linear="reordered"))
     thread = engine.runner.thread
     thread.call(lambda: torch.set_num_threads(args.threads))
     other = subprocess.Popen([sys.executable, "-c", BURSTS]) if args.load else None
@@ -81,10 +85,10 @@ def main() -> None:
 def _round(engine: LookaheadEngine, reps: int, context: int) -> dict[str, Any]:
     """One round: both choices, then each kernel's forwards (ms, median of ``reps``)."""
     model = copy.deepcopy(engine.model)  # a model no runner chose for yet, as in a new process
-    runner = ModelRunner(model, "auto", engine.runner.thread)
-    by_forwards = str(runner.linear)
-    layers = runner.linear.layers or OneDnnLayers(model)
-    by_layers = str(faster_linear(model, pack=True, layers=layers))
+    tuning = ModelTuning(model, "auto", thread=engine.runner.thread)
+    by_forwards = tuning.backend.linear_name
+    layers = tuning.runner.linear.layers or OneDnnLayers(model)
+    by_layers = str(faster_linear(model, reorder=True, layers=layers))
     return {
         "by_forwards": by_forwards,
         "by_layers": by_layers,
@@ -101,8 +105,8 @@ def _forwards(model: Any, engine: LookaheadEngine, reps: int, context: int) -> d
     chunk = torch.tensor([[(17 * i + 3) % vocab for i in range(context)]])
     timed: dict[str, dict[str, Callable[[], float]]] = {}
     for kernel in KERNELS:
-        runner = ModelRunner(model, kernel, engine.runner.thread)  # type: ignore[arg-type]
-        step = runner.chain_timer(context)
+        runner = ModelTuning(model, kernel, thread=engine.runner.thread).runner  # type: ignore[arg-type]
+        step = functools.partial(chain_timer(runner, context), runner)
         _, cache = runner.forward(prompt, new_tree_cache(), last_only=True)
 
         def prefill(runner: ModelRunner = runner, cache: Any = cache) -> float:

@@ -1,4 +1,4 @@
-"""torch's BLAS against oneDNN (over the weights as they are, and reordered: ``packed``) for the
+"""torch's BLAS against oneDNN (over the weights as they are, and reordered: ``reordered``) for the
 engine's CPU forwards (`cpu_linear`), timed in turn.
 
 Two parts, each kernel alternated with the others in one process, the median of the repeats:
@@ -28,6 +28,7 @@ from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kernels import OneDnnLayers
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.tuning import ModelTuning
 
 
 def _alternated(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -41,20 +42,20 @@ def _alternated(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str
     return {name: 1000 * statistics.median(t[2:]) for name, t in times.items()}
 
 
-KERNELS = ("torch", "onednn", "packed")
+KERNELS = ("torch", "onednn", "reordered")
 
 
 def _linear_runs(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], object]]:
     layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     layer.weight = torch.nn.Parameter(weight, requires_grad=False)
     layers = OneDnnLayers(layer)
-    layers.pack()
+    layers.reorder()
 
     def run(kernel: str) -> object:
         with torch.inference_mode():
             if kernel == "torch":
                 return layer(x)
-            with layers.installed(packed=kernel == "packed"):
+            with layers.installed(reordered=kernel == "reordered"):
                 return layer(x)
 
     return {kernel: functools.partial(run, kernel) for kernel in KERNELS}
@@ -91,7 +92,7 @@ def _step_runs(
 
 
 def forward_table(engine: LookaheadEngine, context: int, rows: int, widths: list[int], repeats: int) -> None:
-    runners = {kernel: ModelRunner(engine.model, kernel) for kernel in KERNELS}  # type: ignore[arg-type]
+    runners = {kernel: ModelTuning(engine.model, kernel).runner for kernel in KERNELS}  # type: ignore[arg-type]
     vocab = min(1000, engine.vocab_size - 5)  # (a tiny model's is smaller)
     prompt = [(31 * i + 7) % vocab + 5 for i in range(context)]
     print(

@@ -32,7 +32,7 @@ from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.compose import call_drafter
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kv_cache import new_tree_cache
-from rag_lookahead.runtime.probe import tree_support_problem
+from rag_lookahead.tuning.probes import tree_support_problem
 
 
 def median_ms(run: Callable[[], object], repeats: int = 7) -> float:

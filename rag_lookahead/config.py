@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
@@ -23,7 +24,7 @@ __all__ = [
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
 DraftPolicy = Literal["trie", "suffix"]
-CpuLinear = Literal["auto", "onednn", "packed", "torch"]
+CpuLinear = Literal["auto", "onednn", "reordered", "torch"]
 
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
@@ -95,13 +96,15 @@ class LookaheadConfig:
             prefilling it again; ``0`` turns the reuse off.
         cpu_linear: The kernel of the engine's fp32 linear layers on a CPU: ``"onednn"``
             (oneDNN's, much cheaper for the few rows a decoding step has on some CPUs, see
-            `rag_lookahead.runtime.kernels`), ``"packed"`` (oneDNN's over a copy of the
+            `rag_lookahead.runtime.kernels`), ``"reordered"`` (oneDNN's over a copy of the
             weights reordered once into its own layout: cheaper still, for a second copy of
             the linear weights in memory), ``"torch"`` (torch's default, as ``generate``
             runs, faster on others), or ``"auto"``: whichever runs this model's linear layers
             fastest on this machine for a forward of so many tokens, timed when the engine is
-            built (``"packed"`` only where its copy takes at most a quarter of the memory).
-            They agree up to rounding. Read once, by the engine built with it.
+            built (``"reordered"`` only where its copy takes at most a quarter of the memory).
+            They agree up to rounding. Read once, by the engine built with it
+            (`LookaheadEngine.backend` says what was chosen). ``"packed"``, its earlier name,
+            is read as ``"reordered"`` with a `DeprecationWarning`.
         direct_forward: Run the forwards of a model whose layers are Llama's (Llama, Mistral,
             Qwen2 without sliding windows) by their operators, without their modules' calls
             (`rag_lookahead.runtime.direct`), where that gives the model's own logits bit for
@@ -144,9 +147,16 @@ class LookaheadConfig:
             _positive(name, getattr(self, name))
         if self.draft_policy not in ("trie", "suffix"):
             raise ValueError(f"draft_policy must be 'trie' or 'suffix', got {self.draft_policy!r}")
-        if self.cpu_linear not in ("auto", "onednn", "packed", "torch"):
+        if self.cpu_linear == "packed":  # (its name before "packed" came to mean batch rows only)
+            warnings.warn(
+                'cpu_linear="packed" is now called "reordered" (oneDNN over reordered weights)',
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "cpu_linear", "reordered")
+        if self.cpu_linear not in ("auto", "onednn", "reordered", "torch"):
             raise ValueError(
-                f"cpu_linear must be 'auto', 'onednn', 'packed' or 'torch', got {self.cpu_linear!r}"
+                f"cpu_linear must be 'auto', 'onednn', 'reordered' or 'torch', got {self.cpu_linear!r}"
             )
         if not isinstance(self.direct_forward, bool):
             raise ValueError(f"direct_forward must be True or False, got {self.direct_forward!r}")

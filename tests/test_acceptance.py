@@ -58,15 +58,16 @@ def test_an_engine_probes_at_setup_and_keeps_its_statistics_under_its_cache_dir(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setattr("rag_lookahead.engine.lookahead._SAVE_EVERY", 1)  # write at every call's start
-    import rag_lookahead.runtime.runner as runner_module
+    import rag_lookahead.tuning.tuner as tuner_module
 
     probes = []
-    probe = runner_module.tree_support_problem
-    monkeypatch.setattr(runner_module, "tree_support_problem", lambda *a: probes.append(1) or probe(*a))
+    probe = tuner_module.tree_support_problem
+    monkeypatch.setattr(tuner_module, "tree_support_problem", lambda *a: probes.append(1) or probe(*a))
     model = tiny_model("llama")
     engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(max_batch_size=2), cache_dir=tmp_path)
+    assert probes == [1]  # built, it has probed the model, so that no answer pays for it
     engine.measure_costs()
-    assert probes == [1]  # setup probes the model, so that no answer pays for it
+    assert probes == [1]
     prompt = [3, 14, 15, 9, 26] * 4
     for _ in range(3):
         engine.complete(prompt, max_new_tokens=24)

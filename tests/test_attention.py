@@ -18,8 +18,8 @@ from rag_lookahead.runtime.attention import (
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kernels import onednn_available
 from rag_lookahead.runtime.kv_cache import new_tree_cache
-from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, tiny_model
+from rag_lookahead.tuning import ModelTuning
 
 
 class _Module(torch.nn.Module):
@@ -58,13 +58,14 @@ def test_the_engine_attends_grouped_only_within_its_forwards(family: str) -> Non
 
 def test_the_runners_forwards_select_the_grouped_attention() -> None:
     model = tiny_model("llama")
+    runner = ModelTuning(model, direct=False).runner  # (built first: its probes call the model)
     seen: list[str] = []
     attention = model.model.layers[0].self_attn
     hook = attention.register_forward_pre_hook(
         lambda module, args: seen.append(module.config._attn_implementation)
     )
     try:
-        ModelRunner(model).forward(torch.tensor([[3, 14, 15]]), new_tree_cache())
+        runner.forward(torch.tensor([[3, 14, 15]]), new_tree_cache())
         model(input_ids=torch.tensor([[3, 14, 15]]))
     finally:
         hook.remove()
@@ -188,7 +189,7 @@ def test_a_prompt_after_a_cached_prefix_gives_the_whole_prompts_logits(
     monkeypatch.setattr(attention, "_causal_chunk", attended)
     monkeypatch.setattr(attention, "_causal_blocks", lambda *args: taken.append("blocks") or blocks(*args))
     model = tiny_model(family)
-    runner = ModelRunner(model, linear)
+    runner = ModelTuning(model, linear).runner
     prompt = torch.tensor([[3 + (7 * i) % 50 for i in range(24)]])
     whole, _ = runner.forward(prompt, new_tree_cache(), last_only=True)
     _, cache = runner.forward(prompt[:, :6], new_tree_cache(), last_only=True)
@@ -258,7 +259,7 @@ def _batch_logits(
 ) -> torch.Tensor:
     """A step of two trees over a batch of ``prompts``, through the runner (its attention) or
     the model called directly (transformers' SDPA, padded)."""
-    runner = ModelRunner(model)
+    runner = ModelTuning(model).runner
     drafts = [StepDraft(DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))), StepDraft(DraftTree((1, 2), (-1, 0)))]
     batch = BatchCache()
     for prompt in prompts:

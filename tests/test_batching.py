@@ -7,6 +7,7 @@ import itertools
 import random
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from rag_lookahead.testing import (
     run_together,
     tiny_model,
 )
+from rag_lookahead.tuning import ModelTuning
 
 TREE = DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))  # 7 -> 8 -> 9 ; 7 -> 10
 
@@ -64,7 +66,7 @@ def test_batch_inputs_show_each_row_its_own_tokens_and_branches() -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_batched_step_matches_each_row_alone(family: str) -> None:
-    runner = ModelRunner(tiny_model(family))
+    runner = ModelTuning(tiny_model(family)).runner
     prompts = [[3, 14, 15, 9, 26, 5], [2, 7], [18, 28, 18, 28, 45, 90, 45, 23, 5]]
     branchy = DraftTree((5, 8, 9, 10), (-1, 0, 1, 0))
     drafts = [StepDraft(branchy), StepDraft(DraftTree.root_only(7)), StepDraft(TREE)]
@@ -98,7 +100,7 @@ def test_packed_inputs_are_the_padded_rows_without_their_padding() -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_packed_step_matches_the_padded_one_and_writes_the_same_cache(family: str) -> None:
-    runner = ModelRunner(tiny_model(family))
+    runner = ModelTuning(tiny_model(family)).runner
     assert runner.packs()
     prompts = [[3, 14, 15, 9, 26, 5], [2, 7], [18, 28, 18, 28, 45, 90, 45, 23, 5]]
     branchy = DraftTree((5, 8, 9, 10), (-1, 0, 1, 0))
@@ -140,12 +142,12 @@ def test_a_model_attending_its_own_way_is_not_packed() -> None:
     from rag_lookahead.testing.models import tiny_config
 
     model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="eager").eval()
-    runner = ModelRunner(model)
-    assert runner.tree_problem() is None and not runner.packs()
+    runner = ModelTuning(model).runner
+    assert runner.backend.trees and not runner.packs()
 
 
 def test_each_row_keeps_only_its_accepted_path() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     batch = BatchCache()
     for prompt in ([3, 14, 15, 9], [2, 7, 1]):
         batch.add_row(prefilled(runner, prompt))
@@ -340,7 +342,7 @@ def test_a_new_call_is_queued_while_another_thread_runs_a_forward() -> None:
     is known: a thread looping over forwards would otherwise keep new calls out of the batch."""
     model = tiny_model("llama")
     engine = LookaheadEngine(model, CharTokenizer(), LookaheadConfig(mode="trie"))
-    assert engine.runner.tree_problem() is None  # probed
+    assert engine.backend.trees  # probed
     holding, release = threading.Event(), threading.Event()
 
     def busy_model() -> None:
@@ -417,7 +419,7 @@ def test_a_call_decodes_before_it_is_read_and_a_model_thread_of_its_own_ends_wit
 
 
 def test_a_batch_allocates_its_rows_once_and_reuses_them_after_shrinking_to_one() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     prompts = [[3, 14, 15, 9], [2, 7, 1], [5, 5, 6], [8, 1, 8, 1, 2]]
     batch = BatchCache()
     batch.add_row(prefilled(runner, prompts[0]))
@@ -446,7 +448,7 @@ def test_a_packed_batch_keeps_each_row_in_its_own_buffers() -> None:
     """A joining row brings its prefilled buffers, a row outgrowing its room grows alone, a
     leaving row moves nobody, and the last row decodes on in its own buffers: no row is ever
     copied for another's sake."""
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     assert runner.packs()
     prompts = [[3, 14, 15, 9], [2, 7, 1], [5, 5, 6, 8, 1]]
     rows = [prefilled(runner, prompt) for prompt in prompts]
@@ -496,9 +498,10 @@ def joining_engine(curve, max_tokens_per_forward: int = 8, family: str = "llama"
 def steps_padded(engine: LookaheadEngine, padded: bool) -> None:
     """Run ``engine``'s batched steps padded, as on a GPU or for sliding-window models, where
     ``padded`` (on a CPU they are packed wherever the probe allows)."""
-    if padded:
-        engine.runner.tree_problem()
-        engine.runner._packs = False  # (the probe's answer, overridden)
+    if padded:  # (the probe's answer, overridden)
+        runner = engine.runner
+        padding = replace(runner.backend, batch_layout="padded")
+        runner.use(padding, layers=runner.linear.layers, direct=runner.direct)
 
 
 def batched_forward(runner: ModelRunner) -> str:
@@ -724,7 +727,7 @@ def test_a_prompt_left_alone_in_the_steps_is_forwarded_and_counted_as_a_prompt()
 
 
 def test_a_row_copied_out_of_the_batch_holds_its_tokens_and_outlives_the_row() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     prompts = ([3, 14, 15, 9], [2, 7, 1])
     batch = BatchCache()
     for prompt in prompts:
@@ -745,7 +748,7 @@ def test_a_row_copied_out_of_the_batch_holds_its_tokens_and_outlives_the_row() -
 def test_a_batched_forward_keeps_the_logits_asked_for_only(projects: bool) -> None:
     """``keep``: the model projects those positions alone, or (a model without
     ``logits_to_keep``) they are picked from all of them; the same logits either way."""
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     batch = BatchCache()
     for prompt in ([3, 14, 15, 9], [2, 7, 1]):
         batch.add_row(prefilled(runner, prompt))
@@ -760,7 +763,7 @@ def test_a_batched_forward_keeps_the_logits_asked_for_only(projects: bool) -> No
 
 
 def test_leaving_rows_are_filled_from_the_end_each_row_copied_at_most_once() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     prompts = [[3, 14, 15, 9], [2, 7, 1], [5, 5, 6], [8, 1, 8, 1, 2], [9, 9]]
     batch = BatchCache()
     for prompt in prompts:

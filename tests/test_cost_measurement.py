@@ -38,10 +38,10 @@ from rag_lookahead.planning.costs import (
 )
 from rag_lookahead.planning.load import MachineLoad, watch_load
 from rag_lookahead.planning.planner import AcceptanceModel, StepPlanner, plan_draft
-from rag_lookahead.runtime import runner as runner_module
-from rag_lookahead.runtime.kernel_cache import cached_classes
 from rag_lookahead.serve.readiness import measure_ahead
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.tuning import cost_timing
+from rag_lookahead.tuning.kernel_cache import cached_classes
 
 # The two-thread curve first measured on an AVX2-only EPYC while other work ran (issue 40): one
 # token 262 ms, 2 tokens 1.40x that, 8 tokens 0.96x, 13 tokens 0.76x; no forward has that shape.
@@ -136,15 +136,15 @@ def test_remeasure_replaces_the_cached_curve_and_a_cached_one_is_checked(tmp_pat
     engine = _engine(tmp_path)
     curve = engine.measure_costs()
     first = _stored(tmp_path)
-    assert (engine.runner.costs.check is None) == (not curve.loaded)  # measured now, quietly: trusted
+    assert (engine.costs.check is None) == (not curve.loaded)  # measured now, quietly: trusted
     again = _engine(tmp_path)
     again.measure_costs()
-    assert _stored(tmp_path) == first and again.runner.costs.check is not None  # read back
-    learned = again.runner.costs.check, again.runner.costs.calibration
+    assert _stored(tmp_path) == first and again.costs.check is not None  # read back
+    learned = again.costs.check, again.costs.calibration
     again.with_config(again.config).measure_costs()  # a variant reads it back: what was learned stands
-    assert (again.runner.costs.check, again.runner.costs.calibration) == learned
+    assert (again.costs.check, again.costs.calibration) == learned
     curve = again.measure_costs(remeasure=True)
-    assert _stored(tmp_path) != first and (again.runner.costs.check is None) == (not curve.loaded)
+    assert _stored(tmp_path) != first and (again.costs.check is None) == (not curve.loaded)
 
 
 def test_a_new_engine_given_the_curve_it_reads_back_is_calibrated_and_checked(tmp_path) -> None:
@@ -154,9 +154,9 @@ def test_a_new_engine_given_the_curve_it_reads_back_is_calibrated_and_checked(tm
     first = _engine(tmp_path)
     curve = first.measure_costs()
     second = LookaheadEngine(first.model, first.tokenizer, first.config, cost_curve=curve, cache_dir=tmp_path)
-    assert second.runner.costs.calibration is None and second.runner.costs.check is None  # given
+    assert second.costs.calibration is None and second.costs.check is None  # given
     assert second.measure_costs() == curve
-    assert second.runner.costs.calibration is not None and second.runner.costs.check is not None
+    assert second.costs.calibration is not None and second.costs.check is not None
 
 
 def test_a_benchmarks_fresh_engine_reads_the_costs_back_as_a_new_process_would(tmp_path) -> None:
@@ -166,9 +166,9 @@ def test_a_benchmarks_fresh_engine_reads_the_costs_back_as_a_new_process_would(t
     curve = first.measure_costs()
     fresh = fresh_engine(first, first.config)
     assert fresh.cache_dir == tmp_path and fresh.cost_curve == curve
-    assert fresh.runner.costs.calibration is not None and fresh.runner.costs.check is not None
+    assert fresh.costs.calibration is not None and fresh.costs.check is not None
     plain = fresh_engine(first, replace(first.config, mode="off"))
-    assert plain.runner.costs.calibration is None
+    assert plain.costs.calibration is None
 
 
 def test_a_curve_cached_on_another_processor_is_measured_anew(tmp_path, monkeypatch) -> None:
@@ -181,7 +181,7 @@ def test_a_curve_cached_on_another_processor_is_measured_anew(tmp_path, monkeypa
     other = _engine(tmp_path)
     curve = other.measure_costs()
     assert len(list((tmp_path / "costs").glob("costs-*.json"))) == 2  # one curve each
-    assert (other.runner.costs.check is None) == (not curve.loaded)  # measured there, not read back
+    assert (other.costs.check is None) == (not curve.loaded)  # measured there, not read back
 
 
 @pytest.mark.parametrize(
@@ -227,14 +227,14 @@ def test_a_contradicted_cached_curve_is_left_for_the_next_process_and_no_call_me
     before = engine.complete(prompt, max_new_tokens=16).token_ids
     cached = _engine(tmp_path)
     curve = cached.measure_costs()
-    check = cached.runner.costs.check = CountingCheck()
+    check = cached.costs.check = CountingCheck()
     during = cached.complete(prompt, max_new_tokens=16).token_ids
     assert check.recorded > 0  # every forward of a call alone is compared with the curve
     check.verdict = True  # as a curve measured on a busy machine would be found
-    calibration = cached.runner.costs.calibration
+    calibration = cached.costs.calibration
     after = cached.complete(prompt, max_new_tokens=16).token_ids
     assert not list((tmp_path / "costs").glob("costs-*.json"))  # forgotten on disk
-    costs = cached.runner.costs  # while this process plans on, by the curve as calibrated
+    costs = cached.costs  # while this process plans on, by the curve as calibrated
     assert costs.curve == curve and costs.calibration is calibration and costs.check is None
     assert before == during == after
     _engine(tmp_path).measure_costs()  # the next process measures its own
@@ -426,15 +426,15 @@ def _busy_machine():
 def test_an_engine_measuring_on_a_busy_machine_keeps_its_curve_briefly_and_checks_it(
     tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(runner_module, "watch_load", _busy_machine)
+    monkeypatch.setattr(cost_timing, "watch_load", _busy_machine)
     engine = _engine(tmp_path)
     curve = engine.measure_costs()
     (path,) = (tmp_path / "costs").glob("costs-*.json")
     assert curve.loaded and json.loads(path.read_text())["loaded"] is True
-    assert engine.runner.costs.check is not None  # measured here, but not trusted
+    assert engine.costs.check is not None  # measured here, but not trusted
     monkeypatch.undo()
     later = _engine(tmp_path)
-    assert later.measure_costs() == curve and later.runner.costs.check is not None  # read back
+    assert later.measure_costs() == curve and later.costs.check is not None  # read back
     data = json.loads(path.read_text())
     data["measured_at"] -= 2 * HOUR
     path.write_text(json.dumps(data))
@@ -462,7 +462,7 @@ class CountingCalibration(StepCalibration):
 def test_each_step_is_timed_and_priced_at_its_own_context(tmp_path) -> None:
     engine = _engine(tmp_path)
     engine.measure_costs()
-    calibration = engine.runner.costs.calibration = CountingCalibration()
+    calibration = engine.costs.calibration = CountingCalibration()
     prompt = [3, 14, 15, 9, 26] * 4
     out = engine.complete(prompt, max_new_tokens=16).token_ids
     assert out == greedy_reference(engine.model, prompt, 16)  # only the plan changes

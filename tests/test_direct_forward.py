@@ -28,15 +28,16 @@ from rag_lookahead.testing import (
     sliding_model,
     tiny_model,
 )
+from rag_lookahead.tuning import ModelTuning
 
 DIRECT = ("llama", "qwen2", "mistral")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_llama_shaped_families_run_directly(family: str) -> None:
-    runner = ModelRunner(tiny_model(family))
+    runner = ModelTuning(tiny_model(family)).runner
     assert (runner.direct is not None) == (family in DIRECT)
-    assert runner._curve_key(8)["forward"] == ("direct" if family in DIRECT else "model")
+    assert runner.backend.forward == ("direct" if family in DIRECT else "model")
 
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])
@@ -46,14 +47,14 @@ def test_sliding_windows_run_the_model(family: str) -> None:
 
 def test_turned_off_or_unmatched_runs_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model("llama")
-    assert ModelRunner(model, direct=False).direct is None
+    assert ModelTuning(model, direct=False).runner.direct is None
     monkeypatch.setattr(direct_module, "_rotate_half", lambda x: x)  # a forward that differs
-    assert ModelRunner(model).direct is None
+    assert ModelTuning(model).runner.direct is None
 
 
 def _runners(family: str) -> tuple[ModelRunner, ModelRunner]:
     model = tiny_model(family)
-    direct, own = ModelRunner(model), ModelRunner(model, direct=False)
+    direct, own = ModelTuning(model).runner, ModelTuning(model, direct=False).runner
     assert direct.direct is not None and own.direct is None
     return direct, own
 

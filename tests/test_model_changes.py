@@ -120,7 +120,7 @@ CHANGES: dict[str, Callable[[Any], None]] = {
 SETTINGS = {
     "default": {},
     "cpu_linear=torch": {"cpu_linear": "torch"},
-    "cpu_linear=packed": {"cpu_linear": "packed"},
+    "cpu_linear=reordered": {"cpu_linear": "reordered"},
     "direct_forward=False": {"direct_forward": False},
 }
 
@@ -202,7 +202,7 @@ def test_writes_torch_does_not_count_are_declared() -> None:
     """A write through ``.data`` bumps no version and keeps the storage: nothing tells the
     engine of it but `LookaheadEngine.model_changed`."""
     model = _model()
-    engine = _engine(model, cpu_linear="packed", prefix_cache_mb=0)
+    engine = _engine(model, cpu_linear="reordered", prefix_cache_mb=0)
     before = _answer(engine)
     model.model.layers[0].mlp.up_proj.weight.data.mul_(-1.5)
     want = greedy_reference(model, PROMPT, NEW_TOKENS)
@@ -213,7 +213,7 @@ def test_writes_torch_does_not_count_are_declared() -> None:
 
 def test_prompt_logprobs_see_the_change() -> None:
     model = _model()
-    engine = _engine(model, cpu_linear="packed")
+    engine = _engine(model, cpu_linear="reordered")
     engine.prompt_logprobs(PROMPT)
     _wrapped_layer(model)
     model.model.layers[0].self_attn.q_proj.base_layer.weight.data.mul_(-1.5)

@@ -348,6 +348,6 @@ def test_a_variant_made_before_a_measurement_plans_with_it() -> None:
     engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig())
     variant = engine.with_config(LookaheadConfig(decoding_length=4))
     curve = CostCurve((1, 4), (1.0, 1.5))
-    engine.runner.costs.curve = curve  # as measure_costs() leaves it
+    engine.costs.curve = curve  # as measure_costs() leaves it
     assert variant.cost_curve is curve and variant.planner.cost_curve is curve
-    assert engine.runner.costs.batched() is not None  # the batch plans with it too
+    assert engine.costs.batched() is not None  # the batch plans with it too

@@ -14,6 +14,7 @@ from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.prefix import PrefixCache
 from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import FAMILIES, CharTokenizer, greedy_reference, tiny_model
+from rag_lookahead.tuning import ModelTuning
 
 
 def prefilled(runner: ModelRunner, prompt: list[int]):
@@ -23,7 +24,7 @@ def prefilled(runner: ModelRunner, prompt: list[int]):
 
 
 def test_a_prompt_starts_from_the_longest_kept_prefix() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     prefixes = PrefixCache(1 << 30)
     prefixes.store([1, 2, 3, 4, 5], prefilled(runner, [1, 2, 3, 4, 5]))
     prefixes.store([1, 2, 9, 9], prefilled(runner, [1, 2, 9, 9]))
@@ -39,7 +40,7 @@ def test_a_prompt_starts_from_the_longest_kept_prefix() -> None:
 
 
 def test_kept_prefixes_stay_within_the_cap() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     one = prefilled(runner, [1, 2, 3, 4])
     size = sum(2 * layer.keys.nbytes for layer in one.layers)
     prefixes = PrefixCache(2 * size)
@@ -83,7 +84,7 @@ def test_prefix_reuse_can_be_turned_off() -> None:
 
 
 def test_prompts_sharing_a_beginning_keep_its_entries_once() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     one = prefilled(runner, [1, 2, 3, 4])
     per_token = sum(2 * layer.keys.nbytes for layer in one.layers) // 4
     prefixes = PrefixCache(1 << 30)
@@ -106,7 +107,7 @@ def test_prompts_sharing_a_beginning_keep_its_entries_once() -> None:
 
 
 def test_the_least_recently_used_branch_goes_and_the_shared_trunk_stays() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     one = prefilled(runner, [1, 2, 3, 4])
     per_token = sum(2 * layer.keys.nbytes for layer in one.layers) // 4
     prefixes = PrefixCache(9 * per_token)
@@ -130,7 +131,7 @@ def test_random_prompts_find_their_longest_kept_prefix_within_the_cap(seed: int,
     """Against a plain record of the kept prompts: the longest shared prefix (with no cap),
     the bytes held, and a lookup's entries equal to a fresh prefill's (always)."""
     rng = random.Random(seed)
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     per_token = sum(2 * layer.keys.nbytes for layer in prefilled(runner, [1]).layers)
     prefixes = PrefixCache(cap_tokens * per_token)
     kept: list[list[int]] = []
@@ -159,7 +160,7 @@ def _shared(a: list[int], b: list[int]) -> int:
 
 
 def test_a_prompt_that_cannot_fit_evicts_nothing() -> None:
-    runner = ModelRunner(tiny_model("llama"))
+    runner = ModelTuning(tiny_model("llama")).runner
     per_token = sum(2 * layer.keys.nbytes for layer in prefilled(runner, [1]).layers)
     prefixes = PrefixCache(6 * per_token)
     prefixes.store([1, 2, 3, 4], prefilled(runner, [1, 2, 3, 4]))

@@ -131,9 +131,10 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
 def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int = 2048) -> Scheduler:
     # No model thread runs its loop: each test runs the phases itself.
     idle = SimpleNamespace(attach=lambda _: None, wake=lambda: None, in_thread=lambda: True)
-    runner = SimpleNamespace(costs=CostModel(), thread=idle, packs=lambda: False, generation=0)
+    tuning = SimpleNamespace(runner=SimpleNamespace(packs=lambda: False), thread=idle, generation=0)
     scheduler = Scheduler(
-        runner,  # type: ignore[arg-type]
+        tuning,  # type: ignore[arg-type]
+        CostModel(),
         max_batch_size=4,
         max_tokens_per_forward=256,
         max_prefill_tokens_per_step=prefill_budget,

@@ -4,6 +4,7 @@ several times longer than the window (alone and batched)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,8 +17,6 @@ from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.layer_masks import LayerMasks, cut_window
-from rag_lookahead.runtime.probe import tree_support_problem
-from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.testing import (
     SLIDING_FAMILIES,
     SLIDING_WINDOW,
@@ -28,6 +27,8 @@ from rag_lookahead.testing import (
     sliding_config,
     sliding_model,
 )
+from rag_lookahead.tuning import ModelTuning
+from rag_lookahead.tuning.probes import tree_support_problem
 
 NEW_TOKENS = 24
 
@@ -135,7 +136,7 @@ def test_the_whole_answer_in_the_trie_is_verified_in_trees_past_the_window(famil
 @pytest.mark.parametrize("family", ["gemma3", "mistral", "cohere2", "qwen2"])
 def test_a_packed_step_past_the_window_matches_the_padded_one(family: str) -> None:
     """Each row's queries in a sliding layer see only the window before their own position."""
-    runner = ModelRunner(sliding_model(family))
+    runner = ModelTuning(sliding_model(family)).runner
     assert runner.packs()
     rng = random.Random(family)
     lengths = [3 * SLIDING_WINDOW, 2, SLIDING_WINDOW + 1]
@@ -179,7 +180,9 @@ def test_batched_calls_on_a_sliding_model_each_get_their_own_greedy_output(
     engine = LookaheadEngine(model, CharTokenizer(), config)
     assert engine.runner.packs() == (family != "gpt_oss")
     if not packed:
-        engine.runner._packs = False  # (the probe's answer, overridden: padded steps)
+        runner = engine.runner  # (the probe's answer, overridden: padded steps)
+        padding = replace(runner.backend, batch_layout="padded")
+        runner.use(padding, layers=runner.linear.layers, direct=runner.direct)
     engine.planner.cost_curve = CostCurve.flat() if inside else None
     jobs = []
     for _ in range(4):

@@ -78,7 +78,10 @@ def test_messages_are_read_as_a_chat_call_reads_them(engine: LookaheadEngine) ->
 
 
 def test_version_needs_no_key(engine: LookaheadEngine) -> None:
-    assert ok(send(engine, "/version", key=None)) == {"version": __version__}
+    assert ok(send(engine, "/version", key=None)) == {
+        "version": __version__,
+        "backend": engine.backend.as_dict(),  # what the forwards run on
+    }
     assert send(engine, "/tokenize", {"prompt": TEXT}, key=None).status_code == 401
     assert send(engine, "/detokenize", {"tokens": [1]}, key="wrong").status_code == 401
 

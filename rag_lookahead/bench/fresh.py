@@ -47,8 +47,7 @@ def run_fresh(
             cost_curve=curve,
             chat_template_kwargs=engine.chat_template_kwargs,
             model_thread=engine.runner.thread,
-        )
-        made.runner.tree_problem()  # its one-off probe is setup (`measure_costs` runs it), not an answer
+        )  # (probed as it is built: no answer pays for the probes)
         return made
 
     for path in (fresh(), fresh().plain()):  # kernels and buffers of this prompt length, untimed

@@ -123,10 +123,10 @@ def run_header(engine: LookaheadEngine, records: int, max_new_tokens: int) -> di
         "device": str(engine.device),
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        # What ran the forwards: machines (and processes, for `cpu_linear="auto"`) differ here.
+        # What ran the forwards: machines (and processes, for `cpu_linear="auto"`) differ here,
+        # each choice with where it came from (measured now, read from the cache, named).
         "processor": processor(engine.device),
-        "linear": str(engine.runner.linear),
-        "forward": "model" if engine.runner.direct is None else "direct",
+        "backend": engine.backend.as_dict(),
         "records": records,
         "max_new_tokens": max_new_tokens,
     }

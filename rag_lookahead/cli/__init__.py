@@ -122,11 +122,11 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     look.add_argument(
         "--cpu-linear",
         default=defaults.cpu_linear,
-        choices=["auto", "onednn", "packed", "torch"],
+        choices=["auto", "onednn", "reordered", "torch", "packed"],
         help="the kernel of the engine's fp32 linear layers on a CPU: oneDNN's, oneDNN's over a "
-        "reordered copy of the weights (packed), torch's default as generate runs, or auto: the "
-        "fastest for this model here, timed at start; the same values up to rounding "
-        f"(default: {defaults.cpu_linear})",
+        "reordered copy of the weights (reordered; packed is its earlier name), torch's default "
+        "as generate runs, or auto: the fastest for this model here, timed at start; the same "
+        f"values up to rounding (default: {defaults.cpu_linear})",
     )
     look.add_argument(
         "--remeasure",

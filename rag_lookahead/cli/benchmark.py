@@ -75,7 +75,7 @@ def run_measure(args: argparse.Namespace) -> int:
     print(f"Forward costs of {where}, relative to one token ({one * 1e3:.1f} ms):")
     print("  tokens: " + " ".join(f"{size:>5}" for size in curve.sizes))
     print("  cost:   " + " ".join(f"{seconds / one:>5.2f}" for seconds in curve.seconds))
-    batch = engine.runner.costs.batch
+    batch = engine.costs.batch
     for rows, by_width in batch.curves if batch is not None else ():
         widths = " ".join(
             f"{w}: {s / one:.2f}" for w, s in zip(by_width.sizes, by_width.seconds, strict=True)

@@ -121,6 +121,7 @@ def _run_local(args: argparse.Namespace) -> int:
         prefix_cache = engine.config.prefix_cache_mb << 20
         reserve_heap(working_set_bytes(engine.model, settings.max_running, prefix_cache))
     _announce(args, settings)
+    print(f"backend: {engine.backend}", file=sys.stderr, flush=True)
     serve(engine, settings, args.host, args.port)
     return 0
 

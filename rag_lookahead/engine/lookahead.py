@@ -2,7 +2,8 @@
 
 Each step reads as five verbs: draft, forward the drafts of every running call in one pass
 over the KV cache, choose the model's token at every node, accept the longest agreeing path,
-keep only that path in the cache. The `ModelRunner` is the only thing that runs the model, and
+keep only that path in the cache. The `ModelRunner` is the only thing that runs the model (on
+the `Backend` the tuning wing chose for it), and
 the engine knows nothing about where drafts come from: drafters see token ids only.
 """
 
@@ -23,7 +24,7 @@ from rag_lookahead.drafting.compose import DrafterBuild, call_drafter
 from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.engine.model_facts import ModelFacts
-from rag_lookahead.engine.pricing import measure_costs
+from rag_lookahead.engine.pricing import prepare_costs
 from rag_lookahead.engine.request import Call
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.scope import DocumentScope, document_texts
@@ -31,14 +32,15 @@ from rag_lookahead.engine.scoring import PromptLogprobs, prompt_logprobs
 from rag_lookahead.interface import EngineBase, check_scope
 from rag_lookahead.loading import LoadKeywords, LoadOptions
 from rag_lookahead.models import default_cache_dir
-from rag_lookahead.planning.costs import CostCurve
+from rag_lookahead.planning.costs import CostCurve, CostModel
 from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.prompts import Prompt
-from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.runtime.backend import Backend
 from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.streaming.stats import PredictionMatch, StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
+from rag_lookahead.tuning.tuner import ModelTuning
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -104,16 +106,18 @@ class LookaheadEngine(EngineBase):
                 f"the trie holds token id {largest}, outside this model's "
                 f"{self.vocab_size}-token vocabulary: it was built for another tokenizer"
             )
-        self.runner = ModelRunner(
+        self._tuning = ModelTuning(
             model,
             self.config.cpu_linear,
-            model_thread,
             self.config.direct_forward,
             cache_dir or default_cache_dir(),
+            model_thread,
         )
-        self.runner.costs.curve = cost_curve
-        self.planner = StepPlanner(self.config, self.runner.costs)
-        self.scheduler = _new_scheduler(self.runner, self.config)
+        self.runner = self._tuning.runner
+        # What its forwards cost, once measured (or given): shared by its variants' planners.
+        self.costs = CostModel(curve=cost_curve)
+        self.planner = StepPlanner(self.config, self.costs)
+        self.scheduler = _new_scheduler(self._tuning, self.costs, self.config)
         self._cache_dir = cache_dir
         self._progress = progress
 
@@ -182,7 +186,7 @@ class LookaheadEngine(EngineBase):
         if _trie_settings(config) != _trie_settings(self.config):
             other.trie = _new_trie(config)
         if _batch_settings(config) != _batch_settings(self.config):
-            other.scheduler = _new_scheduler(self.runner, config)
+            other.scheduler = _new_scheduler(self._tuning, self.costs, config)
         return other
 
     @property
@@ -221,6 +225,15 @@ class LookaheadEngine(EngineBase):
     @property
     def device(self) -> torch.device:
         return self.runner.device
+
+    @property
+    def backend(self) -> Backend:
+        """What this engine's forwards run on, and where each choice came from: the linear
+        kernels by a forward's tokens, the direct forward or the model's own, batched steps
+        packed or padded, whether the model verifies trees (`Backend`; ``print`` it, or
+        `Backend.as_dict`). Chosen when the engine is built, again after the model's
+        structure changed (`model_changed`)."""
+        return self.runner.backend
 
     @property
     def vocab_size(self) -> int:
@@ -270,13 +283,13 @@ class LookaheadEngine(EngineBase):
         times them again and replaces the cached ones (after a measurement on a busy machine,
         say). On a CPU the forwards run calibrate the curve, by draft size and context; a
         cached curve they find too slow (or steeper than they are) is forgotten on disk, for the
-        next process to measure, rather than measured while calls wait (`CurveCheck`). Also probes
-        whether the model verifies trees, and takes the acceptance statistics stored by earlier
-        processes: everything a first answer would otherwise pay for. The forwards run in the
+        next process to measure, rather than measured while calls wait (`CurveCheck`). Also takes
+        the acceptance statistics stored by earlier processes (the model was probed when the
+        engine was built): everything a first answer would otherwise pay for. The forwards run in the
         model's thread (`ModelThread`), between the steps of running calls."""
-        args = (self.runner, self.planner, self.config, self._cache_dir)
-        measure = functools.partial(measure_costs, *args, remeasure=remeasure, progress=self._progress)
-        return self.runner.thread.call(measure)
+        args = (self.runner, self.costs, self.planner, self.config, self._cache_dir)
+        prepare = functools.partial(prepare_costs, *args, remeasure=remeasure, progress=self._progress)
+        return self.runner.thread.call(prepare)
 
     def measure_ahead(self, *, remeasure: bool = False) -> None:
         """Measure what this engine's first drafting call would otherwise measure (`measure_costs`;
@@ -335,12 +348,12 @@ class LookaheadEngine(EngineBase):
         eos = self._facts.call_eos(params.eos_token_id)
         self._facts.check_logit_bias(params.logit_bias)
         grammar = self._facts.grammar_state(params.grammar, eos)
-        self.runner.refresh()  # the model as it is now: see `model_changed`
+        self._tuning.refresh()  # the model as it is now: see `model_changed`
         batchable = self._batchable()
         drafts = batchable and self.config.mode != "off"
         if drafts and self.config.mode == "auto":
             self.measure_ahead()
-            self.runner.costs.retire_contradicted()  # for the next process to measure; only plans change
+            self.costs.retire_contradicted()  # for the next process to measure; only plans change
         self.planner.save_acceptance(every=_SAVE_EVERY)  # here, off the decoding loop
         # Tokenized here, in the caller's thread, not in the loop while every other row waits.
         sequences = [prompt_ids, *(self._tokenize(t) for t in texts)] if drafts and drafter is None else []
@@ -400,7 +413,7 @@ class LookaheadEngine(EngineBase):
         between the steps of running calls."""
         ids = self.encode(prompt)
         self._facts.check_prompt(ids)
-        self.runner.refresh()
+        self._tuning.refresh()
         text = functools.cache(lambda token: str(self.tokenizer.decode([token])))  # once per call
         return self.runner.thread.call(
             functools.partial(prompt_logprobs, self.runner, text, ids, top_logprobs)
@@ -419,9 +432,10 @@ class LookaheadEngine(EngineBase):
         stepped or replaced; a hook; a layer replaced or wrapped; an adapter injected, switched
         or merged; train() and eval()) each call finds by itself. Either way, the prompts kept
         for reuse are dropped and what was derived from the model's modules (the reordered
-        weights, the direct forward, the tree probe) is derived again; calls running meanwhile
-        are the caller's race, and only calls started afterwards are sure to see the change."""
-        self.runner.refresh(untracked=True)
+        weights, the direct forward, the tree probe) is derived again, into a new `backend`;
+        calls running meanwhile are the caller's race, and only calls started afterwards are
+        sure to see the change."""
+        self._tuning.refresh(untracked=True)
 
     @property
     def tree_verification(self) -> bool:
@@ -429,14 +443,14 @@ class LookaheadEngine(EngineBase):
         return self._tree_problem() is None
 
     def _tree_problem(self) -> str | None:
-        return "mode is 'off'" if self.config.mode == "off" else self.runner.tree_problem()
+        return "mode is 'off'" if self.config.mode == "off" else self._tuning.tree_problem()
 
     # ------------------------------------------------------------------ decoding
 
     def _batchable(self) -> bool:
         """Whether calls may share the batch (and draft): the model verifies trees. Else each
         decodes plainly, alone."""
-        return self.runner.tree_problem() is None
+        return self._tuning.tree_problem() is None
 
     def _tokenize(self, text: str) -> list[int]:
         return self._facts.tokenize(text)
@@ -455,9 +469,10 @@ def _batch_settings(config: LookaheadConfig) -> tuple[int, ...]:
     )
 
 
-def _new_scheduler(runner: ModelRunner, config: LookaheadConfig) -> Scheduler:
+def _new_scheduler(tuning: ModelTuning, costs: CostModel, config: LookaheadConfig) -> Scheduler:
     return Scheduler(
-        runner,
+        tuning,
+        costs,
         config.max_batch_size,
         config.max_tokens_per_forward,
         config.max_prefill_tokens_per_step,

@@ -1,10 +1,11 @@
 """What forwards cost, in one object the scheduler asks: how much of each draft a step pays
 for, when a joining prompt rides in the running rows' steps, how big a chunk goes apart; and
-the one-off measurement a ``mode="auto"`` engine plans with (`measure_costs`).
+the costs a ``mode="auto"`` engine plans with, taken in once (`prepare_costs`).
 
-The costs are the runner's `CostModel` (measured once, or read from the disk cache) as the
-steps' own timings calibrate them (`observe`): batched steps per row count and width class,
-prompts' chunks forwarded alone per size class, one row's steps by draft size and context.
+The costs are the engine's `CostModel` (timed once by the tuning wing, or read from the disk
+cache, `rag_lookahead.tuning.cost_timing`) as the steps' own timings calibrate them
+(`observe`): batched steps per row count and width class, prompts' chunks forwarded alone per
+size class, one row's steps by draft size and context.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.engine.request import Call
 from rag_lookahead.engine.step import StepPlan
 from rag_lookahead.models import default_cache_dir
-from rag_lookahead.planning.costs import Calibration, CostCurve, CostModel, model_digest
+from rag_lookahead.planning.costs import (
+    Calibration,
+    CostCurve,
+    CostModel,
+    CurveCheck,
+    StepCalibration,
+    model_digest,
+)
 from rag_lookahead.planning.planner import (
     StepPlanner,
     fused_prefill,
@@ -30,8 +38,9 @@ from rag_lookahead.planning.planner import (
     separate_prefill,
 )
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.tuning.cost_timing import TimedCurve, batch_curves, step_curve
 
-__all__ = ["Pricing", "PromptForwards", "measure_costs"]
+__all__ = ["Pricing", "PromptForwards", "prepare_costs"]
 
 # The widest draft per row that batch costs are measured for (wider is extrapolated): in a
 # batch the spare compute is shared, and on a CPU a few tokens per row already use it up.
@@ -62,7 +71,7 @@ class Pricing:
     def __init__(
         self, costs: CostModel, max_tokens_per_forward: int, packed: Callable[[], bool] = lambda: False
     ) -> None:
-        self.costs = costs  # the runner's, shared with every planner of the model
+        self.costs = costs  # the engine's, shared with its variants and every planner
         self.max_tokens_per_forward = max_tokens_per_forward
         self.packed = packed  # whether batched steps run packed (the runner's answer, once probed)
         self.calibration = Calibration()  # batched steps, by rows and width class
@@ -253,8 +262,9 @@ class Pricing:
         return lambda width: seconds[min(width, widest) - 1]
 
 
-def measure_costs(
+def prepare_costs(
     runner: ModelRunner,
+    costs: CostModel,
     planner: StepPlanner,
     config: LookaheadConfig,
     cache_dir: Path | None,
@@ -262,17 +272,35 @@ def measure_costs(
     remeasure: bool,
     progress: bool,
 ) -> CostCurve:
-    """Measure (or read from ``cache_dir``) the costs ``config`` may plan with, into ``runner``'s
-    costs, and load the stored acceptance statistics into ``planner``; the single-row curve."""
-    runner.tree_problem()  # the one-off probe, here rather than in a first answer
-    size = config.decoding_length + 1 + config.window_size * (config.ngram_size - 1)
+    """The costs ``config`` may plan with, timed on ``runner`` (or read from ``cache_dir``) into
+    ``costs``, and the stored acceptance statistics loaded into ``planner``; the one-row curve.
+    The forwards run (timed once the device has done them) calibrate the curve
+    (`StepCalibration`), and a curve read from the disk or measured under a load is checked
+    against them (`CurveCheck`), and forgotten on disk if they contradict it
+    (`CostModel.retire_contradicted`)."""
+    directory = (cache_dir or default_cache_dir()) / "costs"
     how = {"remeasure": remeasure, "progress": progress}
-    curve = runner.measure_costs(size, cache_dir, **how)  # every variant plans with it
+    size = config.decoding_length + 1 + config.window_size * (config.ngram_size - 1)
+    timed = step_curve(runner, size, directory, **how)  # every variant plans with it
+    _take_curve(costs, timed)
     width = min(_BATCH_WIDTH, config.decoding_length + 1)
-    runner.measure_batch_costs(config.max_batch_size, width, cache_dir, **how)
+    costs.batch = batch_curves(runner, config.max_batch_size, width, directory, **how)
     # What drafts of each source the model accepted in earlier processes: a fresh engine
     # plans its first questions with it rather than with a guess.
-    directory = (cache_dir or default_cache_dir()) / "acceptance"
+    acceptance = (cache_dir or default_cache_dir()) / "acceptance"
     digest = model_digest(runner.model)
-    planner.load_acceptance(directory / f"acceptance-{digest}.json", {"model": digest})
-    return curve
+    planner.load_acceptance(acceptance / f"acceptance-{digest}.json", {"model": digest})
+    return timed.curve
+
+
+def _take_curve(costs: CostModel, timed: TimedCurve) -> None:
+    """``timed``'s curve planned with from now on: learned afresh (unless it is the one already
+    held, read back again by another variant: what was learned of it stands), and checked
+    against the forwards unless measured now on a quiet machine."""
+    if timed.curve == costs.curve and not timed.fresh and costs.calibration is not None:
+        return
+    costs.curve = timed.curve
+    costs.calibration = StepCalibration()
+    trusted = timed.fresh and not timed.curve.loaded
+    costs.check = None if trusted else CurveCheck(context=timed.context)
+    costs.forget = timed.forget

@@ -47,11 +47,12 @@ from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import END as _END
 from rag_lookahead.engine.request import Call, CallStatus, choose_next, propose, release, verify
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan, Verdict
+from rag_lookahead.planning.costs import CostModel
 from rag_lookahead.runtime.batch import BatchCache
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.prefix import PrefixCache
-from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.streaming.stream import StreamChunk
+from rag_lookahead.tuning.tuner import ModelTuning
 
 __all__ = ["Scheduler"]
 
@@ -64,7 +65,8 @@ class Scheduler:
 
     def __init__(
         self,
-        runner: ModelRunner,
+        tuning: ModelTuning,
+        costs: CostModel,
         max_batch_size: int,
         max_tokens_per_forward: int,
         max_prefill_tokens_per_step: int,
@@ -80,16 +82,16 @@ class Scheduler:
         self._joining: list[Call] = []  # prefilling apart, in order
         self._rows: list[Call] = []  # the batch, in row order (some may still be prefilling)
         self._alone: list[Call] = []  # decoding plainly outside the batch
-        self._executor = Executor(runner)
+        self._executor = Executor(tuning.runner)
         self._batch = BatchCache()  # packed or not as the first row joins (`_add_row`)
-        self.pricing = Pricing(runner.costs, max_tokens_per_forward, runner.packs)
+        self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
-        # The model's changes seen (`ModelRunner.refresh`) when the kept prompts were computed,
+        # The model's changes seen (`ModelTuning.refresh`) when the kept prompts were computed,
         # and the calls admitted since, whose prompts may be kept (`_forget_stale_prompts`).
-        self._runner = runner
-        self._generation = runner.generation
+        self._tuning = tuning
+        self._generation = tuning.generation
         self._fresh: weakref.WeakSet[Call] = weakref.WeakSet()
-        self._thread = runner.thread
+        self._thread = tuning.thread
         self._thread.attach(self)
 
     @property
@@ -191,11 +193,11 @@ class Scheduler:
                 running += 1
 
     def _forget_stale_prompts(self) -> None:
-        """After the model changed (seen as each call starts: `ModelRunner.refresh`, before it is
+        """After the model changed (seen as each call starts: `ModelTuning.refresh`, before it is
         queued), the kept prompts' entries are stale: they go, and only the calls admitted from
         now on keep theirs (a running call's were partly computed before the change: a change
         while calls run is the caller's race, but it outlives them in no kept prompt)."""
-        generation = self._runner.generation
+        generation = self._tuning.generation
         if generation == self._generation:
             return
         self._generation = generation
@@ -251,7 +253,7 @@ class Scheduler:
         if call in self._joining:
             self._joining.remove(call)
         if not self._rows and self._batch.packed != self._executor.packs():
-            # (known once the runner has probed its model: at its first call, not before)
+            # (in the layout of the runner's backend now: a change of the model may change it)
             self._batch = self._executor.new_batch()
         self._batch.add_row(call.cache, min(self.max_batch_size, len(self._rows) + 1 + len(self._joining)))
         call.cache = None

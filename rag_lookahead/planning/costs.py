@@ -132,9 +132,10 @@ class BatchCosts:
 
 @dataclass
 class CostModel:
-    """The forward costs of one model on its device, kept in one place: the `ModelRunner`
-    holds it (measuring writes it), every planner of the model and the scheduler read it, so
-    an engine variant made before a measurement plans with it too."""
+    """The forward costs of one model on its device, kept in one place: the engine holds it
+    (measuring writes it, `rag_lookahead.engine.pricing.prepare_costs`), every planner of the
+    model and the scheduler read it, so an engine variant made before a measurement plans with
+    it too."""
 
     curve: CostCurve | None = None  # one row, by new tokens
     batch: BatchCosts | None = None  # several rows, by width
@@ -450,7 +451,7 @@ def _cpu_model() -> str:
 def curve_key(
     model: Any, device: torch.device, max_tokens: int, linear: str, attention: str, forward: str = "model"
 ) -> dict[str, Any]:
-    """What the curve depends on (``linear``: the kernel of its linear layers, `linear_used`;
+    """What the curve depends on (``linear``: the kernels of its linear layers, a `Backend`'s;
     ``attention``: its attention's, `attention_used`; ``forward``: ``"direct"`` where the
     forwards run as `rag_lookahead.runtime.direct` has them, else ``"model"``; the `processor`);
     a cached curve with another key is stale."""

@@ -14,10 +14,11 @@ forward (`rag_lookahead.runtime.kernels.LinearKernels.function`), which then nee
 ``forward`` shadowed.
 
 `DirectForward.of` accepts a model only where its structure is exactly that (its classes,
-every layer attending to its whole context, no hook on any module); the runner then compares
-it with the model's own forward on probe inputs, bit for bit, before using it, and each
-forward checks (`DirectForward.applies`) that no hook, replaced module or training mode came
-since. Anything else runs the model as it is.
+every layer attending to its whole context, no hook on any module); the tuning wing then
+compares it with the model's own forward on probe inputs, bit for bit, before the runner uses
+it (`rag_lookahead.tuning.probes.direct_matches`), and each of the runner's forwards checks
+(`DirectForward.applies`) that no hook, replaced module or training mode came since. Anything
+else runs the model as it is.
 """
 
 from __future__ import annotations

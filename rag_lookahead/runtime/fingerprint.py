@@ -2,11 +2,11 @@
 
 The engine keeps things computed from its model: prompt prefixes' KV entries
 (`rag_lookahead.runtime.prefix`), reordered weight copies (`rag_lookahead.runtime.kernels`),
-the direct forward and the tree probe's verdict (`rag_lookahead.runtime.runner`). A model can
-be changed after that without the engine seeing it: weights loaded, scaled, stepped or
+the direct forward and the probes' verdicts (its `Backend`, `rag_lookahead.tuning`). A model
+can be changed after that without the engine seeing it: weights loaded, scaled, stepped or
 replaced; a hook registered; a layer wrapped or replaced (an adapter); an adapter switched;
 train() or eval(). `ModelState` is what torch records of all of it, read once per call
-(`ModelRunner.refresh`):
+(`rag_lookahead.tuning.tuner.ModelTuning.refresh`):
 
 - its weights: each parameter and buffer, its identity, torch's version counter (which every
   in-place write under autograd's eye bumps: ``copy_`` in ``load_state_dict``, ``mul_`` under

@@ -36,7 +36,7 @@ from rag_lookahead.serve.metrics import ServerMetrics
 from rag_lookahead.serve.readiness import measure_ahead
 from rag_lookahead.serve.responses import ResponsesShape
 from rag_lookahead.serve.settings import ServeSettings
-from rag_lookahead.serve.utility import utility_routes, version_route
+from rag_lookahead.serve.utility import engine_backend, utility_routes, version_route
 
 __all__ = ["ServerState", "create_app"]
 
@@ -81,6 +81,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Before the server listens (uvicorn, Ray Serve): no request pays for it.
         await anyio.to_thread.run_sync(measure_ahead, engine)
+        _log.info("rag-lookahead: serving on %s", engine_backend(engine) or "a remote engine")
         sweeper = asyncio.create_task(_sweep_forever(state.corpora))
         try:
             yield
@@ -108,7 +109,7 @@ def create_app(
     app.include_router(corpus_routes(state.corpora, settings.max_body_bytes), dependencies=serving)
     check_model = functools.partial(_check_model, state)
     app.include_router(utility_routes(engine, check_model, settings.max_body_bytes), dependencies=serving)
-    app.include_router(version_route())
+    app.include_router(version_route(engine))
     app.include_router(_metrics_route(state.metrics), dependencies=authorized)
 
     @app.get("/health", dependencies=[Depends(_serving(state.admission))])

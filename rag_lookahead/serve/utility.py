@@ -5,8 +5,8 @@ tokenizer's special tokens unless ``add_special_tokens: false``) or chat ``messa
 the chat template as ``/v1/chat/completions`` reads them, with ``tools`` if given and the
 generation prompt), and answers ``{"count", "max_model_len", "tokens", "token_strs"}``;
 ``/detokenize`` turns ``tokens`` back into ``{"prompt"}``; ``/version`` names this package's
-version. Clients that count tokens on the server (lm-eval's remote tokenizer among them) use
-the first two.
+version, and for a local engine its `Backend` (what its forwards run on). Clients that count
+tokens on the server (lm-eval's remote tokenizer among them) use the first two.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from rag_lookahead import __version__
 from rag_lookahead.interface import Engine
 from rag_lookahead.protocol import RequestError, plan_chat
 from rag_lookahead.protocol.errors import checked_text
+from rag_lookahead.runtime.backend import Backend
 from rag_lookahead.serve.bodies import json_body, known_fields
 
-__all__ = ["utility_routes", "version_route"]
+__all__ = ["engine_backend", "utility_routes", "version_route"]
 
 _TOKENIZE_KEYS = frozenset(
     {
@@ -58,15 +59,24 @@ def utility_routes(engine: Engine, check_model: Callable[[str], None], max_body_
     return router
 
 
-def version_route() -> APIRouter:
-    """``GET /version``: this package's version (no key needed, as ``/health``)."""
+def version_route(engine: Engine) -> APIRouter:
+    """``GET /version``: this package's version, and ``engine``'s backend where it has one
+    (`engine_backend`), as it is now (no key needed, as ``/health``)."""
     router = APIRouter()
 
     @router.get("/version")
     async def version() -> JSONResponse:
-        return JSONResponse({"version": __version__})
+        backend = engine_backend(engine)
+        return JSONResponse({"version": __version__, **({"backend": backend.as_dict()} if backend else {})})
 
     return router
+
+
+def engine_backend(engine: Engine) -> Backend | None:
+    """What a local engine's forwards run on (`LookaheadEngine.backend`); ``None`` for an engine
+    whose model runs elsewhere (a remote server's)."""
+    backend = getattr(engine, "backend", None)
+    return backend if isinstance(backend, Backend) else None
 
 
 def _tokenized(engine: Engine, body: Mapping[str, Any]) -> dict[str, Any]:
