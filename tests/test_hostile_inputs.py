@@ -28,7 +28,6 @@ from transformers import AutoTokenizer
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine, TokenTrie, rag_messages
 from rag_lookahead.cli import main
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.drafting.suffix import SuffixDrafter
 from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance
 from rag_lookahead.planning.planner import StepPlanner
 from rag_lookahead.rag import (
@@ -57,6 +56,7 @@ from rag_lookahead.testing import (
     tiny_model,
 )
 from rag_lookahead.testing.holding import holding
+from rag_lookahead.testing.long_texts import InsertWatch
 
 PROMPT = [3, 14, 15, 9, 26]
 N = 8
@@ -1409,31 +1409,13 @@ def test_long_texts_go_in_while_a_running_call_steps(engine, monkeypatch, case, 
     call decoding meanwhile steps between them: it never waits for all of them at once. The
     answers are the same, and no branch is left once the work is done."""
     reference = greedy_reference(engine.model, PROMPT, 500)
-    held: list[int] = []
-
-    def note(tokens: Sequence[int]) -> None:
-        if len(tokens) >= 32:  # a long text's part: not the running call's own few tokens
-            held.append(sum(len(call.ids) for call in engine.scheduler._rows))
-
-    insert, index = TokenTrie.insert, SuffixDrafter._append
-
-    def noted_insert(trie: TokenTrie, tokens: Sequence[int], *args: Any, **kwargs: Any) -> None:
-        note(tokens)
-        insert(trie, tokens, *args, **kwargs)
-
-    def noted_index(drafter: SuffixDrafter, tokens: list[int]) -> None:
-        note(tokens)
-        index(drafter, tokens)
-
-    if watched == "trie":
-        monkeypatch.setattr(TokenTrie, "insert", noted_insert)
-    else:
-        monkeypatch.setattr(SuffixDrafter, "_append", noted_index)
+    watch = InsertWatch(engine, 32)  # a long text's part: not the running call's few tokens
+    watch.start(monkeypatch, watched)
     running = engine.stream(PROMPT, max_new_tokens=500)
     assert next(running) is not None  # decoding
     work(engine)
     assert "".join(running) is not None and running.token_ids == reference
-    assert len(set(held)) >= 3, held  # the running call stepped between the slices
+    assert len(set(watch.held)) >= 3, watch.held  # the running call stepped between the slices
     assert engine.trie.owners() <= {OUTPUT_OWNER}
 
 

@@ -25,8 +25,6 @@ from transformers import AutoTokenizer
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
-from rag_lookahead.drafting.suffix import SuffixDrafter
-from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.rag import DEFAULT_EMBEDDER, DocumentIndex, RagPipeline, RetrievalConfig
 from rag_lookahead.rag.embedding import default_embedder_path
 from rag_lookahead.remote import ServerEngine
@@ -36,6 +34,7 @@ from rag_lookahead.serve.errors import ApiError
 from rag_lookahead.serve.metrics import ServerMetrics
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model
 from rag_lookahead.testing.local_server import WAIT_S, LiveServer, error_of, wait_until
+from rag_lookahead.testing.long_texts import InsertWatch
 
 MODEL = "tiny"
 KEY = "test-key"
@@ -611,21 +610,7 @@ def test_a_stream_steps_while_long_documents_go_in(
     and a stream decoding meanwhile steps between every few of them: it never waits for all of
     them at once (a request of 3.5 MB once held the streams for its whole insert)."""
     engine = new_engine()
-    held: list[int] = []
-
-    def note(tokens: Sequence[int]) -> None:
-        if len(tokens) >= 100:  # a long text's part: not the stream's own tokens, nor DOCUMENTS
-            held.append(sum(len(call.ids) for call in engine.scheduler._rows))
-
-    insert, index = TokenTrie.insert, SuffixDrafter._append
-
-    def noted_insert(trie: TokenTrie, tokens: Sequence[int], *args: Any, **kwargs: Any) -> None:
-        note(tokens)
-        insert(trie, tokens, *args, **kwargs)
-
-    def noted_index(drafter: SuffixDrafter, tokens: list[int]) -> None:
-        note(tokens)
-        index(drafter, tokens)
+    watch = InsertWatch(engine, 100)  # a long text's part: not the stream's tokens, nor DOCUMENTS
 
     no_eos = {str(ASCII_VOCAB): -100}  # the stream lasts its max_tokens
     body = {"model": MODEL, "prompt": "The Normans", "max_tokens": 300, "stream": True, "logit_bias": no_eos}
@@ -633,14 +618,11 @@ def test_a_stream_steps_while_long_documents_go_in(
         with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=WAIT_S) as stream:
             events = (line for line in stream.iter_lines() if line.startswith("data:"))
             assert next(events)  # the stream's call is decoding
-            if watched == "trie":
-                monkeypatch.setattr(TokenTrie, "insert", noted_insert)
-            else:
-                monkeypatch.setattr(SuffixDrafter, "_append", noted_index)
+            watch.start(monkeypatch, watched)
             response = request_(live.url)
             monkeypatch.undo()
             assert list(events)[-1] == "data: [DONE]"
         assert response.status_code == 200, response.text
-        assert len(set(held)) >= 3, held  # the stream stepped between the slices
+        assert len(set(watch.held)) >= 3, watch.held  # the stream stepped between the slices
         live.app.state.lookahead.corpora.close()
         wait_until(lambda: not scope_owners(engine))  # nothing of the documents is left
