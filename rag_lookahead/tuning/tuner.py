@@ -140,7 +140,7 @@ class ModelTuning:
         kernels = LinearKernels(kept.linear, layers)
         direct, forward = _forward_choice(self.model, self.thread, kernels, self._wants_direct, runner.direct)
         problem = _tree_problem(self.model, runner.cache_arg, runner.layer_masks)
-        sources = (kept.sources["linear"], forward)
+        sources = (kept.sources.get("linear", Source.MEASURED), forward)
         choice = _probed(self.model, self.thread, kernels, direct, problem, sources)
         runner.use(choice.backend, layers=choice.layers, direct=choice.direct)
         self._derived = structure
