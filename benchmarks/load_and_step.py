@@ -5,13 +5,16 @@ Per model, an engine is built over fresh copies of the loaded model (what a new 
 with the kernel choice kept under one directory of this run: the first build chooses the linear
 kernels (``cpu_linear="auto"``) and stores the choice, the ``--builds`` later ones read it back
 — the construction a process pays on a machine that has run the engine before (``warm``: their
-median). Then
+median), and its first call (one token) timed: what a build leaves to it (a probe, say) is paid
+there. Then
 the warm engine, decoding plainly (``mode="off"``), answers one prompt ``--rounds`` times,
 ``--max-new-tokens`` tokens each with end-of-sequence ignored; the step time is the median
 over the rounds of the seconds per decoded token after the first (the prefill excluded).
-Public names only, so that it runs unchanged on two versions of the code.
+Public names only, so that it runs unchanged on two versions of the code (the other one's tree
+first on ``PYTHONPATH``), alternated run by run.
 
-    python benchmarks/load_and_step.py --json benchmarks/load-and-step-before.json
+    python benchmarks/load_and_step.py --json load-and-step.json
+    PYTHONPATH=../before python benchmarks/load_and_step.py --json load-and-step-before.json
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ def _measure(name: str, model: Any, tokenizer: Any, args: argparse.Namespace) ->
             del engine  # (one copy of the model at a time)
             engine, seconds = _built(model, tokenizer, cache_dir)
             warm.append(seconds)
+        started = time.perf_counter()
+        engine.complete(_PROMPT, max_new_tokens=1)
+        first_call = time.perf_counter() - started
         _step_seconds(engine, 8, 1)  # warm-up
         steps = _step_seconds(engine, args.max_new_tokens, args.rounds)
     return {
@@ -74,6 +80,7 @@ def _measure(name: str, model: Any, tokenizer: Any, args: argparse.Namespace) ->
             "warm": round(statistics.median(warm), 3),
             "warm_builds": [round(s, 3) for s in warm],
         },
+        "first_call_seconds": round(first_call, 3),
         "step_ms": {
             "median": round(1000 * statistics.median(steps), 3),
             "rounds": [round(1000 * s, 3) for s in steps],
@@ -113,7 +120,8 @@ def main() -> None:
     for result in results:
         built, step = result["construction_seconds"], result["step_ms"]
         print(
-            f"{result['model']:<12} built {built['cold']:.2f} s cold, {built['warm']:.2f} s warm; "
+            f"{result['model']:<12} built {built['cold']:.2f} s cold, {built['warm']:.2f} s warm, "
+            f"first call {result['first_call_seconds']:.2f} s; "
             f"step {step['median']:.2f} ms (median of {args.rounds})"
         )
     if args.json:
