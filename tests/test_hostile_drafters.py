@@ -10,7 +10,6 @@ A drafter that overreaches its budget has its draft cut instead, and its answer 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from rag_lookahead.testing import (
     CharTokenizer,
     ascii_fast_tokenizer,
     greedy_reference,
+    read_all,
     tiny_model,
 )
 
@@ -172,20 +172,7 @@ def beside_neighbours(engine: LookaheadEngine, drafter: HostileDrafter, new_toke
     for stream in streams:
         next(stream.chunks(), None)
     streams.append(engine.stream(HOSTILE_PROMPT, max_new_tokens=new_tokens, drafter=drafter))
-    results: list[Any] = [None] * len(streams)
-
-    def finish(i: int) -> None:
-        try:
-            results[i] = streams[i].complete()
-        except Exception as err:
-            results[i] = err
-
-    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(streams))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
+    return read_all(streams)
 
 
 def assert_nothing_else_changed(engine: LookaheadEngine, neighbours: list[Any], drafter: Any) -> None:

@@ -6,7 +6,6 @@ greedy, seeded-sampled and constrained neighbours share the batch with it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +16,7 @@ from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.streaming.stream import Completion, TextStream
 from rag_lookahead.structured import Grammar
-from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
+from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, read_all, tiny_model
 
 N = 40
 FAILING_PROMPT = [40, 41, 42, 0, 33, 34]
@@ -54,19 +53,7 @@ def beside_neighbours(engine: LookaheadEngine, failing: Callable[[], TextStream]
     for stream in streams:
         next(stream.chunks(), None)
     streams.append(failing())
-    results: list[Any] = [None] * len(streams)
-
-    def finish(i: int) -> None:
-        try:
-            results[i] = streams[i].complete()
-        except Exception as err:
-            results[i] = err
-
-    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(streams))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = read_all(streams)
     return results[:-1], results[-1]
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "nested_person",
     "packaged_template",
     "random_tree",
+    "read_all",
     "read_past_deadline",
     "row_by_row_ancestors",
     "row_by_row_inputs",
@@ -231,16 +232,29 @@ def run_together(
     """Start the calls one after another, each once the previous has released ``stagger``
     chunks, then read them all (in threads): they join and leave the batch at many steps."""
     streams: list[TextStream] = []
-    results: list[Any] = [None] * len(jobs)
     for prompt, params in jobs:
         streams.append(engine.stream(prompt, params))
         for _ in range(stagger):
             next(streams[-1].chunks(), None)
+    results = read_all(streams)
+    errors = [r for r in results if isinstance(r, Exception)]
+    if errors:
+        raise errors[0]
+    return [r for r in results if not isinstance(r, Exception)]
+
+
+def read_all(streams: Sequence[TextStream]) -> list[Completion | Exception]:
+    """Each of ``streams`` read to its end in a thread of its own (the calls decode as one
+    batch meanwhile): its completion, or what reading it raised."""
+    results: list[Completion | Exception] = [Exception("not read")] * len(streams)
 
     def finish(i: int) -> None:
-        results[i] = streams[i].complete()
+        try:
+            results[i] = streams[i].complete()
+        except Exception as err:
+            results[i] = err
 
-    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(jobs))]
+    threads = [threading.Thread(target=finish, args=(i,)) for i in range(len(streams))]
     for thread in threads:
         thread.start()
     for thread in threads:
