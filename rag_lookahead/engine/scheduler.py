@@ -32,7 +32,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
@@ -86,11 +85,10 @@ class Scheduler:
         self._batch = BatchCache()  # packed or not as the first row joins (`_add_row`)
         self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
-        # The model's changes seen (`ModelTuning.refresh`) when the kept prompts were computed,
-        # and the calls admitted since, whose prompts may be kept (`_forget_stale_prompts`).
+        # The model's changes seen (`ModelTuning.refresh`) when the kept prompts were computed:
+        # only calls admitted since keep theirs (`_forget_stale_prompts`, `_keeps_prompt`).
         self._tuning = tuning
         self._generation = tuning.generation
-        self._fresh: weakref.WeakSet[Call] = weakref.WeakSet()
         self._thread = tuning.thread
         self._thread.attach(self)
 
@@ -189,7 +187,7 @@ class Scheduler:
                 # Texts that would hold the loop up go in first, in slices; short ones at the first token.
                 long_texts = call.prepare is not None and call.prepare.left > TEXT_SLICE
                 (self._preparing if long_texts else self._joining).append(call)
-                self._fresh.add(call)
+                call.generation = self._generation
                 running += 1
 
     def _forget_stale_prompts(self) -> None:
@@ -201,9 +199,12 @@ class Scheduler:
         if generation == self._generation:
             return
         self._generation = generation
-        self._fresh = weakref.WeakSet()
         if self._prefixes is not None:
             self._prefixes = PrefixCache(self._prefixes.max_bytes)
+
+    def _keeps_prompt(self, call: Call) -> bool:
+        """Whether ``call``'s prompt may be kept: it was admitted after the model's last change."""
+        return call.generation == self._generation
 
     def _fuse_joining(self) -> None:
         """Joining calls whose prompts ride in the batch's steps from now on (in order, while
@@ -336,7 +337,7 @@ class Scheduler:
         call.prefilled = end
         if end < len(prompt):
             return
-        if self._prefixes is not None and call.batchable and call in self._fresh:
+        if self._prefixes is not None and call.batchable and self._keeps_prompt(call):
             self._prefixes.store(prompt, call.cache)
         self._joining.remove(call)
         if self._first_token(call, logits):
@@ -463,7 +464,7 @@ class Scheduler:
         call.prefilled += tokens
         if call.prefilled < len(call.prompt_ids):
             return False
-        if self._prefixes is not None and call in self._fresh:
+        if self._prefixes is not None and self._keeps_prompt(call):
             self._prefixes.store(call.prompt_ids, self._batch.row_view(row))
         return self._first_token(call, logits)
 
