@@ -299,7 +299,7 @@ def prompt_apart(
 
 def plain_step(loop: Any, token: int, seconds: float, released: int) -> None:
     """A plain step after ``token`` of a call outside the batch."""
-    if _open.get(loop) is None:  # (nothing to build while nobody watches)
+    if not _observers or _open.get(loop) is None:  # (nothing to build while nobody watches)
         return
     row = RowStep(StepDraft(DraftTree((token,), (-1,))), None, False, released)
     step(loop, Step("plain", (row,), seconds))
