@@ -10,10 +10,11 @@ from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.runtime import attention
 from rag_lookahead.runtime.attention import (
     ATTENTION_NAME,
+    LAYOUT,
+    CausalChunk,
+    RaggedRows,
     attention_used,
-    causal_chunk,
     grouped_sdpa_attention,
-    ragged_rows,
 )
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.kernels import onednn_available
@@ -85,7 +86,7 @@ def _chunk_mask(chunk: int, cached: int, boolean: bool = True) -> torch.Tensor:
 def test_a_prompts_chunk_attends_through_the_causal_kernel_with_the_masked_result(
     chunk: int, cached: int, groups: int, boolean: bool
 ) -> None:
-    """Within `causal_chunk`, a chunk at least as long as the columns cached before it is
+    """In a forward of a `CausalChunk`, a chunk at least as long as the columns cached before it is
     computed by the causal kernel after as many zero queries (no mask): the masked result."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -103,9 +104,11 @@ def test_a_prompts_chunk_attends_through_the_causal_kernel_with_the_masked_resul
         seen.append(kwargs.get("attn_mask"))
         return kernel(*args, **kwargs)  # type: ignore[arg-type]
 
-    with pytest.MonkeyPatch.context() as patch, causal_chunk():
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
-        causal, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+        causal, _ = grouped_sdpa_attention(
+            module, query, key, value, mask, scaling=0.3, **{LAYOUT: CausalChunk()}
+        )
     assert seen == [None]  # the causal kernel, without the mask
     torch.testing.assert_close(causal, masked, rtol=1e-6, atol=1e-6)
 
@@ -119,22 +122,56 @@ def test_a_chunk_is_taken_as_causal_only_under_its_causal_mask() -> None:
     ) -> int | None:
         return attention._causal_columns(_Module(), query, key, mask, False, dict(kwargs))
 
-    assert columns(query, key, mask) is None  # outside a prompt's chunk
-    with causal_chunk():
-        assert columns(query, key, mask) == 3
-        assert columns(query, key[:, :, :5], None) == 0  # a whole prompt: no mask, causal
-        assert columns(query, key, None) is None  # no mask over cached columns: not causal
-        assert columns(query, key, mask, sliding_window=4) is None  # a windowed layer's mask
-        assert columns(torch.randn(2, 6, 5, 8), key.expand(2, -1, -1, -1), mask.expand(2, -1, -1, -1)) is None
-        padded_column = mask.clone()
-        padded_column[..., 1] = False  # a padding mask hides a column from every row
-        assert columns(query, key, padded_column) is None
-        assert columns(query, key, torch.ones(1, 1, 5, 8, dtype=torch.bool)) is None  # not causal
-        shifted = torch.ones(5, 8, dtype=torch.bool).tril()[None, None]  # aligned to the first column
-        assert columns(query, key, shifted) is None
-        # Padded with zero queries only where the chunk is at least as long as the cached columns.
-        longer = torch.randn(1, 2, 12, 8)
-        assert attention._causal_chunk(query, longer, longer, True, None, 7) is None
+    assert columns(query, key, mask) == 3
+    assert columns(query, key[:, :, :5], None) == 0  # a whole prompt: no mask, causal
+    assert columns(query, key, None) is None  # no mask over cached columns: not causal
+    assert columns(query, key, mask, sliding_window=4) is None  # a windowed layer's mask
+    assert columns(torch.randn(2, 6, 5, 8), key.expand(2, -1, -1, -1), mask.expand(2, -1, -1, -1)) is None
+    padded_column = mask.clone()
+    padded_column[..., 1] = False  # a padding mask hides a column from every row
+    assert columns(query, key, padded_column) is None
+    assert columns(query, key, torch.ones(1, 1, 5, 8, dtype=torch.bool)) is None  # not causal
+    shifted = torch.ones(5, 8, dtype=torch.bool).tril()[None, None]  # aligned to the first column
+    assert columns(query, key, shifted) is None
+    # Padded with zero queries only where the chunk is at least as long as the cached columns.
+    longer = torch.randn(1, 2, 12, 8)
+    assert attention._causal_chunk(query, longer, longer, True, None, 7, CausalChunk()) is None
+
+
+def test_without_a_layout_the_attention_is_transformers_sdpa() -> None:
+    """A forward that hands over no `RowLayout` (the attention called as transformers calls it)
+    attends as SDPA does: no causal kernel, no call per row."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = _Module()
+    torch.manual_seed(4)
+    query = torch.randn(2, 6, 5, 8)  # [B, H, T, D]
+    key, value = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)  # [B, KV, L, D]
+    mask = _chunk_mask(5, 4).expand(2, -1, -1, -1)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    calls: list[object] = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+
+    def watched(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(kwargs.get("attn_mask"))
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
+        out, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+    assert len(calls) == 1 and calls[0] is mask  # one masked call for the batch
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_rows_states_without_their_packed_layout_are_refused() -> None:
+    """Keys of packed rows reaching the attention without the forward's `PackedRows` (a model
+    that does not hand its forward's keywords on): an error, which the probe turns into padded
+    batches, never an attention over the wrong keys."""
+    from rag_lookahead.runtime.packed_cache import RowStates
+
+    keys = RowStates((torch.randn(1, 2, 4, 8), torch.randn(1, 2, 3, 8)))
+    with pytest.raises(RuntimeError, match="packed rows"):
+        grouped_sdpa_attention(_Module(), torch.randn(1, 6, 5, 8), keys, keys, None, scaling=0.3)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
@@ -143,7 +180,7 @@ def test_a_chunk_is_taken_as_causal_only_under_its_causal_mask() -> None:
 def test_a_long_chunk_attends_block_by_block_with_the_masked_result(
     chunk: int, cached: int, groups: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Within `causal_chunk(onednn=True)`, a chunk of at least `_BLOCKS_FROM` queries and
+    """In a forward of a `CausalChunk(onednn=True)`, a chunk of at least `_BLOCKS_FROM` queries and
     columns attends block by block on oneDNN (here blocks of 3: a partial last one too):
     the masked SDPA result, no SDPA call."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -160,9 +197,9 @@ def test_a_long_chunk_attends_block_by_block_with_the_masked_result(
     expected, _ = sdpa_attention_forward(
         module, query, key, value, mask if cached else None, scaling=0.3, is_causal=not cached
     )
-    with causal_chunk(onednn=True):
-        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", None)  # not called
-        blocks, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", None)  # not called
+    layout = {LAYOUT: CausalChunk(onednn=True)}
+    blocks, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3, **layout)
     torch.testing.assert_close(blocks, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -206,7 +243,7 @@ def test_a_prompt_after_a_cached_prefix_gives_the_whole_prompts_logits(
 @pytest.mark.parametrize("width", [1, 2, 5])
 @pytest.mark.parametrize("groups", [1, 3])
 def test_ragged_rows_attend_their_own_columns_with_the_padded_result(width: int, groups: int) -> None:
-    """Row 1 uses 4 of 20 columns: within `ragged_rows` each row is attended over its own span
+    """Row 1 uses 4 of 20 columns: in a forward of `RaggedRows` each row is attended over its own span
     (the padded columns, hidden, weigh nothing), the same output as the padded batch."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -225,9 +262,10 @@ def test_ragged_rows_attend_their_own_columns_with_the_padded_result(width: int,
         return kernel(*args, **kwargs)  # type: ignore[arg-type]
 
     padded, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
-    with pytest.MonkeyPatch.context() as patch, ragged_rows([20, 4]):
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
-        ragged, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+        layout = {LAYOUT: RaggedRows.of([20, 4])}
+        ragged, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3, **layout)
     assert len(calls) == 2  # a call per row
     torch.testing.assert_close(ragged, padded, rtol=1e-6, atol=1e-6)
 
@@ -235,13 +273,12 @@ def test_ragged_rows_attend_their_own_columns_with_the_padded_result(width: int,
 def test_rows_of_like_lengths_stay_one_call() -> None:
     # 2 x 20 columns read for 19 + 17 used: not worth a call per row.
     query, key = torch.randn(2, 6, 3, 8), torch.randn(2, 2, 20, 8)
-    with ragged_rows([20, 17]):
-        assert attention._split_rows(query, key, plain=False) is None
-    with ragged_rows([20, 4]):
-        assert attention._split_rows(query, key, plain=False) == (20, 4)
-        assert attention._split_rows(query, key, plain=True) is None  # softcapping, biases: as is
-        assert attention._split_rows(query[:1], key[:1], plain=False) is None  # not these rows
-    assert attention._split_rows(query, key, plain=False) is None  # outside a batched forward
+    assert RaggedRows.of([20, 17]) is None
+    rows = RaggedRows.of([20, 4])
+    assert rows == RaggedRows((20, 4))
+    assert attention._split_rows(query, key, False, rows)
+    assert not attention._split_rows(query, key, True, rows)  # softcapping, biases: as is
+    assert not attention._split_rows(query[:1], key[:1], False, rows)  # not these rows
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt2"])
@@ -254,12 +291,36 @@ def test_a_batch_of_a_long_and_a_short_row_gives_each_rows_logits(family: str) -
     torch.testing.assert_close(ragged, padded, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt2"])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_batched_forwards_row_layout_reaches_every_layers_attention_as_an_argument(
+    family: str, direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner hands its `RaggedRows` to the model's forward (its own code, or the direct
+    one) as a keyword, and every layer's attention receives it: no state around the forward."""
+    seen: list[RaggedRows] = []
+    split = attention._split_rows
+
+    def watched(query: torch.Tensor, key: torch.Tensor, plain: bool, rows: RaggedRows) -> bool:
+        seen.append(rows)
+        return split(query, key, plain, rows)
+
+    monkeypatch.setattr(attention, "_split_rows", watched)
+    model = tiny_model(family)
+    tuning = ModelTuning(model, direct=direct)
+    _batch_logits(model, ([3 + i % 40 for i in range(40)], [2, 7, 1]), True, tuning)
+    assert seen == [RaggedRows((44, 7))] * model.config.num_hidden_layers
+
+
 def _batch_logits(
-    model: torch.nn.Module, prompts: tuple[list[int], ...], through_runner: bool
+    model: torch.nn.Module,
+    prompts: tuple[list[int], ...],
+    through_runner: bool,
+    tuning: ModelTuning | None = None,
 ) -> torch.Tensor:
     """A step of two trees over a batch of ``prompts``, through the runner (its attention) or
     the model called directly (transformers' SDPA, padded)."""
-    runner = ModelTuning(model).runner
+    runner = (tuning or ModelTuning(model)).runner
     drafts = [StepDraft(DraftTree((7, 8, 9, 10), (-1, 0, 1, 0))), StepDraft(DraftTree((1, 2), (-1, 0)))]
     batch = BatchCache()
     for prompt in prompts:

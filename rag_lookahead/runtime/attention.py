@@ -8,19 +8,24 @@ costs more than the attention itself for a batch of long RAG contexts — is not
 
 `grouped_sdpa_attention` does exactly that and hands every other case (no mask, a single
 query, another device, softcapping, position biases) to transformers' own SDPA function. It is
-registered under its own name with transformers' attention interface, and the engine's forwards
-of a CPU model that attends with ``"sdpa"`` select it for their duration (`grouped_attention`);
-the model's code is untouched, and outside those forwards it attends as configured (so that,
-e.g., transformers' own continuous batching, which accepts only its known implementations,
-still runs on it).
+registered under its own name with transformers' attention interface: the engine's direct
+forward calls it by that name, and its forwards of the model's own code select it for their
+duration (`rag_lookahead.runtime.runner`); the model's code is untouched, and outside those
+forwards it attends as configured (so that, e.g., transformers' own continuous batching, which
+accepts only its known implementations, still runs on it).
+
+How a forward's rows lie is an argument of that forward: a `RowLayout` (`RaggedRows`,
+`CausalChunk`, `PackedRows`) the runner passes as the keyword `LAYOUT`, which transformers
+hands on, with a forward's other extra keywords, to its attention function. Without one, the
+attention is transformers' SDPA but for the grouped heads.
 
 A batch's rows are padded to its longest row's cache, and a row's attention would read every
-padded column. Within `ragged_rows` (the engine's batched forwards on CPU) a row whose cache is
+padded column. In a forward of `RaggedRows` (the engine's batched forwards on CPU) a row whose cache is
 much shorter than the longest is attended over its own columns only, one row at a time, when
 that reads far fewer columns than the padded batch: the same result (the padded columns are
 hidden, so they weigh exactly nothing), up to the rounding of a smaller kernel.
 
-Within `causal_chunk` (a forward of a prompt, or of its chunk after cached entries: the prefix
+In a forward of a `CausalChunk` (a prompt, or of its chunk after cached entries: the prefix
 cache's, or the prompt's earlier chunks) every query sees the columns up to its own, aligned to
 the last one. After cached entries the model hands over that mask, and a masked kernel computes
 every score, the hidden half too; where the chunk is at least as long as what was cached before
@@ -33,7 +38,7 @@ softmax, and a product with the values. torch's CPU attention kernels multiply t
 which on some CPUs (an AMD EPYC's, with MKL) runs at half oneDNN's rate. Each query's row is
 the same dot products and softmax in every way, up to the kernels' rounding.
 
-Within `packed_rows` the batch's drafts come unpadded, one after another in a single sequence
+In a forward of `PackedRows` the batch's drafts come unpadded, one after another in a single sequence
 (`rag_lookahead.decoding.tree.PackedInputs`): the linear layers then cost the rows' real tokens
 only, and each row's queries attend over that row's keys alone (each row's own buffers, as
 `rag_lookahead.runtime.packed_cache.PackedRowCache` hands them over), under its own mask (its
@@ -42,9 +47,8 @@ windowed one in a layer that transformers calls with a ``sliding_window``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -59,27 +63,20 @@ from rag_lookahead.runtime.packed_cache import RowStates
 
 __all__ = [
     "ATTENTION_NAME",
+    "LAYOUT",
+    "CausalChunk",
+    "PackedRows",
+    "RaggedRows",
+    "RowLayout",
     "attention_used",
-    "causal_chunk",
-    "grouped_attention",
     "grouped_sdpa_attention",
-    "packed_rows",
-    "ragged_rows",
     "register",
 ]
 
 ATTENTION_NAME = "rag_lookahead_sdpa"
 
-# The rows of the batched forward under way: how many key columns each one uses (its cache and
-# its new tokens). Set by `ragged_rows` for one forward, in the thread that runs it.
-_ROW_SPANS: ContextVar[tuple[int, ...] | None] = ContextVar("rag_lookahead_row_spans", default=None)
-# The packed forward under way: per row, its queries' first index and count in the sequence,
-# and its masks in full and in sliding-window layers (``None``: it sees all).
-_Packed = tuple[tuple[int, int, torch.Tensor | None, torch.Tensor | None], ...]
-_PACKED: ContextVar[_Packed | None] = ContextVar("rag_lookahead_packed_rows", default=None)
-# Set by `causal_chunk` for one forward of a prompt's chunk, in the thread that runs it: whether
-# its attention multiplies on oneDNN (``None``: not in one).
-_CAUSAL_CHUNK: ContextVar[bool | None] = ContextVar("rag_lookahead_causal_chunk", default=None)
+# The keyword a forward's `RowLayout` travels by, from the runner to the attention.
+LAYOUT = "rag_lookahead_rows"
 # A chunk attends block by block (`_causal_blocks`) from this many queries and key columns on:
 # below, a block's products are too small to beat the fused kernel.
 _BLOCKS_FROM = (64, 1024)
@@ -89,44 +86,49 @@ _BLOCK = 128  # queries a block: its scores stay in the cores' caches
 _SPLIT_WASTE = 1.5
 
 
-@contextmanager
-def ragged_rows(spans: Sequence[int]) -> Iterator[None]:
-    """Within this block, a batched attention of ``len(spans)`` rows on CPU attends row ``i``
-    over its first ``spans[i]`` key columns only (every column past them is hidden to it), when
-    the padded batch would read at least ``_SPLIT_WASTE`` times the columns the rows use."""
-    # Decided once per forward: every layer's keys span the longest row.
-    worth = len(spans) > 1 and len(spans) * max(spans) >= _SPLIT_WASTE * sum(spans)
-    token = _ROW_SPANS.set(tuple(spans) if worth else None)
-    try:
-        yield
-    finally:
-        _ROW_SPANS.reset(token)
+@dataclass(frozen=True)
+class RaggedRows:
+    """A batched forward's rows on CPU: how many key columns each one uses (its cache and its
+    new tokens). A masked attention of these rows attends row ``i`` over its first
+    ``spans[i]`` key columns only (every column past them is hidden to it)."""
+
+    spans: tuple[int, ...]
+
+    @classmethod
+    def of(cls, spans: Sequence[int]) -> RaggedRows | None:
+        """The layout of rows of ``spans`` columns, or ``None`` where the padded batch reads
+        fewer than ``_SPLIT_WASTE`` times the columns the rows use (a call per row would cost
+        more than one for the batch)."""
+        worth = len(spans) > 1 and len(spans) * max(spans) >= _SPLIT_WASTE * sum(spans)
+        return cls(tuple(spans)) if worth else None
 
 
-@contextmanager
-def causal_chunk(onednn: bool = False) -> Iterator[None]:
-    """Within this block, the model's forwards are of a prompt, or of its chunk after the
-    cached entries, under the model's causal mask: an attention over a whole context (no
-    sliding window) may compute it with the causal kernel, or block by block on oneDNN where
-    ``onednn`` (see the module's docstring)."""
-    token = _CAUSAL_CHUNK.set(onednn)
-    try:
-        yield
-    finally:
-        _CAUSAL_CHUNK.reset(token)
+@dataclass(frozen=True)
+class CausalChunk:
+    """A forward of a prompt, or of its chunk after the cached entries, under the model's
+    causal mask: an attention over a whole context (no sliding window) may compute it with the
+    causal kernel, or block by block on oneDNN where ``onednn`` (see the module's docstring)."""
+
+    onednn: bool = False
 
 
-@contextmanager
-def packed_rows(inputs: PackedInputs) -> Iterator[None]:
-    """Within this block, an attention of the one packed sequence of ``inputs`` over a batch of
-    rows' keys (`RowStates`) attends row ``i``'s queries over that row's keys alone, under its
-    own mask (in a sliding-window layer, its windowed one)."""
-    rows = tuple(zip(inputs.offsets, inputs.sizes, inputs.masks, inputs.sliding, strict=True))
-    token = _PACKED.set(rows)
-    try:
-        yield
-    finally:
-        _PACKED.reset(token)
+@dataclass(frozen=True)
+class PackedRows:
+    """The one packed sequence of a batch's drafts (`PackedInputs`): per row, its queries'
+    first index and count in the sequence and its masks in full and in sliding-window layers
+    (``None``: it sees all). Each row's queries attend over that row's keys (`RowStates`) alone,
+    under its own mask."""
+
+    rows: tuple[tuple[int, int, torch.Tensor | None, torch.Tensor | None], ...]
+
+    @classmethod
+    def of(cls, inputs: PackedInputs) -> PackedRows:
+        return cls(tuple(zip(inputs.offsets, inputs.sizes, inputs.masks, inputs.sliding, strict=True)))
+
+
+# How a forward's rows lie, handed to `grouped_sdpa_attention` as the keyword `LAYOUT` of the
+# model's forward (transformers passes a forward's extra keywords through to the attention).
+RowLayout = RaggedRows | CausalChunk | PackedRows
 
 
 def _packed(
@@ -134,7 +136,7 @@ def _packed(
     keys: RowStates,  # per row [1, KV, L_i, D]
     values: RowStates,
     scaling: float | None,
-    rows: _Packed,
+    rows: PackedRows,
     sliding: bool,
 ) -> torch.Tensor:
     """Each row's queries over its own keys: ``[1, N, H, D]``."""
@@ -147,7 +149,7 @@ def _packed(
             scale=scaling,
             enable_gqa=True,
         )  # [1, H, size, D]
-        for (offset, size, mask, windowed), key, value in zip(rows, keys, values, strict=True)
+        for (offset, size, mask, windowed), key, value in zip(rows.rows, keys, values, strict=True)
     ]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
@@ -161,14 +163,13 @@ def _causal_columns(
     kwargs: dict[str, Any],
 ) -> int | None:
     """The columns cached before this call's chunk, where it is a prompt's chunk under the
-    causal mask aligned to the last column (`causal_chunk`); else ``None``: outside one, in a
-    sliding-window layer, or for a mask that is not that one (a padding mask, a window, another
+    causal mask aligned to the last column (a `CausalChunk`); else ``None``: another forward,
+    a sliding-window layer, or a mask that is not that one (a padding mask, a window, another
     alignment)."""
     chunk, columns = query.shape[2], key.shape[2]
     cached = columns - chunk
     if (
-        _CAUSAL_CHUNK.get() is None
-        or plain
+        plain
         or kwargs.get("sliding_window") is not None
         or query.device.type != "cpu"
         or query.shape[0] != 1
@@ -195,12 +196,13 @@ def _causal_chunk(
     masked: bool,
     scaling: float | None,
     cached: int,
+    layout: CausalChunk,
 ) -> torch.Tensor | None:
     """A prompt's chunk after ``cached`` columns, ``[1, T, H, D]``, by the cheapest way that
     applies: block by block on oneDNN, or the causal kernel after zero queries where the chunk
     is masked and at least as long as the cached columns; ``None``: as the model hands it."""
     chunk, columns = query.shape[2], key.shape[2]
-    if _CAUSAL_CHUNK.get() and chunk >= _BLOCKS_FROM[0] and columns >= _BLOCKS_FROM[1]:
+    if layout.onednn and chunk >= _BLOCKS_FROM[0] and columns >= _BLOCKS_FROM[1]:
         return _causal_blocks(query, key, value, scaling, cached)
     if not masked or cached > chunk:  # (unmasked, the causal kernel runs already)
         return None
@@ -249,12 +251,34 @@ def _causal_blocks(
     return out
 
 
-def _split_rows(query: torch.Tensor, key: torch.Tensor, plain: bool) -> tuple[int, ...] | None:
-    """The rows' key spans when this call should attend row by row, else ``None``."""
-    spans = _ROW_SPANS.get()
-    if spans is None or plain or query.device.type != "cpu" or len(spans) != query.shape[0]:
-        return None
-    return spans if max(spans) == key.shape[2] else None  # (a call of other keys: as is)
+def _split_rows(query: torch.Tensor, key: torch.Tensor, plain: bool, rows: RaggedRows) -> bool:
+    """Whether this call should attend row by row over ``rows``' spans."""
+    if plain or query.device.type != "cpu" or len(rows.spans) != query.shape[0]:
+        return False
+    return max(rows.spans) == key.shape[2]  # (a call of other keys: as is)
+
+
+def _packed_attention(
+    query: torch.Tensor,  # [1, H, N, D]
+    keys: Any,
+    values: Any,
+    scaling: float | None,
+    layout: RowLayout | None,
+    plain: bool,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """A packed forward's attention (`PackedRows` over `RowStates`): ``[1, N, H, D]``."""
+    if (
+        not isinstance(layout, PackedRows)
+        or plain
+        or query.shape[0] != 1
+        or not isinstance(keys, RowStates)
+        or not isinstance(values, RowStates)
+        or len(keys) != len(layout.rows)
+    ):  # (the probe finds this: e.g. a model that does not hand its forward's keywords on)
+        raise RuntimeError("this attention cannot be computed on packed rows")
+    sliding = kwargs.get("sliding_window") is not None  # (how transformers' layers say it)
+    return _packed(query, keys, values, scaling, layout, sliding)
 
 
 def grouped_sdpa_attention(
@@ -268,31 +292,27 @@ def grouped_sdpa_attention(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, without copying key/value heads under a mask on CPU (and,
-    within `ragged_rows`, without reading a short row's padded columns)."""
+    """transformers' SDPA attention, without copying key/value heads under a mask on CPU, and
+    with the rows laid out as the forward's `RowLayout` (keyword `LAYOUT`) says."""
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
-    packed = _PACKED.get()
-    if packed is not None:
-        rows_keys, rows_values = key, value
-        if (
-            plain
-            or query.shape[0] != 1
-            or not isinstance(rows_keys, RowStates)
-            or not isinstance(rows_values, RowStates)
-            or len(rows_keys) != len(packed)
-        ):  # (the probe finds this)
-            raise RuntimeError("this attention cannot be computed on packed rows")
-        sliding = kwargs.get("sliding_window") is not None  # (how transformers' layers say it)
-        return _packed(query, rows_keys, rows_values, scaling, packed, sliding), None
+    layout = kwargs.pop(LAYOUT, None)
+    if isinstance(layout, PackedRows) or isinstance(key, RowStates):
+        return _packed_attention(query, key, value, scaling, layout, plain, kwargs), None
     if (
-        dropout == 0.0
+        isinstance(layout, CausalChunk)
+        and dropout == 0.0
         and is_causal is not False
         and (cached := _causal_columns(module, query, key, attention_mask, plain, kwargs)) is not None
-        and (out := _causal_chunk(query, key, value, attention_mask is not None, scaling, cached)) is not None
+        and (out := _causal_chunk(query, key, value, attention_mask is not None, scaling, cached, layout))
+        is not None
     ):
         return out, None
-    if attention_mask is not None and (spans := _split_rows(query, key, plain)) is not None:
+    if (
+        isinstance(layout, RaggedRows)
+        and attention_mask is not None
+        and _split_rows(query, key, plain, layout)
+    ):
         rows = [
             grouped_sdpa_attention(
                 module,
@@ -305,7 +325,7 @@ def grouped_sdpa_attention(
                 is_causal,
                 **kwargs,
             )[0]
-            for i, span in enumerate(spans)
+            for i, span in enumerate(layout.spans)
         ]  # each [1, T, H, D]
         return torch.cat(rows), None  # [B, T, H, D]
     if attention_mask is None or not grouped or plain or query.shape[2] == 1 or query.device.type != "cpu":
@@ -338,16 +358,3 @@ def attention_used(model: Any, device: torch.device) -> str | None:
     """The attention the engine's forwards of ``model`` on ``device`` run with."""
     configured = getattr(model.config, "_attn_implementation", None)
     return ATTENTION_NAME if configured == "sdpa" and device.type == "cpu" else configured
-
-
-@contextmanager
-def grouped_attention(model: Any, device: torch.device) -> Iterator[None]:
-    """Within this block ``model`` attends with `grouped_sdpa_attention` where it applies."""
-    if attention_used(model, device) != ATTENTION_NAME:
-        yield
-        return
-    model.config._attn_implementation = register()
-    try:
-        yield
-    finally:
-        model.config._attn_implementation = "sdpa"

@@ -10,7 +10,7 @@ accepted nodes (gathered to the front of its new columns) and its length grows b
 whatever lies beyond a row's length is stale and stays hidden.
 
 That is the padded batch (every row's step as wide as the widest). A packed batch (its rows'
-tokens side by side, on a CPU: `rag_lookahead.runtime.attention.packed_rows`) attends each row
+tokens side by side, on a CPU: `rag_lookahead.runtime.attention.PackedRows`) attends each row
 over its own keys alone, so its rows need no common buffer: it keeps each row in the buffers
 its call prefilled into (`rag_lookahead.runtime.packed_cache.PackedRowCache`), and a call
 joins, grows and leaves without copying any other row.

@@ -33,6 +33,7 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rag_lookahead.runtime.attention import attention_used, register
 from rag_lookahead.runtime.kernels import torch_linear
 
 __all__ = ["DirectForward", "DirectOutput"]
@@ -95,8 +96,14 @@ class DirectForward:
         self._tree = tuple(
             (m._modules, name, child, type(child)) for m in modules for name, child in m._modules.items()
         )
-        # The attention a layer falls back to where no interface is registered (``"eager"``).
-        self.eager = sys.modules[type(inner.layers[0].self_attn).__module__].eager_attention_forward
+        # The attention the engine's forwards run with, looked up once by its name (the model's
+        # own layers look it up in their config at each call); ``"eager"`` is no registered
+        # interface: it is the family's own function.
+        eager = sys.modules[type(inner.layers[0].self_attn).__module__].eager_attention_forward
+        self._configured = self.config._attn_implementation
+        register()
+        name = attention_used(model, next(model.parameters()).device)
+        self.attend = eager if name in (None, "eager") else ALL_ATTENTION_FUNCTIONS.get_interface(name, eager)
 
     @classmethod
     def of(cls, model: Any) -> DirectForward | None:
@@ -109,11 +116,13 @@ class DirectForward:
         return forward if forward.applies() else None
 
     def applies(self) -> bool:
-        """Whether the model is still as this forward read it: in eval mode, no hook on any of
-        its modules (nor a global one), no module's ``forward`` replaced on the instance, no
-        module replaced by another (an adapter's layer) or changed in class."""
+        """Whether the model is still as this forward read it: in eval mode, the attention its
+        config names, no hook on any of its modules (nor a global one), no module's ``forward``
+        replaced on the instance, no module replaced by another (an adapter's layer) or changed
+        in class."""
         return not (
             self.model.training
+            or self.config._attn_implementation != self._configured
             or _global_hooks()
             or any(self._hooks)
             or any("forward" in attributes for attributes in self._attributes)
@@ -132,10 +141,12 @@ class DirectForward:
         logits_to_keep: int | torch.Tensor = 0,
         use_cache: bool = True,
         linear: Linear = torch_linear,
+        **kwargs: Any,
     ) -> DirectOutput:
         """The logits (``[B, T, V]``, or at ``logits_to_keep``'s positions) and the cache, as
         ``model(input_ids=..., cache=..., position_ids=..., attention_mask=..., use_cache=...,
-        logits_to_keep=...)`` gives them."""
+        logits_to_keep=..., **kwargs)`` gives them: ``kwargs`` are handed to the attention, as
+        the model's forward hands its extra keywords on."""
         hidden = torch.nn.functional.embedding(
             input_ids, self.embed.weight, self.embed.padding_idx
         )  # [B, T, H]
@@ -153,10 +164,9 @@ class DirectForward:
         )
         cos, sin = self.rotary(hidden, position_ids=position_ids)  # each [B, T, D]
         rotation = (cos.unsqueeze(1), sin.unsqueeze(1))  # each [B, 1, T, D]
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.eager)
         for layer in self.layers:
             hidden = _decoder_layer(
-                layer, hidden, rotation, mask, cache, position_ids, attend, use_cache, linear
+                layer, hidden, rotation, mask, cache, position_ids, self.attend, use_cache, linear, kwargs
             )
         hidden = self.norm.forward(hidden)
         # (the runner keeps the last positions, or the same positions of every row)
@@ -174,6 +184,7 @@ def _decoder_layer(
     attend: Any,
     use_cache: bool,
     linear: Linear,
+    kwargs: dict[str, Any],
 ) -> torch.Tensor:
     """One Llama decoder layer: `LlamaDecoderLayer.forward`'s operators in its order."""
     residual = hidden
@@ -198,6 +209,7 @@ def _decoder_layer(
         scaling=layer.attention.scaling,
         position_ids=position_ids,
         use_cache=use_cache,
+        **kwargs,
     )  # [B, T, H, D]
     out = linear(layer.o, out.reshape(*shape, -1).contiguous())
     hidden = residual + out

@@ -9,7 +9,7 @@ rectangular buffer would grow every row to the longest, and fault in fresh memor
 them), and a leaving call takes nothing from the others.
 
 `PackedRowLayer.update` returns each row's keys and values (`RowStates`), not one tensor: the
-engine's packed attention (`rag_lookahead.runtime.attention.packed_rows`) reads them row by
+engine's packed attention (`rag_lookahead.runtime.attention.PackedRows`) reads them row by
 row; a model that used them otherwise fails the runner's probe and steps padded.
 """
 

@@ -8,18 +8,25 @@ own).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from rag_lookahead.decoding.tree import PackedInputs, StepDraft, TreeInputs, packed_inputs
-from rag_lookahead.runtime.attention import causal_chunk, grouped_attention, packed_rows, ragged_rows
+from rag_lookahead.runtime.attention import (
+    ATTENTION_NAME,
+    LAYOUT,
+    CausalChunk,
+    PackedRows,
+    RaggedRows,
+    RowLayout,
+    register,
+)
 from rag_lookahead.runtime.backend import Backend
 from rag_lookahead.runtime.direct import DirectForward
 from rag_lookahead.runtime.kernels import LinearKernels, OneDnnLayers
@@ -61,7 +68,11 @@ class ModelRunner:
         self.lock = threading.RLock()
         self.cache_arg = cache_kwarg(model)
         self.layer_masks = LayerMasks.of(model.config)
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        parameters = inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in parameters
+        # Whether the model's forward hands extra keywords on (to its attention, as transformers'
+        # models do): a forward's `RowLayout` travels that way.
+        self._hands_keywords_on = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
         self.use(backend, layers=layers, direct=direct)
 
     def use(self, backend: Backend, *, layers: OneDnnLayers | None, direct: DirectForward | None) -> None:
@@ -75,6 +86,9 @@ class ModelRunner:
             self.backend = backend
             self.linear = LinearKernels(backend.linear, layers)
             self.direct = direct if backend.forward == "direct" else None
+            # Only the engine's own attention reads a layout (another would be handed a keyword
+            # it does not know).
+            self._layouts = backend.attention == ATTENTION_NAME and self._hands_keywords_on
 
     @property
     def device(self) -> torch.device:
@@ -83,21 +97,42 @@ class ModelRunner:
     @contextmanager
     def _running(self, tokens: int) -> Iterator[Forward]:
         """One forward of ``tokens`` tokens, by the function given: alone on the model, without
-        autograd, with the grouped attention and the linear kernel chosen for so many tokens on
-        CPU; the direct forward where there is one and the model is still as it read it
+        autograd, on the backend's attention and the linear kernel chosen for so many tokens;
+        the direct forward where there is one and the model is still as it read it
         (`DirectForward.applies`), else the model's own."""
         with self.lock:  # (the backend read once: `use` may replace it between two forwards)
             linear, direct = self.linear, self.direct
             direct = direct if direct is not None and direct.applies() else None
-            with (
-                torch.inference_mode(),
-                grouped_attention(self.model, self.device),
-                contextlib.nullcontext() if direct else linear.running(tokens),
-            ):
-                if direct is not None:
+            with torch.inference_mode():
+                if direct is not None:  # (it takes its attention and kernel as arguments)
                     yield functools.partial(direct, linear=linear.function(tokens))
                 else:
-                    yield self._model_forward
+                    with self._model_as_backend_says(linear, tokens):
+                        yield self._model_forward
+
+    @contextmanager
+    def _model_as_backend_says(self, linear: LinearKernels, tokens: int) -> Iterator[None]:
+        """For the duration of one forward of the model's own code, its attention and its fp32
+        linear layers are the backend's. The one place the engine configures a forward by
+        state, not arguments: transformers looks a layer's attention up by the name in the
+        model's config at each call, and the model calls its own ``Linear`` modules. Outside,
+        the model is as it was (its config names its own attention again)."""
+        config = self.model.config
+        attention = self.backend.attention
+        named = attention == ATTENTION_NAME and config._attn_implementation == "sdpa"
+        with linear.running(tokens):
+            if not named:
+                yield
+                return
+            config._attn_implementation = register()
+            try:
+                yield
+            finally:
+                config._attn_implementation = "sdpa"
+
+    def _arguments(self, layout: RowLayout | None) -> dict[str, Any]:
+        """The forward's keyword that carries ``layout`` to the attention, where it reads one."""
+        return {LAYOUT: layout} if layout is not None and self._layouts else {}
 
     def _model_forward(
         self, input_ids: torch.Tensor, cache: Any, logits_to_keep: Any = None, **kwargs: Any
@@ -116,13 +151,13 @@ class ModelRunner:
         """
         if last_only and self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        # Tokens in order after the cache, under the model's own causal mask: a prompt's chunk.
+        # Tokens in order after the cache, under the model's own causal mask: a prompt's chunk,
+        # whose attention multiplies on oneDNN where its linear layers do (the faster here).
         tokens = input_ids.numel()
         chunk = input_ids.shape[-1] > 1 and not {"attention_mask", "position_ids"} & kwargs.keys()
-        # Its attention multiplies on oneDNN where its linear layers do (the faster here).
-        attending = causal_chunk(self.linear.kernel(tokens) != "torch") if chunk else contextlib.nullcontext()
-        with self._running(tokens) as run, attending:
-            out = run(input_ids.to(self.device), cache, **kwargs)
+        layout = CausalChunk(self.linear.kernel(tokens) != "torch") if chunk else None
+        with self._running(tokens) as run:
+            out = run(input_ids.to(self.device), cache, **kwargs, **self._arguments(layout))
         if cache is None:
             cache = getattr(out, "cache", None)
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
@@ -135,7 +170,7 @@ class ModelRunner:
         over rows of ``lengths`` cached tokens; with ``keep`` (ascending), only at those
         positions of every row, ``[B, len(keep), V]``."""
         width = inputs.input_ids.shape[1]
-        rows = ragged_rows([length + width for length in lengths])
+        rows = RaggedRows.of([length + width for length in lengths])
         mask = self.layer_masks(inputs, lengths)
         return self._step(inputs.input_ids, inputs.position_ids, mask, cache, keep, rows)
 
@@ -145,12 +180,12 @@ class ModelRunner:
         """Logits ``[N, V]`` for packed step inputs over rows of ``lengths`` cached tokens (see
         `rag_lookahead.runtime.batch`); with ``keep`` (ascending), only at those of the ``N``
         tokens, ``[len(keep), V]``. Where `packs` (or probing whether it may)."""
-        # Each row's mask reaches the attention through `packed_rows`; the model is handed a
-        # 4-D mask only so that it builds none of its own (its values are never read).
+        # Each row's mask reaches the attention in its `PackedRows`; the model is handed a 4-D
+        # mask only so that it builds none of its own (its values are never read).
         tokens = inputs.input_ids.shape[1]
         columns = max(length + size for length, size in zip(lengths, inputs.sizes, strict=True))
         unused = torch.zeros((1, 1, tokens, columns), dtype=self.model.dtype, device=self.device)
-        rows = packed_rows(inputs)
+        rows = PackedRows.of(inputs)
         return self._step(inputs.input_ids, inputs.position_ids, unused, cache, keep, rows)[0]
 
     def _step(
@@ -160,15 +195,15 @@ class ModelRunner:
         mask: Any,
         cache: Any,
         keep: Sequence[int] | None,
-        attending: AbstractContextManager[None],
+        layout: RowLayout | None,
     ) -> torch.Tensor:
         """Logits ``[B, T, V]`` of a batched step's forward (``[B, len(keep), V]`` with
-        ``keep``), its rows attending as ``attending`` has them."""
-        kwargs: dict[str, Any] = {}
+        ``keep``), its rows laid out as ``layout`` says."""
+        kwargs = self._arguments(layout)
         where = None if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
         if where is not None and self._logits_to_keep:
             kwargs["logits_to_keep"], where = where, None  # the model projects those alone
-        with self._running(input_ids.numel()) as run, attending:
+        with self._running(input_ids.numel()) as run:
             out = run(input_ids, cache, position_ids=position_ids, attention_mask=mask, **kwargs)
         return out.logits if where is None else out.logits[:, where]
 
