@@ -22,13 +22,14 @@ from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.planning.costs import CostCurve, processor
 from rag_lookahead.prompts import rag_messages
-from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 
 __all__ = [
     "METHODS",
     "PROMPT_LOOKUP_TOKENS",
     "BenchInput",
     "MethodResult",
+    "compiled_generate",
     "format_table",
     "fresh_engine",
     "gold_inputs",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 PROMPT_LOOKUP_TOKENS = 10
-_GENERATE = ("greedy", "prompt_lookup")  # the methods that run transformers' generate
+_GENERATE = ("greedy", "greedy_compiled", "prompt_lookup")  # the methods that run transformers' generate
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,23 @@ def hf_generate(
     return list(out[0, len(prompt) :].tolist())
 
 
+def compiled_generate(engine: LookaheadEngine, max_length: int) -> dict[str, Any]:
+    """The keywords that make ``generate`` decode as transformers documents its fastest plain
+    decoding: a static cache of ``max_length`` positions (one for every call, so that the
+    compiled step keeps one shape and is compiled once) and its decoding forward compiled with
+    ``mode="reduce-overhead"`` (on a GPU, replayed CUDA graphs; its prompt's forward runs as
+    it is)."""
+    from transformers import StaticCache
+    from transformers.generation import CompileConfig
+
+    cache = StaticCache(config=engine.model.config, max_cache_len=max_length)
+    config = CompileConfig(mode="reduce-overhead")
+    # transformers compiles on its own only on accelerators; on a CPU it is asked to by this
+    # flag, its only way to (its docs: "often not optimal").
+    config._compile_all_devices = engine.device.type == "cpu"
+    return {cache_kwarg(engine.model): cache, "compile_config": config}
+
+
 def run_header(engine: LookaheadEngine, records: int, max_new_tokens: int) -> dict[str, Any]:
     """What every benchmark summary starts with: the model, the machine's settings, the run."""
     return {
@@ -139,6 +157,21 @@ def relative_costs(curve: CostCurve) -> dict[str, float]:
 
 def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Runner:
     return lambda item: (hf_generate(engine, item.prompt_ids, max_new_tokens, **extra), 0, 0)
+
+
+def _compiled_runner(engine: LookaheadEngine, inputs: Sequence[BenchInput], max_new_tokens: int) -> Runner:
+    longest = max(len(item.prompt_ids) for item in inputs) + max_new_tokens
+    extra = compiled_generate(engine, longest)
+
+    def reset() -> None:
+        with torch.inference_mode():  # (generate made its tensors there)
+            extra[cache_kwarg(engine.model)].reset()
+
+    def run(item: BenchInput) -> tuple[list[int], int, int]:
+        engine.runner.thread.call(reset)  # (one cache, so one compiled shape, for every call)
+        return hf_generate(engine, item.prompt_ids, max_new_tokens, **extra), 0, 0
+
+    return run
 
 
 def prefill_timer(engine: LookaheadEngine, own: bool = True) -> Callable[[list[int]], float]:
@@ -206,6 +239,8 @@ def run_benchmark(
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
+    if not inputs:
+        raise ValueError("nothing to benchmark: no inputs")
     runners = {
         "greedy": _hf_runner(engine, max_new_tokens),
         "prompt_lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
@@ -214,8 +249,8 @@ def run_benchmark(
     for mode in ("trie", "jacobi", "auto", "off"):  # the engine forced into one mode, with its own trie
         forced = fresh_engine(engine, replace(engine.config, mode=mode))
         runners[mode] = _engine_runner(forced, max_new_tokens)
-    if not inputs:
-        raise ValueError("nothing to benchmark: no inputs")
+    if "greedy_compiled" in chosen:
+        runners["greedy_compiled"] = _compiled_runner(engine, inputs, max_new_tokens)
     # The engine's prompt forward and generate's run on different kernels on a CPU (`cpu_linear`).
     prefills = {"generate": prefill_timer(engine, own=False), "engine": prefill_timer(engine)}
     warm = BenchInput(inputs[0].prompt_ids[-32:])
