@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import itertools
 import json
 import random
 from pathlib import Path
@@ -343,6 +344,42 @@ def test_node_cap_never_exceeded(inserts: list[tuple[str, list[int]]]) -> None:
         trie.eliminate(owner)
         check_invariants(trie)
     assert len(trie) == 0 and trie.owners() == set()
+
+
+def _streamed_sizes(trie: TokenTrie, owner: str, tokens: list[int]) -> list[int]:
+    """The trie's size after each token a cursor adds, invariants checked along the way."""
+    cursor, sizes = trie.insert_cursor(owner), []
+    for token in tokens:
+        cursor.extend([token])
+        sizes.append(len(trie))
+        assert len(trie) <= trie.max_nodes
+    return sizes
+
+
+def test_a_prune_advances_with_the_tries_growth_a_slice_at_a_time() -> None:
+    """A stream that grows a trie past 7/8 of its cap is pruned a slice per token, never all
+    at once: no token's step removes more than a few hundred nodes (a whole prune would take
+    thousands), and the trie ends below the cap with its invariants whole."""
+    rng = random.Random(5)
+    trie = TokenTrie(max_query_length=2, branch_length=6, max_nodes=20_000)
+    sizes = _streamed_sizes(trie, OUTPUT_OWNER, [rng.randrange(3000) for _ in range(6000)])
+    drops = [before - after for before, after in itertools.pairwise(sizes)]
+    assert max(drops) > 0  # it pruned
+    assert max(drops) < 1_000
+    check_invariants(trie)
+    assert trie.prune(target=len(trie)) == 0  # a prune called by name: now, and nothing to do
+
+
+def test_owners_eliminated_while_a_prune_is_under_way_leave_the_trie_whole() -> None:
+    rng = random.Random(6)
+    trie = TokenTrie(max_query_length=2, branch_length=6, max_nodes=20_000)
+    trie.insert([rng.randrange(3000) for _ in range(2000)], "a")
+    _streamed_sizes(trie, "b", [rng.randrange(3000) for _ in range(2200)])  # past 7/8: pruning
+    trie.eliminate("a")
+    check_invariants(trie)
+    _streamed_sizes(trie, "b", [rng.randrange(3000) for _ in range(2000)])
+    check_invariants(trie)
+    assert trie.owners() == {"b"}
 
 
 def test_prune_removes_output_only_nodes_first_and_decays() -> None:

@@ -31,6 +31,14 @@ __all__ = ["NO_OWNER", "OUTPUT_OWNER", "InsertCursor", "Node", "TokenTrie", "Tri
 _MIN_NODES = 1000
 _MAX_LENGTH = 4096  # far deeper than any useful draft; bounds what a hostile file can ask for
 _PRUNE_FRACTION = 0.75
+# Past this share of the cap a prune starts and advances with the trie's growth, a slice of its
+# work per node added (`_PRUNE_WORK_PER_NODE`), so that no one insert pays for a whole prune:
+# a prune reads every node, and a stream's step that crossed the cap would wait for it.
+_PRUNE_FROM = 0.875
+# Nodes a prune under way reads or removes per node added: it reads every node once and removes
+# an eighth of the cap, so it ends well before the trie grows from `_PRUNE_FROM` to the cap.
+_PRUNE_WORK_PER_NODE = 16
+_PRUNE_SLICE = 256  # nodes a prune reads or removes between two looks at its budget
 
 
 class InsertCursor:
@@ -56,6 +64,7 @@ class InsertCursor:
     def _step(self, token: int) -> None:
         trie = self._trie
         width = trie.ngram_length
+        before = len(trie)
         grown: list[Node] = []
         for node in self._open:
             if node.parent is not None:  # pruned n-grams are simply dropped
@@ -64,8 +73,7 @@ class InsertCursor:
                     grown.append(child)
         grown.append(trie._bump(trie.root, token, self._owner))
         self._open = grown
-        if len(trie) > trie.max_nodes:
-            trie.prune()
+        trie._grown(len(trie) - before)
 
 
 class TokenTrie:
@@ -88,6 +96,7 @@ class TokenTrie:
         self._owned: dict[str, set[Node]] = {}
         self._cursors: WeakSet[InsertCursor] = WeakSet()
         self._lock = threading.RLock()
+        self._pruning: Iterator[int] | None = None  # a prune under way (`_prune_slices`)
 
     @property
     def lock(self) -> threading.RLock:
@@ -151,11 +160,10 @@ class TokenTrie:
             check_int("starts", starts, 0)
         with self._lock, collector_paused():
             for start in range(len(toks) if starts is None else min(starts, len(toks))):
-                node = self._root
+                node, before = self._root, self._size
                 for token in toks[start : start + width]:
                     node = self._bump(node, token, owner)
-                if self._size > self._max_nodes:  # per n-gram, so huge inserts stay bounded
-                    self.prune()
+                self._grown(self._size - before)  # per n-gram, so huge inserts stay bounded
 
     def insert_cursor(self, owner: str = OUTPUT_OWNER) -> InsertCursor:
         """A cursor whose ``extend`` calls count as one ``insert`` of their tokens joined."""
@@ -203,32 +211,72 @@ class TokenTrie:
         return removed
 
     def prune(self, target: int | None = None) -> int:
-        """Remove least valuable subtrees until ``len(self) <= target`` (default 3/4 of the cap)."""
-        with self._lock:
-            return self._prune(target)
-
-    def _prune(self, target: int | None) -> int:
+        """Remove least valuable subtrees until ``len(self) <= target`` (default 3/4 of the cap),
+        now (a prune under way as the trie grows is dropped: this one reads every node anew)."""
         if target is None:
             target = int(self._max_nodes * _PRUNE_FRACTION)
         check_int("target", target, 0)
-        if self._size <= target:
-            return 0
-        removed = 0
-        buckets = self._prune_buckets()
+        with self._lock, collector_paused():
+            self._pruning = None
+            before = self._size
+            if before > target:
+                for _ in self._prune_slices(target):
+                    pass
+            return before - self._size
+
+    def _grown(self, added: int) -> None:
+        """After ``added`` nodes: past `_PRUNE_FROM` of the cap, a prune starts or advances by
+        `_PRUNE_WORK_PER_NODE` per node added; past the cap, it ends now."""
+        if self._pruning is None:
+            if self._size <= self._max_nodes * _PRUNE_FROM:
+                return
+            self._pruning = self._prune_slices(int(self._max_nodes * _PRUNE_FRACTION))
+        budget = added * _PRUNE_WORK_PER_NODE if self._size <= self._max_nodes else None
+        for work in self._pruning:
+            if budget is not None:
+                budget -= work
+                if budget <= 0:
+                    return
+        self._pruning = None
+
+    def _prune_slices(self, target: int) -> Iterator[int]:
+        """A prune to ``target`` nodes, run a slice at a time: yields the nodes it read or
+        removed since its last yield. Nodes added meanwhile are left to the next prune; nodes
+        removed meanwhile (eliminated) are passed over. It ends with the output counts decayed,
+        at once, so that every path's counts stay monotone."""
+        buckets: dict[tuple[int, int, int], list[Node]] = {}
+        yield from self._bucket_slices(buckets)
+        work = removed = 0
         for node in chain.from_iterable(buckets[key] for key in sorted(buckets)):
             if self._size <= target:
                 break
-            if node.parent is not None:
-                removed += self._remove_subtree(node)
-        self._decay_output()
-        return removed
+            if node.parent is not None:  # (not already gone with an ancestor, or eliminated)
+                work += self._remove_subtree(node)
+                if work >= _PRUNE_SLICE:
+                    removed += work
+                    yield work
+                    work = 0
+        if removed + work:
+            self._decay_output()
+        yield work
 
-    def _prune_buckets(self) -> dict[tuple[int, int, int], list[Node]]:
+    def _bucket_slices(self, buckets: dict[tuple[int, int, int], list[Node]]) -> Iterator[int]:
         # Output-only nodes go first (phase 0); ascending count then deeper-first means a node is
         # reached only after its descendants, so the trie stays connected at any stopping point.
         # Bucketing by key instead of sorting (key, node) tuples avoids 200k GC-tracked objects.
-        buckets: dict[tuple[int, int, int], list[Node]] = {}
-        for node in self._walk():
+        # Each node's children are read as it is reached (a list of them: the trie may grow
+        # between two slices).
+        stack = list(self._root.children.values())
+        read = 0
+        while stack:
+            node = stack.pop()
+            if node.parent is None:  # removed since it was listed
+                continue
+            stack.extend(node.children.values())
+            read += 1
+            if read == _PRUNE_SLICE:
+                yield read
+                read = 0
             counts = node.counts
             if len(counts) == 1 and OUTPUT_OWNER in counts:
                 key = (0, counts[OUTPUT_OWNER], -node.depth)
@@ -239,7 +287,7 @@ class TokenTrie:
                 buckets[key] = [node]
             else:
                 bucket.append(node)
-        return buckets
+        yield read
 
     def _decay_output(self) -> None:
         # Ceil-halving keeps counts positive and monotone down a path, so only pruning deletes.
