@@ -66,7 +66,7 @@ class StaticDecoder:
         self.model = model
         self.step = StaticStep(model, max_len, buckets)
         self._cache_arg = cache_kwarg(model)
-        if capture and self.step.device.type == "cuda":
+        if capture:  # (or says in ``step.record.problems`` why not: on a CPU, always)
             self.step.capture()
 
     def generate(

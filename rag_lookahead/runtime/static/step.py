@@ -217,7 +217,8 @@ class StaticStep:
         self.cache.columns[:rows, :width].copy_(own)
         buffers.ids.zero_()
         buffers.ids[:real, :used].copy_(inputs.input_ids)
-        buffers.positions.copy_(own)
+        # (a padding slot at its row's first position: inside any learned position table)
+        buffers.positions.copy_(starts[:, None].expand(rows, width))
         buffers.positions[:real, :used].copy_(inputs.position_ids)
         hidden = torch.finfo(self.dtype).min
         for kind, buffer in buffers.masks.items():
