@@ -226,3 +226,14 @@ class _FlashConfigured:
     def __init__(self, model: Any) -> None:
         self.config = type("Config", (), {"_attn_implementation": "flash_attention_2"})()
         self.parameters = model.parameters
+
+
+def test_a_backend_names_its_step_kind_eager_by_default() -> None:
+    backend = Backend("cpu", "float32", "sdpa", ((1, "torch"),), "model", "padded", None)
+    assert backend.step == "eager" and backend.as_dict()["step"] == "eager" and "step" not in str(backend)
+    static = Backend("cpu", "float32", "sdpa", ((1, "torch"),), "model", "padded", None, step="static")
+    assert str(static).endswith("; step static")
+    with pytest.raises(ValueError, match="CUDA"):
+        Backend("cpu", "float32", "sdpa", ((1, "torch"),), "model", "padded", None, step="captured")
+    with pytest.raises(ValueError, match="step"):
+        Backend("cpu", "float32", "sdpa", ((1, "torch"),), "model", "padded", None, step="graph")  # type: ignore[arg-type]
