@@ -129,6 +129,13 @@ def _bucket_times(
             name: _median_ms(functools.partial(decoder.step.run, trees, lengths), reps, device)
             for name, decoder in (("captured", captured), ("eager", eager))
         }
+        # Of a captured step: filling its buffers (the masks built on the device), then the replay.
+        times[str(bucket)]["fill"] = _median_ms(
+            functools.partial(captured.step.prepare, trees, lengths), reps, device
+        )
+        times[str(bucket)]["replay"] = _median_ms(
+            functools.partial(captured.step.forward, bucket), reps, device
+        )
     return times
 
 
@@ -221,11 +228,14 @@ def _report(summary: dict[str, Any]) -> None:
     )
     for problem in summary["capture_problems"]:
         print(f"  {problem}")
-    print(f"{'bucket':>7} {'captured ms':>12} {'eager ms':>9} {'capture s':>10}")
+    print(f"{'bucket':>7} {'captured ms':>12} {'fill':>6} {'replay':>7} {'eager ms':>9} {'capture s':>10}")
     for bucket, ms in summary["step_ms"].items():
         seconds = summary["capture_seconds"].get(bucket)
         shown = "-" if seconds is None else f"{seconds:.2f}"
-        print(f"{bucket:>7} {ms['captured']:>12.2f} {ms['eager']:>9.2f} {shown:>10}")
+        print(
+            f"{bucket:>7} {ms['captured']:>12.2f} {ms['fill']:>6.2f} {ms['replay']:>7.2f} {ms['eager']:>9.2f}"
+            f" {shown:>10}"
+        )
     for name, figures in summary["sets"].items():
         print(f"{name + ':':<24} {'tok/s':>8} {'x compiled':>10} identical")
         for method, result in figures["methods"].items():

@@ -150,15 +150,25 @@ class StaticStep:
         torch.cuda.synchronize(self.device)
         self.record.seconds[bucket] = time.perf_counter() - start
 
-    @torch.inference_mode()
     def run(self, trees: Sequence[DraftTree], lengths: Sequence[int]) -> torch.Tensor:
         """Logits ``[R, W, V]`` of the bucket holding ``trees`` (row ``r`` over slot ``r``,
         after its ``lengths[r]`` committed columns): row ``r``'s node ``i`` at ``[r, i]``.
         A view of a persistent output where the bucket is captured: read it before the next
-        `run`."""
+        `run`. `prepare` then `forward`."""
+        return self.forward(self.prepare(trees, lengths))
+
+    @torch.inference_mode()
+    def prepare(self, trees: Sequence[DraftTree], lengths: Sequence[int]) -> Bucket:
+        """Fill the buffers of the bucket holding ``trees`` (see `run`) in place: that bucket."""
         bucket = self.buckets.fit(len(trees), max(len(tree) for tree in trees))
         self._fill(bucket, trees, lengths)
-        buffers = self._buffers[bucket]
+        return bucket
+
+    @torch.inference_mode()
+    def forward(self, bucket: Bucket) -> torch.Tensor:
+        """The forward of ``bucket`` over what its buffers hold (`prepare`): replayed where
+        captured, else run. Logits ``[R, W, V]`` (see `run`)."""
+        buffers = self._buffers_of(bucket)
         buffers.replays += 1
         if buffers.graph is not None:
             buffers.graph.replay()
