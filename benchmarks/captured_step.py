@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import CompileConfig
+from transformers import CompileConfig, GenerationConfig
 
 from rag_lookahead import GenerationParams, LookaheadEngine
 from rag_lookahead.bench.run import gold_inputs, hf_generate, load_records
@@ -160,13 +160,18 @@ def _methods(
 ) -> dict[str, dict[str, Any]]:
     """Each method's answers over every record: tokens a second, and how many equal greedy's."""
     stop = set(engine.eos_token_ids)
-    compiled = {
+    compiled: dict[str, Any] = {
         "cache_implementation": "static",
         "compile_config": CompileConfig(fullgraph=True),  # mode="reduce-overhead", its default
-        "max_cache_len": captured.step.max_len,  # one cache size for every prompt: one graph
     }
-    for prompt in prompts:  # transformers compiles (on a GPU) here, untimed
-        hf_generate(engine, prompt, new, **compiled)
+    if hasattr(GenerationConfig(), "max_cache_len"):  # one cache size for every prompt: one graph
+        compiled["max_cache_len"] = captured.step.max_len
+    errors: dict[str, str] = {}
+    try:
+        for prompt in prompts:  # transformers compiles (on a GPU) here, untimed
+            hf_generate(engine, prompt, new, **compiled)
+    except Exception as err:  # a baseline that fails is reported, the rest still run
+        errors["greedy_compiled"] = f"{type(err).__name__}: {err}"
 
     def static(decoder: StaticDecoder, drafts: bool) -> Callable[[list[list[int]]], list[list[int]]]:
         def answer(batch: list[list[int]]) -> list[list[int]]:
@@ -191,16 +196,23 @@ def _methods(
         "captured_plain_rows": static(captured, False),
         "captured_lookahead_rows": static(captured, True),
     }
-    results = {name: _timed(run, prompts, engine.device) for name, run in methods.items()}
+    results: dict[str, dict[str, Any]] = {}
+    for name, run in methods.items():
+        if name in errors:
+            continue
+        try:
+            results[name] = _timed(run, prompts, engine.device)
+        except Exception as err:  # (as above)
+            errors[name] = f"{type(err).__name__}: {err}"
     reference = results["greedy"].pop("answers")
     for result in results.values():
         answers = result.pop("answers", reference)
         result["identical"] = sum(a == r for a, r in zip(answers, reference, strict=True))
         result["of"] = len(reference)
-    greedy = results["greedy_compiled"]["tokens_per_s"]
+    greedy = results.get("greedy_compiled", {}).get("tokens_per_s")
     for result in results.values():
         result["vs_greedy_compiled"] = result["tokens_per_s"] / greedy if greedy else None
-    return results
+    return {**results, **{name: {"error": error} for name, error in errors.items()}}
 
 
 def _trie_drafters(batch: Sequence[Sequence[int]]) -> Callable[[int, Sequence[int]], TrieDrafter]:
@@ -239,6 +251,9 @@ def _report(summary: dict[str, Any]) -> None:
     for name, figures in summary["sets"].items():
         print(f"{name + ':':<24} {'tok/s':>8} {'x compiled':>10} identical")
         for method, result in figures["methods"].items():
+            if "error" in result:
+                print(f"  {method:<22} failed: {result['error']}")
+                continue
             ratio = result["vs_greedy_compiled"]
             shown = "-" if ratio is None else f"{ratio:.2f}x"
             same = f"{result['identical']}/{result['of']}"

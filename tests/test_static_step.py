@@ -207,7 +207,10 @@ def test_a_call_that_cannot_fit_fails_clearly_and_a_cpu_model_is_not_captured() 
     with pytest.raises(ValueError, match="every prompt"):
         decoder.generate([[]], 4)
     assert "CUDA" in (capture_problem(model) or "")
-    assert decoder.step.captured == ()
+    assert decoder.step.captured == () and "CUDA" in decoder.step.record.problems[0]
+    decoder.generate([PROMPTS[1]], 2)
+    with pytest.raises(RuntimeError, match="before any prompt"):
+        decoder.step.capture()  # its warm-up forwards would write over the loaded rows
     with pytest.raises(ValueError, match="attention"):
         StaticStep(_FlashConfigured(model), 32)
 

@@ -55,6 +55,9 @@ def capture_problem(model: Any) -> str | None:
     device = next(model.parameters()).device
     if device.type != "cuda":
         return f"captured graphs run on CUDA devices, the model is on {device.type}"
+    everywhere = torch.nn.modules.module
+    if everywhere._global_forward_hooks or everywhere._global_forward_pre_hooks:
+        return "global forward hooks are registered: they would not run in a replay"
     hooked = [
         name or "the model"
         for name, module in model.named_modules()
