@@ -6,6 +6,7 @@ family the property tests cover, sliding windows included."""
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -75,8 +76,18 @@ def _load(family: str) -> Any:
     return sliding_model(family.removesuffix("-window")) if family in _SLIDING else tiny_model(family)
 
 
-def _answers(model: Any) -> list[list[int]]:
-    return [greedy_reference(model, p, NEW) for p in PROMPTS]
+def _answers(model: Any, new: int = NEW, prompts: Sequence[Sequence[int]] = PROMPTS) -> list[list[int]]:
+    """Greedy `generate`'s answers, on the model's device."""
+    device = next(model.parameters()).device
+    answers = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)], device=device)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False
+            )
+            answers.append(out[0, len(prompt) :].tolist())
+    return answers
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -240,3 +251,40 @@ def test_a_backend_names_its_step_kind_eager_by_default() -> None:
         Backend("cpu", "float32", "sdpa", ((1, "torch"),), "model", "padded", None, step="captured")
     with pytest.raises(ValueError, match="step"):
         Backend("cpu", "float32", "sdpa", ((1, "torch"),), "model", "padded", None, step="graph")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ on a CUDA device only
+# (benchmarks/cuda/captured.sh runs these there, before its timings)
+
+cuda_only = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="captures CUDA graphs: needs a CUDA device"
+)
+
+
+@cuda_only
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3-window", "qwen2-window"])
+def test_cuda_captured_buckets_answer_as_generate_and_replay_the_eager_logits(family: str) -> None:
+    model = copy.deepcopy(_load(family)).to("cuda")
+    answers = _answers(model)
+    decoder = StaticDecoder(model, 96, SMALL)
+    assert decoder.step.record.problems == [] and set(decoder.step.captured) == set(SMALL.all())
+    eager = StaticDecoder(model, 96, SMALL, capture=False)
+    tree = DraftTree((5, 7, 8, 9), (-1, 0, 1, 0))
+    torch.testing.assert_close(
+        decoder.step.run([tree, tree], [10, 20]).clone(),
+        eager.step.run([tree, tree], [10, 20]),
+        rtol=0,
+        atol=0,
+    )
+    assert decoder.generate(PROMPTS, NEW).tokens == answers
+    oracle = decoder.generate(PROMPTS, NEW, lambda i, p: _Oracle(p, answers[i], right=5))
+    assert oracle.tokens == answers and oracle.steps < (NEW - 1) * len(PROMPTS)
+
+
+@cuda_only
+def test_cuda_a_hooked_model_is_not_captured_and_says_why() -> None:
+    model = copy.deepcopy(tiny_model("llama")).to("cuda")
+    model.model.layers[0].register_forward_hook(lambda *_: None)
+    decoder = StaticDecoder(model, 64, SMALL)
+    assert decoder.step.captured == () and "hooks" in decoder.step.record.problems[0]
+    assert decoder.generate([PROMPTS[1]], 8).tokens == _answers(model, 8, [PROMPTS[1]])

@@ -45,6 +45,12 @@ with progress_bar(False, "converting", total=3, unit="step") as bar:
     _convert_gguf(Path(sys.argv[2]), Path(sys.argv[3]), BUILTIN_MODELS[sys.argv[1]], bar)
 PY
 fi
+# The CUDA cases of tests/test_static_step.py first (tiny models, seconds), where pytest is
+# installed there: a failure is written down and the timings still run.
+if "$python" -c 'import pytest' 2>/dev/null; then
+    "$python" -m pytest tests/test_static_step.py -q -k cuda -p no:cacheprovider 2>&1 |
+        tee "$out/captured-tests-$name.txt" || true
+fi
 data=()
 for set in $sets; do data+=("$work/smollm2/data/$set.jsonl"); done
 "$python" benchmarks/captured_step.py --model "$model" --device cuda --dtype "$dtype" --limit "$limit" \
