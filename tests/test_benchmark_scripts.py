@@ -39,6 +39,10 @@ SCRIPTS = sorted(path for path in BENCHMARKS.glob("*.py") if "__main__" in path.
 SMOKE: dict[str, list[str]] = {
     "bm25_choice.py": ["--child bm25s --data {data}"],  # one library's process, here
     # (torch.compile's variants take minutes to compile even a tiny model: the eager ones)
+    "captured_step.py": [  # nothing is captured on a CPU: the same buffers, run eagerly
+        "--model {model} --data {data} --limit 2 --max-new-tokens 4 --rows 1,2 --widths 1,4 --reps 1"
+        " --context 16 --threads 1 --json {out}"
+    ],
     "compiled_forward.py": [
         "--model {model} --context 8 --widths 1,2 --reps 1 --threads 1 --variants eager-torch,eager-onednn"
         " --json {out}"

@@ -12,6 +12,7 @@
 # stays while the machine is warm, 30 s after a call):
 #     mkdir -p /tmp/pieces && cp .gpu/* /tmp/pieces/
 # then run tables.sh (which reads /tmp/pieces) in the call that carries the last piece.
+# The captured step's check (issue 62) reads the same pieces: captured.sh instead of tables.sh.
 set -euo pipefail
 data=${1:?usage: stage.sh DATA_DIR (holding dolly_context_qa.jsonl and llma_msmarco_rag.jsonl)}
 root=$(git rev-parse --show-toplevel)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-__all__ = ["KERNELS", "Backend", "BatchLayout", "Forward", "Source", "kernels_name"]
+__all__ = ["KERNELS", "STEP_KINDS", "Backend", "BatchLayout", "Forward", "Source", "StepKind", "kernels_name"]
 
 # The kernels of fp32 linear layers on a CPU (`rag_lookahead.runtime.kernels`): torch's own,
 # oneDNN's over the weights as they are, oneDNN's over a copy reordered into its layout.
@@ -35,8 +35,14 @@ Forward = Literal["direct", "model"]
 # padded to the widest row.
 BatchLayout = Literal["packed", "padded"]
 
+# How a step's forward runs: over the growing caches (``eager``), or as a static-shape step
+# (`rag_lookahead.runtime.static`) over fixed buffers, run as it is (``static``) or replayed
+# from CUDA graphs captured per bucket (``captured``).
+StepKind = Literal["eager", "static", "captured"]
+STEP_KINDS = ("eager", "static", "captured")
+
 # The choices a `Backend` records a source for, in the order it prints them.
-_CHOICES = ("device", "dtype", "attention", "linear", "forward", "batch_layout", "trees", "captured")
+_CHOICES = ("device", "dtype", "attention", "linear", "forward", "batch_layout", "trees", "captured", "step")
 
 
 class Source(enum.Enum):
@@ -65,6 +71,8 @@ class Backend:
             ``None`` where it can.
         captured: The forward sizes whose launches are captured for replay (none yet).
         sources: Where each choice came from, by its name (``"trees"`` for ``tree_problem``).
+        step: How a step's forward runs (`StepKind`); the engine's scheduler runs ``"eager"``
+            steps only, so far (the static step is `rag_lookahead.runtime.static`'s own).
     """
 
     device: str
@@ -76,6 +84,7 @@ class Backend:
     tree_problem: str | None
     captured: tuple[int, ...] = ()
     sources: Mapping[str, Source] = field(default_factory=dict)
+    step: StepKind = "eager"
 
     def __post_init__(self) -> None:
         leasts = [least for least, _ in self.linear]
@@ -89,6 +98,10 @@ class Backend:
             raise ValueError(f"a backend's batches must be 'packed' or 'padded', got {self.batch_layout!r}")
         if self.batch_layout == "packed" and self.tree_problem is not None:
             raise ValueError("a backend that cannot verify trees has no batched steps to pack")
+        if self.step not in STEP_KINDS:
+            raise ValueError(f"a backend's step must be among {STEP_KINDS}, got {self.step!r}")
+        if self.step == "captured" and not self.device.startswith("cuda"):
+            raise ValueError(f"captured steps replay CUDA graphs: a backend on {self.device} cannot")
         unknown = set(self.sources) - set(_CHOICES)
         if unknown or not all(isinstance(source, Source) for source in self.sources.values()):
             raise ValueError(f"a backend's sources name its choices ({', '.join(_CHOICES)}) by a Source")
@@ -125,6 +138,7 @@ class Backend:
             "trees": self.trees,
             "tree_problem": self.tree_problem,
             "captured": list(self.captured),
+            "step": self.step,
             "sources": {name: source.value for name, source in self.sources.items()},
         }
 
@@ -142,6 +156,8 @@ class Backend:
         ]
         if self.captured:
             parts.append(f"captured {','.join(map(str, self.captured))}{self._from('captured')}")
+        if self.step != "eager":
+            parts.append(f"step {self.step}{self._from('step')}")
         return "; ".join(parts)
 
     def _from(self, choice: str) -> str:
