@@ -8,13 +8,13 @@ buckets are captured as CUDA graphs and one that runs the same buffers eagerly, 
 2. times one step per bucket, captured replay against eager, and reports each bucket's capture
    time and the slot cache's memory;
 3. times whole answers: greedy `generate` (eager, dynamic cache), transformers' compiled
-   static-cache greedy (``cache_implementation="static"`` under ``torch.compile`` with
-   ``mode="reduce-overhead"``: ``greedy_compiled``), today's eager engine (``engine_lookahead``),
+   static-cache greedy (`rag_lookahead.bench.run.compiled_greedy`: one static cache under
+   ``torch.compile`` with ``mode="reduce-overhead"``), today's eager engine (``engine_lookahead``),
    the static step plain and with trie drafts, eager and captured, one record at a time and all
    records as one batch of rows.
 
 On a CPU nothing is captured (each bucket runs eagerly, so the captured figures repeat the
-eager ones) and transformers does not compile its greedy: a smoke run of the same code.
+eager ones) and transformers' greedy is compiled by inductor: a smoke run of the same code.
 
     python benchmarks/captured_step.py --model PATH --data dolly.jsonl --device cuda --json out.json
 """
@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import CompileConfig, GenerationConfig
 
 from rag_lookahead import GenerationParams, LookaheadEngine
-from rag_lookahead.bench.run import gold_inputs, hf_generate, load_records
+from rag_lookahead.bench.run import compiled_greedy, gold_inputs, hf_generate, load_records
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
@@ -160,16 +159,11 @@ def _methods(
 ) -> dict[str, dict[str, Any]]:
     """Each method's answers over every record: tokens a second, and how many equal greedy's."""
     stop = set(engine.eos_token_ids)
-    compiled: dict[str, Any] = {
-        "cache_implementation": "static",
-        "compile_config": CompileConfig(fullgraph=True),  # mode="reduce-overhead", its default
-    }
-    if hasattr(GenerationConfig(), "max_cache_len"):  # one cache size for every prompt: one graph
-        compiled["max_cache_len"] = captured.step.max_len
     errors: dict[str, str] = {}
+    compiled = compiled_greedy(engine, captured.step.max_len)
     try:
         for prompt in prompts:  # transformers compiles (on a GPU) here, untimed
-            hf_generate(engine, prompt, new, **compiled)
+            compiled(prompt, new)
     except Exception as err:  # a baseline that fails is reported, the rest still run
         errors["greedy_compiled"] = f"{type(err).__name__}: {err}"
 
@@ -185,7 +179,7 @@ def _methods(
 
     methods: dict[str, Callable[[list[list[int]]], list[list[int]]]] = {
         "greedy": one_by_one(lambda p: hf_generate(engine, p, new)),
-        "greedy_compiled": one_by_one(lambda p: hf_generate(engine, p, new, **compiled)),
+        "greedy_compiled": one_by_one(lambda p: compiled(p, new)),
         "engine_lookahead": one_by_one(
             lambda p: engine.stream(p, GenerationParams(max_new_tokens=new)).complete().token_ids
         ),

@@ -29,7 +29,7 @@ __all__ = [
     "PROMPT_LOOKUP_TOKENS",
     "BenchInput",
     "MethodResult",
-    "compiled_generate",
+    "compiled_greedy",
     "format_table",
     "fresh_engine",
     "gold_inputs",
@@ -117,12 +117,13 @@ def hf_generate(
     return list(out[0, len(prompt) :].tolist())
 
 
-def compiled_generate(engine: LookaheadEngine, max_length: int) -> dict[str, Any]:
-    """The keywords that make ``generate`` decode as transformers documents its fastest plain
-    decoding: a static cache of ``max_length`` positions (one for every call, so that the
-    compiled step keeps one shape and is compiled once) and its decoding forward compiled with
-    ``mode="reduce-overhead"`` (on a GPU, replayed CUDA graphs; its prompt's forward runs as
-    it is)."""
+def compiled_greedy(engine: LookaheadEngine, max_length: int) -> Callable[[Sequence[int], int], list[int]]:
+    """``generate`` as transformers documents its fastest plain decoding, as a function of a
+    prompt and its new tokens' count: one static cache of ``max_length`` positions, reset
+    before each call (so that the compiled step keeps one shape, and the addresses its graphs
+    read, and is compiled once: at the first call), and the decoding forward compiled with
+    ``mode="reduce-overhead"`` (on a GPU, replayed CUDA graphs; a prompt's forward runs as it
+    is). Greedy, in the model's thread (`hf_generate`)."""
     from transformers import StaticCache
     from transformers.generation import CompileConfig
 
@@ -130,8 +131,23 @@ def compiled_generate(engine: LookaheadEngine, max_length: int) -> dict[str, Any
     config = CompileConfig(mode="reduce-overhead")
     # transformers compiles on its own only on accelerators; on a CPU it is asked to by this
     # flag, its only way to (its docs: "often not optimal").
-    config._compile_all_devices = engine.device.type == "cpu"
-    return {cache_kwarg(engine.model): cache, "compile_config": config}
+    if engine.device.type == "cpu":
+        config._compile_all_devices = True  # type: ignore[assignment]  # (typed None there)
+    extra = {cache_kwarg(engine.model): cache, "compile_config": config}
+
+    def reset() -> None:
+        with torch.inference_mode():  # (generate made its tensors there)
+            cache.reset()
+
+    def generate(prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        if len(prompt) + max_new_tokens > max_length:
+            raise ValueError(
+                f"{len(prompt)} + {max_new_tokens} tokens exceed the static cache's {max_length}"
+            )
+        engine.runner.thread.call(reset)
+        return hf_generate(engine, prompt, max_new_tokens, **extra)
+
+    return generate
 
 
 def run_header(engine: LookaheadEngine, records: int, max_new_tokens: int) -> dict[str, Any]:
@@ -160,18 +176,8 @@ def _hf_runner(engine: LookaheadEngine, max_new_tokens: int, **extra: Any) -> Ru
 
 
 def _compiled_runner(engine: LookaheadEngine, inputs: Sequence[BenchInput], max_new_tokens: int) -> Runner:
-    longest = max(len(item.prompt_ids) for item in inputs) + max_new_tokens
-    extra = compiled_generate(engine, longest)
-
-    def reset() -> None:
-        with torch.inference_mode():  # (generate made its tensors there)
-            extra[cache_kwarg(engine.model)].reset()
-
-    def run(item: BenchInput) -> tuple[list[int], int, int]:
-        engine.runner.thread.call(reset)  # (one cache, so one compiled shape, for every call)
-        return hf_generate(engine, item.prompt_ids, max_new_tokens, **extra), 0, 0
-
-    return run
+    generate = compiled_greedy(engine, max(len(item.prompt_ids) for item in inputs) + max_new_tokens)
+    return lambda item: (generate(item.prompt_ids, max_new_tokens), 0, 0)
 
 
 def prefill_timer(engine: LookaheadEngine, own: bool = True) -> Callable[[list[int]], float]:
