@@ -37,7 +37,8 @@ from rag_lookahead.bench.run import compiled_greedy, gold_inputs, hf_generate, l
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
-from rag_lookahead.runtime.static import Buckets, StaticDecoder
+from rag_lookahead.engine.static_decoder import StaticDecoder
+from rag_lookahead.runtime.static import Buckets
 
 
 def main() -> None:

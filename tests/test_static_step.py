@@ -17,6 +17,7 @@ import torch
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
+from rag_lookahead.engine.static_decoder import StaticDecoder
 from rag_lookahead.runtime.backend import Backend
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
@@ -24,7 +25,6 @@ from rag_lookahead.runtime.static import (
     Bucket,
     Buckets,
     SlotCache,
-    StaticDecoder,
     StaticStep,
     capture_problem,
     prompt_entries,

@@ -1,12 +1,12 @@
 """Greedy lookahead decoding of several prompts through one `StaticStep`.
 
-Each prompt runs its prefill through the model's own forward (any length, eager), its entries
-are copied into a slot, and from then on every step of every active row is one static
-forward: each row's draft tree (a `Drafter`'s, or the lone root), padded to the step's
-bucket, verified greedily (`rag_lookahead.decoding.verify.accept`), its accepted path kept.
-Rows are kept in the lowest slots (a finished row's slot takes the last row's entries), so
-that a step of ``n`` rows is a bucket of the first slots; waiting prompts join as slots free
-up. Standalone: the engine's scheduler does not call it yet.
+Each prompt runs its prefill through the model's own forward (any length, eager:
+`StaticStep.prefill`), its entries are copied into a slot, and from then on every step of
+every active row is one static forward: each row's draft tree (a `Drafter`'s, or the lone
+root), padded to the step's bucket, verified greedily (`rag_lookahead.decoding.verify.accept`),
+its accepted path kept. Rows are kept in the lowest slots (a finished row's slot takes the last
+row's entries), so that a step of ``n`` rows is a bucket of the first slots; waiting prompts
+join as slots free up. Standalone: the engine's scheduler does not call it yet.
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from rag_lookahead.decoding.argmax import first_argmax
 from rag_lookahead.decoding.tree import DraftTree
 from rag_lookahead.decoding.verify import accept
 from rag_lookahead.drafting.protocol import Drafter
-from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
 from rag_lookahead.runtime.static.buckets import Bucket, Buckets
-from rag_lookahead.runtime.static.slot_cache import prompt_entries
 from rag_lookahead.runtime.static.step import StaticStep
 
 __all__ = ["DecodeResult", "StaticDecoder"]
@@ -63,9 +59,7 @@ class StaticDecoder:
     def __init__(
         self, model: Any, max_len: int, buckets: Buckets | None = None, *, capture: bool = True
     ) -> None:
-        self.model = model
         self.step = StaticStep(model, max_len, buckets)
-        self._cache_arg = cache_kwarg(model)
         if capture:  # (or says in ``step.record.problems`` why not: on a CPU, always)
             self.step.capture()
 
@@ -112,12 +106,7 @@ class StaticDecoder:
         self, index: int, prompt: Sequence[int], drafter: Drafter | None, slot: int
     ) -> tuple[_Row, int]:
         """Prefill ``prompt`` into ``slot``: its row, and the first new token."""
-        cache = new_tree_cache()
-        with torch.inference_mode():
-            ids = torch.tensor([list(prompt)], device=self.step.device)
-            out = self.model(input_ids=ids, use_cache=True, **{self._cache_arg: cache})
-            first = int(first_argmax(out.logits[0, -1]))
-        self.step.load(slot, prompt_entries(cache))
+        first = int(first_argmax(self.step.prefill(slot, prompt)))
         return _Row(index, list(prompt), len(prompt), drafter), first
 
     def _step(
