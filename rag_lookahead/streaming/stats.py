@@ -80,7 +80,7 @@ class DecodeStats:
     cached_prompt_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
-    undrafted_steps: Mapping[str, int] = field(default_factory=dict)
+    undrafted_steps: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def drafting_off_reason(self) -> str | None:
