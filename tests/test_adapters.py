@@ -347,6 +347,8 @@ def test_usage_carries_the_decode_stats() -> None:
             "drafted_tokens": 7,
             "acceptance_rate": 3 / 7,
             "finish_reason": "eos",
+            "undrafted_steps": {},
+            "drafting_off_reason": None,
         },
     }
 

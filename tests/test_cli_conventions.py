@@ -13,7 +13,9 @@ import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.cli import build_parser, main
+from rag_lookahead.cli.answers import _undrafted_line
 from rag_lookahead.rag import DocumentIndex, RagPipeline, RetrievalConfig, SentenceTransformerEmbedder
+from rag_lookahead.streaming.stats import DecodeStats
 from rag_lookahead.testing import ASCII_VOCAB, AsciiTokenizer, load_example, tiny_model
 
 DOCS = {
@@ -95,6 +97,16 @@ def test_debug_shows_no_special_tokens(pipelines, capsys) -> None:
     assert ask("--debug") == 0
     out = capsys.readouterr().out
     assert "<|eot|>" not in out and "sources:" in out
+    assert "forwards without a draft:" in out or "[every forward verified a draft]" in out
+
+
+def test_debug_says_why_drafting_was_off() -> None:
+    steps = {"not_worth_it": 5, "no_draft": 2}
+    off = DecodeStats(3, 8, 7, (0,) * 7, (0,) * 7, ("none",) * 7, 0.1, 0.2, "length", undrafted_steps=steps)
+    line = _undrafted_line(off)
+    assert line == "[drafting off (not_worth_it): forwards without a draft: 2 no_draft, 5 not_worth_it]"
+    some = DecodeStats(3, 8, 2, (4, 0), (4, 1), ("trie", "trie"), 0.1, 0.2, "length")
+    assert _undrafted_line(some) == "[every forward verified a draft]"
 
 
 # A command's output after its reader left (`rag-lookahead ask ... | head -c 1`): what it does,

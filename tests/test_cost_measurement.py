@@ -154,9 +154,12 @@ def test_a_new_engine_given_the_curve_it_reads_back_is_calibrated_and_checked(tm
     first = _engine(tmp_path)
     curve = first.measure_costs()
     second = LookaheadEngine(first.model, first.tokenizer, first.config, cost_curve=curve, cache_dir=tmp_path)
-    assert second.costs.calibration is None and second.costs.check is None  # given
+    given = second.costs  # as it is, unless measured under a load (`CostModel.given`)
+    assert (given.calibration is None and given.check is None) is not curve.loaded
+    assert given.forget is None  # nothing stored to forget: not yet read back
     assert second.measure_costs() == curve
     assert second.costs.calibration is not None and second.costs.check is not None
+    assert second.costs.forget is not None
 
 
 def test_a_benchmarks_fresh_engine_reads_the_costs_back_as_a_new_process_would(tmp_path) -> None:
@@ -168,7 +171,8 @@ def test_a_benchmarks_fresh_engine_reads_the_costs_back_as_a_new_process_would(t
     assert fresh.cache_dir == tmp_path and fresh.cost_curve == curve
     assert fresh.costs.calibration is not None and fresh.costs.check is not None
     plain = fresh_engine(first, replace(first.config, mode="off"))
-    assert plain.costs.calibration is None
+    assert plain.costs.forget is None  # nothing read back
+    assert (plain.costs.calibration is None) is not curve.loaded  # a loaded curve given is doubted
 
 
 def test_a_curve_cached_on_another_processor_is_measured_anew(tmp_path, monkeypatch) -> None:

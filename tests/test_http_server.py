@@ -30,6 +30,7 @@ from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.drafting import OUTPUT_OWNER
 from rag_lookahead.rag.embedding import DEFAULT_EMBEDDER
 from rag_lookahead.serve import ServeSettings, create_app
+from rag_lookahead.streaming.stats import UNDRAFTED_REASONS
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, save_tiny_model, tiny_model, weather_tool
 from rag_lookahead.testing.local_server import DEAD_END_FORMAT as DEAD_END
@@ -192,6 +193,9 @@ def test_documents_and_decode_stats(client: openai.OpenAI, engine: LookaheadEngi
     stats = out.usage.model_extra["lookahead"]  # type: ignore[union-attr,index]
     assert set(stats) >= {"steps", "tokens_per_step", "accepted_draft_tokens", "drafted_tokens"}
     assert stats["tokens_per_step"] >= 1
+    # Why steps drafted nothing, counted; and why the call drafted on none, where it did not.
+    assert sum(stats["undrafted_steps"].values()) <= stats["steps"]
+    assert stats["drafting_off_reason"] in (None, *UNDRAFTED_REASONS)
 
 
 def test_response_format_json_schema(client: openai.OpenAI) -> None:

@@ -228,7 +228,10 @@ def _index_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_DEBUG_HELP = "mark, per step, the tokens that came from drafts and their source"
+_DEBUG_HELP = (
+    "mark, per step, the tokens that came from drafts and their source; then count the forwards "
+    "without a draft, by why"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

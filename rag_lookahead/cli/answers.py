@@ -40,6 +40,7 @@ from rag_lookahead.rag.chunking import long_lines
 from rag_lookahead.rag.pipeline import Answer, source_label
 from rag_lookahead.rag.store import META_FILE, refuse_foreign
 from rag_lookahead.serve.readiness import measure_ahead
+from rag_lookahead.streaming.stats import DecodeStats
 
 __all__ = ["run_ask", "run_chat", "run_demo", "run_index"]
 
@@ -301,7 +302,19 @@ def _answer(
         f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tokens_per_step:.2f} tokens per "
         f"forward, {s.steps} forwards]\n"
     )
+    if debug:
+        out.write(_undrafted_line(s) + "\n")
     return answer
+
+
+def _undrafted_line(stats: DecodeStats) -> str:
+    """The steps that verified no draft, by why (`DecodeStats.undrafted_steps`)."""
+    if not stats.undrafted_steps:
+        return "[every forward verified a draft]"
+    counts = ", ".join(f"{count} {reason}" for reason, count in sorted(stats.undrafted_steps.items()))
+    off = stats.drafting_off_reason
+    lead = f"drafting off ({off}): " if off else ""
+    return f"[{lead}forwards without a draft: {counts}]"
 
 
 def _stream_answer(

@@ -79,8 +79,10 @@ class LookaheadEngine(EngineBase):
             config: Drafting settings (`LookaheadConfig`).
             trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
             cost_curve: Forward costs by size, for ``mode="auto"``, planned with as given (not
-                calibrated by the steps) until `measure_costs` reads a curve back; when not
-                given, the first call that needs it runs `measure_costs`.
+                calibrated by the steps; one marked ``loaded``, timed while other work shared
+                the cores, is calibrated and its shape doubted, `CostModel.given`) until
+                `measure_costs` reads a curve back; when not given, the first call that needs
+                it runs `measure_costs`.
             cache_dir: Where measured cost curves and acceptance statistics are kept (default:
                 `default_cache_dir`).
             chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
@@ -115,7 +117,7 @@ class LookaheadEngine(EngineBase):
         )
         self.runner = self._tuning.runner
         # What its forwards cost, once measured (or given): shared by its variants' planners.
-        self.costs = CostModel(curve=cost_curve)
+        self.costs = CostModel.given(cost_curve)
         self.planner = StepPlanner(self.config, self.costs)
         self.scheduler = _new_scheduler(self._tuning, self.costs, self.config)
         self._cache_dir = cache_dir
@@ -360,6 +362,8 @@ class LookaheadEngine(EngineBase):
         predicted = self._tokenize(prediction) if prediction else []
         # Counted in every mode, as OpenAI counts it: the prediction's tokens in the answer.
         recorder = StepRecorder(len(prompt_ids), prediction=PredictionMatch(predicted) if predicted else None)
+        if not drafts:  # why: for its stats' ``undrafted_steps``
+            recorder.drafting_off = "no_tree_verification" if not batchable else "mode_off"
         # The loop takes these texts in: long ones a slice at a time before the prefill.
         build = DrafterBuild(self.config, self.trie, sequences, scope, predicted) if sequences else None
         call = Call(

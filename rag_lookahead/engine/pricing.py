@@ -38,6 +38,7 @@ from rag_lookahead.planning.planner import (
     separate_prefill,
 )
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.streaming.stats import UndraftedReason
 from rag_lookahead.tuning.cost_timing import TimedCurve, batch_curves, step_curve
 
 __all__ = ["Pricing", "PromptForwards", "prepare_costs"]
@@ -164,7 +165,14 @@ class Pricing:
         ).tokens
 
     def plan_drafts(self, calls: Sequence[Call], proposals: Sequence[StepDraft]) -> list[StepDraft]:
-        """What of each call's proposed draft the step verifies."""
+        """What of each call's proposed draft the step verifies; a call whose step verifies
+        none is told why (`StepRecorder.plan`, for its stats' ``undrafted_steps``)."""
+        planned = self._plan_drafts(calls, proposals)
+        for call, proposal, plan in zip(calls, proposals, planned, strict=True):
+            call.recorder.plan(_undrafted(proposal, plan))
+        return planned
+
+    def _plan_drafts(self, calls: Sequence[Call], proposals: Sequence[StepDraft]) -> list[StepDraft]:
         if len(calls) == 1:
             call = calls[0]
             cached = len(call.ids) - 1  # all but the root
@@ -262,6 +270,13 @@ class Pricing:
         return lambda width: seconds[min(width, widest) - 1]
 
 
+def _undrafted(proposal: StepDraft, plan: StepDraft) -> UndraftedReason | None:
+    """Why ``plan``, made of ``proposal``, verifies no draft (``None``: it verifies one)."""
+    if len(plan.tree) > 1:
+        return None
+    return "not_worth_it" if len(proposal.tree) > 1 else "no_draft"
+
+
 def prepare_costs(
     runner: ModelRunner,
     costs: CostModel,
@@ -297,7 +312,8 @@ def _take_curve(costs: CostModel, timed: TimedCurve) -> None:
     """``timed``'s curve planned with from now on: learned afresh (unless it is the one already
     held, read back again by another variant: what was learned of it stands), and checked
     against the forwards unless measured now on a quiet machine."""
-    if timed.curve == costs.curve and not timed.fresh and costs.calibration is not None:
+    held = costs.calibration is not None and costs.forget is not None  # read back, not given
+    if timed.curve == costs.curve and not timed.fresh and held:
         return
     costs.curve = timed.curve
     costs.calibration = StepCalibration()

@@ -148,6 +148,31 @@ class CostModel:
     # Forgets the checked curve on disk (`forget_curve`; None: nothing stored to forget).
     forget: Callable[[], object] | None = field(default=None, repr=False, compare=False)
     _claim: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _contradicted: bool = field(default=False, repr=False, compare=False)
+    _explored: tuple[CostCurve, frozenset[int], CostCurve] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @classmethod
+    def given(cls, curve: CostCurve | None) -> CostModel:
+        """The costs of a curve given rather than measured here: planned with as it is, unless
+        it is marked ``loaded`` (timed while other work shared the cores, wherever it came
+        from); then the steps calibrate it and check it, as a measured loaded one
+        (`in_doubt`)."""
+        if curve is None or not curve.loaded:
+            return cls(curve)
+        return cls(curve, check=CurveCheck(), calibration=StepCalibration())
+
+    @property
+    def in_doubt(self) -> bool:
+        """Whether the curve's shape (each width's cost against one token's) is in doubt:
+        measured under a load, or contradicted by the forwards run since (`CurveCheck`). A load
+        inflates some widths more than others, so such a curve can price a draft out that
+        pays; the plan then drafts into the widths no step timed yet (`explored`)."""
+        curve, check = self.curve, self.check
+        if curve is None:
+            return False
+        return curve.loaded or self._contradicted or (check is not None and check.contradicted())
 
     def retire_contradicted(self) -> bool:
         """Whether the forwards run so far contradict the checked curve in a way only measuring
@@ -158,7 +183,7 @@ class CostModel:
         with self._claim:
             if self.check is None or not self.check.stale():
                 return False
-            self.check, forget = None, self.forget
+            self.check, forget, self._contradicted = None, self.forget, True
         if forget is not None:
             forget()
         return True
@@ -182,6 +207,32 @@ class CostModel:
         if curve is None or calibration is None:
             return curve
         return calibration.apply(curve, context)
+
+    def explored(self, context: int) -> CostCurve | None:
+        """What one row's plan prices its draft with after ``context`` cached tokens: `priced`,
+        except that a curve `in_doubt` prices each width class no step has timed yet (after any
+        context) as the width below it. The plan decides by the curve's ratios (a width's cost
+        against one token's), and a loaded curve's ratios are the load's: rather than have them
+        keep every draft out (then no step would ever time a wider forward to correct them),
+        the draft is verified into such a class, and its steps time it (`StepCalibration`,
+        from its ``least``-th timing); from then on their ratio decides. A measurement is not
+        waited for, and drafting never stops meanwhile."""
+        priced, calibration = self.priced(context), self.calibration
+        if priced is None or calibration is None or not self.in_doubt:
+            return priced
+        timed = calibration.timed_widths()
+        if all(size.bit_length() in timed for size in priced.sizes):
+            return priced
+        kept = self._explored
+        if kept is not None and kept[0] is priced and kept[1] == timed:
+            return kept[2]
+        seconds = list(priced.seconds)
+        for i in range(1, len(seconds)):
+            if priced.sizes[i].bit_length() not in timed:
+                seconds[i] = seconds[i - 1]
+        explored = CostCurve(priced.sizes, tuple(seconds), priced.loaded)
+        self._explored = (priced, timed, explored)
+        return explored
 
     def batched(self) -> Callable[[int, float], float] | None:
         """Seconds of a batched forward by rows and width: as measured, else one row's curve
@@ -280,6 +331,12 @@ class StepCalibration:
                 self._changes[key[0]] = self._changes.get(key[0], 0) + 1
                 self._changed += 1
 
+    def timed_widths(self) -> frozenset[int]:
+        """The width classes (`int.bit_length` of a width) whose steps were timed often enough
+        to count, after any context."""
+        with self._lock:
+            return frozenset(width for _, width in self._ratios)
+
     def factor(self, tokens: int, context: int) -> float:
         """What the curve's price of ``tokens`` after ``context`` cached tokens is multiplied by."""
         with self._lock:
@@ -341,6 +398,21 @@ class CurveCheck:
             cell = self._cells.setdefault((context.bit_length(), tokens.bit_length()), [])
             if len(cell) < self.samples:
                 cell.append(ratio)
+
+    def contradicted(self) -> bool:
+        """Whether the forwards contradict the curve's shape, so that its ratios (a width's cost
+        against one token's) may not decide alone: it is `stale`, or one-token forwards after
+        about the context it was timed after (its class or the next) ran, even the faster half
+        of ``samples`` of them, in over ``1 / ratio`` of its one-token time. That time was then
+        taken in a quiet moment that its wider sizes, timed in others, did not share, and the
+        curve prices every draft too dear against it. This calls for no measurement (it would
+        measure the load): the steps time the widths (`CostModel.explored`)."""
+        if self.stale():
+            return True
+        group = self.context.bit_length()
+        with self._lock:
+            ones = [r for (context, width), r in self._cells.items() if width == 1 and context <= group + 1]
+        return any(len(r) >= self.samples and _faster_half(r) * self.ratio > 1 for r in ones)
 
     def stale(self) -> bool:
         with self._lock:
@@ -562,6 +634,11 @@ def _nearest(ratios: dict[tuple[int, int], float], group: int, wanted: int) -> f
         return ratio
     seen = [(abs(c - wanted), -c, abs(n - group), -n, r) for (n, c), r in ratios.items()]
     return min(seen)[-1] if seen else 1.0
+
+
+def _faster_half(ratios: Sequence[float]) -> float:
+    """The most of the faster half of ``ratios`` (their median, the lower one of an even count)."""
+    return sorted(ratios)[(len(ratios) - 1) // 2]
 
 
 def _slower_half(ratios: Sequence[float]) -> float:

@@ -244,7 +244,9 @@ class StepPlanner:
     """What each step verifies: all of the draft, or in ``mode="auto"`` the part that pays.
 
     ``mode="auto"`` needs the forward cost curve (`cost_curve`), set once it is measured, and
-    plans against it as the steps' own timings calibrate it (`CostModel.priced`). Thread-safe:
+    plans against it as the steps' own timings calibrate it (`CostModel.priced`); a curve whose
+    shape is in doubt (measured under a load, or contradicted by the forwards) drafts into the
+    widths the steps have not timed yet (`CostModel.explored`). Thread-safe:
     calls of one engine plan and learn concurrently. Its variants (`with_config`) learn into
     the same statistics, which persist on disk once `load_acceptance` was called.
     """
@@ -310,7 +312,7 @@ class StepPlanner:
         cost = self._curve(context)
         with self._lock:
             if len(tree) > 1:
-                tree = plan_draft(tree, self.acceptance, cost)
+                tree = plan_draft(tree, self.acceptance, self._explored(context))
         # A side row past the context window, or a window that does not pay, stays out: it
         # rides along only where it is nearly free (a GPU, not a CPU), as its n-grams rarely
         # repay more.
@@ -324,6 +326,11 @@ class StepPlanner:
         cost = self.costs.priced(context)
         if cost is None:
             raise RuntimeError("mode='auto' plans against a cost curve: call engine.measure_costs() first")
+        return cost
+
+    def _explored(self, context: int) -> CostCurve:
+        cost = self.costs.explored(context)
+        assert cost is not None, "explored before the costs were measured"
         return cost
 
     def learn(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:

@@ -63,7 +63,9 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
     ``completion_tokens_details`` counts a prediction's tokens as `DecodeStats` does, as OpenAI
     defines them: accepted, those that appear in the answer; rejected, the others (both 0
     without a prediction). Unlike OpenAI, ``completion_tokens`` counts the answer's tokens only,
-    not the rejected ones.
+    not the rejected ones. ``lookahead.undrafted_steps`` counts the steps that verified no
+    draft by why, and ``lookahead.drafting_off_reason`` says why none did where none did
+    (`DecodeStats.undrafted_steps`, `DecodeStats.drafting_off_reason`).
     """
     return {
         "prompt_tokens": stats.prompt_tokens,
@@ -81,6 +83,8 @@ def usage(stats: DecodeStats) -> dict[str, Any]:
             "drafted_tokens": sum(stats.drafted_per_step),
             "acceptance_rate": stats.acceptance_rate,
             "finish_reason": stats.finish_reason,
+            "undrafted_steps": dict(stats.undrafted_steps),
+            "drafting_off_reason": stats.drafting_off_reason,
         },
     }
 

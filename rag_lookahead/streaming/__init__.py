@@ -2,7 +2,7 @@
 
 from rag_lookahead.streaming.aio import aiterate
 from rag_lookahead.streaming.logprobs import TokenLogprob
-from rag_lookahead.streaming.stats import DecodeStats, FinishReason, StepRecorder
+from rag_lookahead.streaming.stats import DecodeStats, FinishReason, StepRecorder, UndraftedReason
 from rag_lookahead.streaming.stopping import Released, Stopping
 from rag_lookahead.streaming.stream import Completion, StreamChunk, TextStream
 
@@ -16,5 +16,6 @@ __all__ = [
     "StreamChunk",
     "TextStream",
     "TokenLogprob",
+    "UndraftedReason",
     "aiterate",
 ]

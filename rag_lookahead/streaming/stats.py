@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["DecodeStats", "FinishReason", "PredictionMatch", "StepRecorder"]
+__all__ = [
+    "UNDRAFTED_REASONS",
+    "DecodeStats",
+    "FinishReason",
+    "PredictionMatch",
+    "StepRecorder",
+    "UndraftedReason",
+]
 
 FinishReason = Literal["eos", "stop_string", "length", "context_window", "abandoned"]
+# Why a step verified no draft (`DecodeStats.undrafted_steps`).
+UndraftedReason = Literal["mode_off", "no_tree_verification", "no_draft", "not_worth_it"]
+UNDRAFTED_REASONS: tuple[UndraftedReason, ...] = (
+    "mode_off",
+    "no_tree_verification",
+    "no_draft",
+    "not_worth_it",
+)
 # The most bytes of a prediction's token masks (`PredictionMatch`) kept for reuse per call.
 _MASKS_BYTES = 16 << 20
 
@@ -43,6 +58,14 @@ class DecodeStats:
             prediction's tokens. Unlike OpenAI's, they are not added to ``new_tokens`` (no
             one is billed here). Both are a function of the prediction and the answer alone:
             the same for every mode that gives the answer, streamed or not.
+        undrafted_steps: The steps that verified no draft, counted by why (each an
+            `UndraftedReason`; a reason with no step is left out): ``"mode_off"``, the engine
+            decodes plainly; ``"no_tree_verification"``, the model cannot verify drafts (it
+            decodes plainly, `LookaheadEngine.tree_verification`); ``"no_draft"``, there was
+            nothing to verify (no match in the prompt, the documents or past outputs, or no
+            room left for a draft); ``"not_worth_it"``, ``mode="auto"`` judged the draft's
+            expected tokens not worth the wider forward (by its chances of acceptance, learned,
+            against the cost curve as the steps calibrate it).
     """
 
     prompt_tokens: int
@@ -57,6 +80,15 @@ class DecodeStats:
     cached_prompt_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    undrafted_steps: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    @property
+    def drafting_off_reason(self) -> str | None:
+        """Why this call drafted on no step at all: the reason most of its steps give
+        (`undrafted_steps`); ``None`` where any step verified a draft, or with no steps."""
+        if not self.steps or any(self.drafted_per_step) or not self.undrafted_steps:
+            return None
+        return max(self.undrafted_steps.items(), key=lambda item: item[1])[0]
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,6 +120,8 @@ class DecodeStats:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "accepted_prediction_tokens": self.accepted_prediction_tokens,
             "rejected_prediction_tokens": self.rejected_prediction_tokens,
+            "undrafted_steps": dict(self.undrafted_steps),
+            "drafting_off_reason": self.drafting_off_reason,
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_rate": self.acceptance_rate,
@@ -166,11 +200,24 @@ class StepRecorder:
     accepted_prediction: int = 0
     rejected_prediction: int = 0
     prediction: PredictionMatch | None = None  # the call's prediction, if it has one
+    # Why no step of the call drafts, where known before its first (its engine's mode, its model).
+    drafting_off: UndraftedReason | None = None
+    # Why the next step verifies no draft, as its plan found (`plan`).
+    planned: UndraftedReason | None = None
+    undrafted: dict[str, int] = field(default_factory=dict)  # steps by `UndraftedReason`
+
+    def plan(self, reason: UndraftedReason | None) -> None:
+        """The next step verifies no draft for ``reason`` (``None``: it verifies one)."""
+        self.planned = reason
 
     def step(self, drafted: int, accepted: int, source: str) -> None:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         self.sources.append(source)
+        if not drafted:
+            reason = self.drafting_off or self.planned or "no_draft"
+            self.undrafted[reason] = self.undrafted.get(reason, 0) + 1
+        self.planned = None
 
     def released(self, token_ids: Sequence[int]) -> None:
         """These tokens reached the answer (a step's, less what its stopping cut)."""
@@ -203,4 +250,5 @@ class StepRecorder:
             cached_prompt_tokens=self.cached_prompt_tokens,
             accepted_prediction_tokens=accepted,
             rejected_prediction_tokens=rejected,
+            undrafted_steps=dict(self.undrafted),
         )
