@@ -40,7 +40,7 @@ def main() -> None:
     repeated = list(inputs) + list(inputs)
     report: dict[str, object] = {"data": args.data.name, "questions": len(inputs), "asked": len(repeated)}
     for cap in (0, args.cache_mb):
-        variant = engine.with_config(replace(engine.config, prefix_cache_mb=cap))
+        variant = _with_prefix_cache(engine, cap)
         summary = run_concurrency(variant, repeated, args.max_new_tokens, [args.clients], methods=["batched"])
         measures = summary["concurrency"][str(args.clients)]["methods"]["batched"]
         report[f"prefix_cache_mb={cap}"] = measures
@@ -52,6 +52,21 @@ def main() -> None:
     print(f"end-to-end speedup {report['speedup']}x, p50 TTFT ratio {report['ttft_ratio']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _with_prefix_cache(engine: LookaheadEngine, cap: int) -> LookaheadEngine:
+    """Another engine over ``engine``'s model keeping ``cap`` MB of prompts (the prefix cache is
+    set per engine), its costs read back from the cache ``engine`` measured them into."""
+    variant = LookaheadEngine(
+        engine.model,
+        engine.tokenizer,
+        replace(engine.config, prefix_cache_mb=cap),
+        cache_dir=engine.cache_dir,
+        chat_template_kwargs=engine.chat_template_kwargs,
+        model_thread=engine.runner.thread,
+    )
+    variant.measure_costs()
+    return variant
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Frozen, validated configuration: how to draft (`LookaheadConfig`) and how to pick tokens
-(`GenerationParams`)."""
+(`GenerationParams`).
+
+Each drafting setting has a lifetime (`lifetime_of`): per call, or per engine, fixed by what the
+engine built from it. An engine's variants differ in per-call settings only (`check_variant`).
+"""
 
 from __future__ import annotations
 
 import math
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from rag_lookahead.streaming.logprobs import MAX_TOP_LOGPROBS
@@ -16,15 +20,27 @@ __all__ = [
     "CpuLinear",
     "DraftPolicy",
     "GenerationParams",
+    "Lifetime",
     "LookaheadConfig",
     "Mode",
+    "check_variant",
     "is_greedy",
     "keyword_arguments",
+    "lifetime_of",
+    "settings_of",
 ]
 
 Mode = Literal["auto", "trie", "jacobi", "off"]
 DraftPolicy = Literal["trie", "suffix"]
 CpuLinear = Literal["auto", "onednn", "reordered", "torch"]
+Lifetime = Literal["call", "engine"]
+
+# Each field's lifetime, and for a per-engine one what the engine built from it: the words of
+# the error that refuses a variant changing it (`check_variant`).
+_CALL = {"lifetime": "call", "held_by": "read by each call as it starts"}
+_TRIE = {"lifetime": "engine", "held_by": "the shape of the engine's trie"}
+_BATCHES = {"lifetime": "engine", "held_by": "the engine's scheduler: its batches and prefix cache"}
+_FORWARDS = {"lifetime": "engine", "held_by": "the engine's runner: its forwards and their measured costs"}
 
 
 # Far beyond any real trie, and small enough that a hostile file cannot make the cap meaningless.
@@ -47,7 +63,22 @@ def _real(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """Drafting settings, named as PIA names them.
+    """Drafting settings, named as PIA names them, in two lifetimes (`lifetime_of`).
+
+    - **Per call**: ``mode``, ``decoding_length``, ``min_query_length``, ``window_size``,
+      ``ngram_size``, ``guess_set_size``, ``draft_policy``. Each call reads them as it starts:
+      an engine's variants (`LookaheadEngine.with_config`, `LookaheadEngine.plain`) may differ
+      in them, and share the engine's model, trie, batches and costs.
+    - **Per engine**: fixed once the engine is built, held by what it built from them: the
+      trie (``max_query_length``, ``branch_length``, ``max_trie_nodes``), the scheduler's
+      batches and prefix cache (``max_batch_size``, ``max_tokens_per_forward``,
+      ``max_prefill_tokens_per_step``, ``prefix_cache_mb``), the runner's forwards
+      (``cpu_linear``, ``direct_forward``). A variant that changes one is refused, naming it
+      (`check_variant`): another value needs another engine.
+
+    What outlives an engine is no field here: torch's thread count (the CLI's ``--threads``),
+    the thread forwards run in (`ModelThread`), and the disk caches of kernel choices, costs
+    and acceptance (the engine's ``cache_dir``) are set where they are made.
 
     Attributes:
         mode: ``"trie"`` verifies up to ``decoding_length`` trie draft tokens per step;
@@ -112,22 +143,22 @@ class LookaheadConfig:
             model. Read once, by the engine built with it.
     """
 
-    mode: Mode = "auto"
-    decoding_length: int = 16
-    branch_length: int = 12
-    max_query_length: int = 3
-    min_query_length: int = 1
-    max_trie_nodes: int = 200_000
-    window_size: int = 4
-    ngram_size: int = 4
-    guess_set_size: int = 4
-    max_batch_size: int = 8
-    max_tokens_per_forward: int = 256
-    max_prefill_tokens_per_step: int = 2048
-    prefix_cache_mb: int = 256
-    draft_policy: DraftPolicy = "suffix"
-    cpu_linear: CpuLinear = "auto"
-    direct_forward: bool = True
+    mode: Mode = field(default="auto", metadata=_CALL)
+    decoding_length: int = field(default=16, metadata=_CALL)
+    branch_length: int = field(default=12, metadata=_TRIE)
+    max_query_length: int = field(default=3, metadata=_TRIE)
+    min_query_length: int = field(default=1, metadata=_CALL)
+    max_trie_nodes: int = field(default=200_000, metadata=_TRIE)
+    window_size: int = field(default=4, metadata=_CALL)
+    ngram_size: int = field(default=4, metadata=_CALL)
+    guess_set_size: int = field(default=4, metadata=_CALL)
+    max_batch_size: int = field(default=8, metadata=_BATCHES)
+    max_tokens_per_forward: int = field(default=256, metadata=_BATCHES)
+    max_prefill_tokens_per_step: int = field(default=2048, metadata=_BATCHES)
+    prefix_cache_mb: int = field(default=256, metadata=_BATCHES)
+    draft_policy: DraftPolicy = field(default="suffix", metadata=_CALL)
+    cpu_linear: CpuLinear = field(default="auto", metadata=_FORWARDS)
+    direct_forward: bool = field(default=True, metadata=_FORWARDS)
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -186,6 +217,48 @@ class LookaheadConfig:
         _positive("max_trie_nodes", self.max_trie_nodes, MAX_TRIE_NODES)
         if self.max_trie_nodes < 1000:
             raise ValueError(f"max_trie_nodes must be at least 1000, got {self.max_trie_nodes}")
+
+
+def lifetime_of(name: str) -> Lifetime:
+    """How long the `LookaheadConfig` setting ``name`` holds: ``"call"`` (each call reads it,
+    an engine's variants may differ in it) or ``"engine"`` (fixed once the engine is built)."""
+    lifetime: Lifetime = _field(name).metadata["lifetime"]
+    return lifetime
+
+
+def settings_of(lifetime: Lifetime) -> tuple[str, ...]:
+    """The `LookaheadConfig` settings of ``lifetime``, in the order of its fields."""
+    if lifetime not in ("call", "engine"):
+        raise ValueError(f"lifetime must be 'call' or 'engine', got {lifetime!r}")
+    return tuple(f.name for f in fields(LookaheadConfig) if f.metadata["lifetime"] == lifetime)
+
+
+def check_variant(current: LookaheadConfig, config: LookaheadConfig) -> LookaheadConfig:
+    """``config``, for a variant of the engine built with ``current``: refused (`ValueError`,
+    naming each one) where it changes a per-engine setting, which the variant would not
+    apply, sharing the engine's trie, batches and runner."""
+    if not isinstance(config, LookaheadConfig):
+        raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
+    changed = [
+        f"{f.name} is set per engine ({f.metadata['held_by']}): the engine's is "
+        f"{getattr(current, f.name)!r}, this config's {getattr(config, f.name)!r}"
+        for f in fields(LookaheadConfig)
+        if f.metadata["lifetime"] == "engine" and getattr(config, f.name) != getattr(current, f.name)
+    ]
+    if changed:
+        raise ValueError(
+            "; ".join(changed) + ". An engine's variant changes only its per-call settings "
+            f"({', '.join(settings_of('call'))}): build another LookaheadEngine for the others, "
+            "or derive the config from the engine's own, dataclasses.replace(engine.config, mode=...)"
+        )
+    return config
+
+
+def _field(name: str) -> Field[Any]:
+    for f in fields(LookaheadConfig):
+        if f.name == name:
+            return f
+    raise ValueError(f"no LookaheadConfig setting is called {name!r}")
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def test_the_setting_is_checked_and_kept_per_engine() -> None:
     engine = LookaheadEngine(
         tiny_model("llama", 1, ASCII_VOCAB), AsciiTokenizer(), LookaheadConfig(mode="off")
     )
-    with pytest.raises(ValueError, match="direct_forward is chosen once per engine"):
+    with pytest.raises(ValueError, match="direct_forward is set per engine"):
         engine.with_config(LookaheadConfig(mode="off", direct_forward=False))
 
 

@@ -160,7 +160,7 @@ def test_engines_over_one_model_share_its_kernels_and_one_reordered_copy(
 def test_a_variant_keeps_its_engines_kernel() -> None:
     engine = LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig(mode="off"))
     assert engine.with_config(LookaheadConfig(mode="trie")).runner is engine.runner
-    with pytest.raises(ValueError, match="cpu_linear is chosen once per engine"):
+    with pytest.raises(ValueError, match="cpu_linear is set per engine"):
         engine.with_config(LookaheadConfig(cpu_linear="torch"))
 
 

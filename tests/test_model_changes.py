@@ -159,10 +159,10 @@ def test_a_hook_removed_again_restores_the_answer() -> None:
     assert engine.runner.direct is not None and engine.runner.direct.applies()
 
 
-def test_a_variant_with_its_own_prefix_cache_sees_the_change() -> None:
+def test_a_second_engine_with_its_own_prefix_cache_sees_the_change() -> None:
     model = _model()
     engine = _engine(model)
-    other = engine.with_config(LookaheadConfig(mode="trie", min_query_length=1, prefix_cache_mb=64))
+    other = _engine(model, prefix_cache_mb=64)
     assert other.scheduler is not engine.scheduler
     _answer(engine)
     _answer(other)

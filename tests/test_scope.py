@@ -111,11 +111,9 @@ def test_a_scope_of_another_engine_is_refused(engine_and_document) -> None:
     assert other.trie.owners() <= {OUTPUT_OWNER}
 
 
-def test_with_config_shares_the_trie_unless_its_settings_change(engine_and_document) -> None:
-    engine, _, reference = engine_and_document
+def test_with_config_shares_the_trie_and_refuses_to_reshape_it(engine_and_document) -> None:
+    engine, _, _ = engine_and_document
     auto = engine.with_config(replace(engine.config, mode="auto"))
     assert auto.trie is engine.trie and auto.runner is engine.runner and auto.config.mode == "auto"
-    deeper = engine.with_config(replace(engine.config, branch_length=engine.config.branch_length + 1))
-    assert deeper.trie is not engine.trie and deeper.runner is engine.runner
-    assert deeper.trie.branch_length == engine.config.branch_length + 1
-    assert deeper.complete(PROMPT, max_new_tokens=N).token_ids == reference
+    with pytest.raises(ValueError, match="branch_length is set per engine"):
+        engine.with_config(replace(engine.config, branch_length=engine.config.branch_length + 1))

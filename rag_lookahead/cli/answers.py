@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -189,7 +188,8 @@ def run_demo(args: argparse.Namespace) -> int:
     index = bundled_index(announce=True)
     questions = bundled_questions()[: args.questions]
     _say("Loading the model (a built-in one is converted to safetensors once, on first use)...")
-    engine = make_engine(args, measure=False)
+    # The two paths answer the same prompts: neither may start from the other's prefix cache.
+    engine = make_engine(args, measure=False, reuse_prefixes=False)
     if engine.config.mode == "auto":
         _say(
             "Measuring the model's forward costs, which lookahead plans its drafts with "
@@ -200,8 +200,6 @@ def run_demo(args: argparse.Namespace) -> int:
         took = time.perf_counter() - started
         measured = engine.cost_curve is not None
         _say(f"  done in {took:.1f} s" if measured else "  none needed: the model verifies no drafts")
-    # The two paths answer the same prompts: neither may start from the other's prefix cache.
-    engine = engine.with_config(replace(engine.config, prefix_cache_mb=0))
     pipelines = {
         "lookahead": RagPipeline(engine, index, retrieval_config(args)),
         "plain": RagPipeline(engine.plain(), index, retrieval_config(args)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,17 @@ __all__ = [
 ]
 
 
-def make_engine(args: argparse.Namespace, measure: bool = True) -> LookaheadEngine:
+def make_engine(
+    args: argparse.Namespace, measure: bool = True, reuse_prefixes: bool = True
+) -> LookaheadEngine:
     """The engine the model and lookahead flags describe (measuring its cost curve first, or
-    reading it from the cache, unless not ``measure``)."""
+    reading it from the cache, unless not ``measure``), keeping no prompts for reuse unless
+    ``reuse_prefixes`` (the prefix cache is set per engine)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = LookaheadEngine.from_pretrained(config=lookahead_config(args), load=load_options(args))
+    config = lookahead_config(args)
+    config = config if reuse_prefixes else replace(config, prefix_cache_mb=0)
+    engine = LookaheadEngine.from_pretrained(config=config, load=load_options(args))
     if measure:  # measured once per model, device and dtype (then cached): no answer pays for it
         measure_ahead(engine, remeasure=args.remeasure)
     return engine

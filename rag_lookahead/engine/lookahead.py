@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rag_lookahead.config import GenerationParams, LookaheadConfig
+from rag_lookahead.config import GenerationParams, LookaheadConfig, check_variant
 from rag_lookahead.decoding.verify import TokenChooser
 from rag_lookahead.drafting.compose import DrafterBuild, call_drafter
 from rag_lookahead.drafting.protocol import Drafter
@@ -165,30 +165,18 @@ class LookaheadEngine(EngineBase):
         )
 
     def with_config(self, config: LookaheadConfig) -> LookaheadEngine:
-        """This engine with other drafting settings: the same model, runner and trie.
+        """This engine with other per-call settings (`LookaheadConfig`'s lifetimes): the same
+        model, runner, trie, batches and costs.
 
         Variants serve threads side by side: their calls join the same batches, and draft
-        from (and add outputs to) the same trie. Only when ``config`` changes the trie's own
-        settings (``max_query_length``, ``branch_length``, ``max_trie_nodes``) does the variant
-        get a trie of its own, and only when it changes ``max_batch_size``,
-        ``max_tokens_per_forward``, ``max_prefill_tokens_per_step`` or ``prefix_cache_mb``
-        does it batch its calls apart (and keep prompt prefixes apart; forwards still take
-        turns). ``cpu_linear`` and ``direct_forward`` are the runner's: another one needs
-        another engine (`ValueError`).
+        from (and add outputs to) the same trie. A ``config`` that changes a per-engine setting
+        (the trie's shape, the batches and prefix cache, the forwards) is refused with a
+        `ValueError` naming it: another value needs another `LookaheadEngine`. Derive the
+        variant's config from this one's, ``dataclasses.replace(engine.config, mode="trie")``.
         """
-        for name in ("cpu_linear", "direct_forward"):
-            if getattr(config, name) != getattr(self.config, name):
-                raise ValueError(
-                    f"{name} is chosen once per engine (its forwards and their measured costs): "
-                    "build another LookaheadEngine for the other one"
-                )
         other = copy.copy(self)
-        other.config = config
+        other.config = check_variant(self.config, config)
         other.planner = self.planner.with_config(config)
-        if _trie_settings(config) != _trie_settings(self.config):
-            other.trie = _new_trie(config)
-        if _batch_settings(config) != _batch_settings(self.config):
-            other.scheduler = _new_scheduler(self._tuning, self.costs, config)
         return other
 
     @property
@@ -458,19 +446,6 @@ class LookaheadEngine(EngineBase):
 
     def _tokenize(self, text: str) -> list[int]:
         return self._facts.tokenize(text)
-
-
-def _trie_settings(config: LookaheadConfig) -> tuple[int, int, int]:
-    return config.max_query_length, config.branch_length, config.max_trie_nodes
-
-
-def _batch_settings(config: LookaheadConfig) -> tuple[int, ...]:
-    return (
-        config.max_batch_size,
-        config.max_tokens_per_forward,
-        config.max_prefill_tokens_per_step,
-        config.prefix_cache_mb,
-    )
 
 
 def _new_scheduler(tuning: ModelTuning, costs: CostModel, config: LookaheadConfig) -> Scheduler:

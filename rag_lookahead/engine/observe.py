@@ -102,7 +102,7 @@ class Step:
 class Iteration:
     """One iteration of a loop: the forwards it ran, in order, and its time."""
 
-    loop: int  # which loop: one per engine, or per batch settings of `LookaheadEngine.with_config`
+    loop: int  # which loop: one per engine (its variants share it)
     started: float  # `time.perf_counter`
     seconds: float
     cpu_seconds: float  # the loop's thread's CPU time (`time.thread_time`): waits left out

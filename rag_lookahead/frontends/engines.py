@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.config import LookaheadConfig, check_variant
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.frontends.names import display_name
 from rag_lookahead.interface import Engine
@@ -44,8 +44,9 @@ class EngineSource:
         timeout: With ``base_url``, the server's `ServerConfig.timeout`; without, the seconds
             a whole call may take (`deadline`).
         lookahead_config: A local engine's drafting settings: the loaded model's, or those of
-            a given `LookaheadEngine`'s variant (`LookaheadEngine.with_config`); ``None``: the
-            engine's own, or the defaults.
+            a given `LookaheadEngine`'s variant (`LookaheadEngine.with_config`), which may
+            differ from the engine's own in per-call settings only (`check_variant`); ``None``:
+            the engine's own, or the defaults.
         lookahead: ``False`` decodes plainly (drafting mode ``"off"``); a server decides that
             itself.
         progress: Show progress bars while a model loaded here is converted and its costs
@@ -90,6 +91,8 @@ class EngineSource:
             raise ValueError(f"model {model!r} is not a model directory")
         if self.lookahead_config is not None and _foreign(self.engine):
             raise ValueError("`lookahead_config` applies to a local LookaheadEngine, not to this engine")
+        if self.lookahead_config is not None and isinstance(self.engine, LookaheadEngine):
+            check_variant(self.engine.config, self.lookahead_config)  # refused here, not at a first call
 
     def _server_config(self, given: list[str]) -> ServerConfig:
         if not self.load.model:
@@ -148,7 +151,7 @@ class EngineSource:
         if self.engine.config == config:
             return self.engine
         assert config is not None
-        return self.engine.with_config(config)  # the same model, runner and trie
+        return self.engine.with_config(config)  # the same model, runner, trie and batches
 
 
 def plain_engine(engine: Engine) -> Engine:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_lookahead.config import LookaheadConfig
+from rag_lookahead.config import LookaheadConfig, check_variant
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance, save_acceptance
 from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
@@ -272,9 +272,9 @@ class StepPlanner:
 
     def with_config(self, config: LookaheadConfig) -> StepPlanner:
         """A planner for ``config`` that learns into the same statistics and plans with the
-        same costs."""
+        same costs: ``config`` changes only per-call settings (`check_variant`)."""
         other = copy.copy(self)
-        other.config = config
+        other.config = check_variant(self.config, config)
         return other
 
     def load_acceptance(self, path: Path, key: dict[str, Any]) -> None:

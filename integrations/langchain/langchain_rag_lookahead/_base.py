@@ -121,7 +121,8 @@ class LookaheadSettings(BaseModel):
     lookahead_config: LookaheadConfig | None = Field(
         default=None,
         description="Drafting settings (`rag_lookahead.LookaheadConfig`); None: the engine's "
-        "own, or the library defaults.",
+        "own, or the library defaults. Beside an engine, they may differ from its own in per-call "
+        "settings only (`rag_lookahead.config.check_variant`).",
     )
     device: str | None = Field(
         default=None,

@@ -1,5 +1,7 @@
 """Construction and settings of both models: no model is loaded here."""
 
+import dataclasses
+
 import pytest
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import ValidationError
@@ -68,6 +70,12 @@ def test_other_drafting_settings_build_a_sibling_engine(engine) -> None:
     sibling = ChatLookahead(engine=engine, lookahead_config=config).get_engine()
     assert sibling.model is engine.model and sibling.config == config
     assert sibling.runner is engine.runner and sibling.trie is engine.trie
+
+
+def test_a_per_engine_setting_for_a_given_engine_is_refused_at_once(engine) -> None:
+    config = dataclasses.replace(engine.config, max_batch_size=engine.config.max_batch_size + 1)
+    with pytest.raises(ValidationError, match="max_batch_size is set per engine"):
+        ChatLookahead(engine=engine, lookahead_config=config)
 
 
 def test_identifying_params_name_the_model_and_lookahead_settings(engine) -> None:

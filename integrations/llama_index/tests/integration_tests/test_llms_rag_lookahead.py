@@ -4,6 +4,7 @@ decoding's."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from typing import Any
 
@@ -237,3 +238,9 @@ def test_an_engine_and_a_config_are_exclusive(llm: LookaheadLLM) -> None:
 
     with pytest.raises(ValueError):
         LookaheadLLM(engine=llm.engine, config=LookaheadConfig(mode="off"))
+
+
+def test_a_per_engine_setting_for_a_given_engine_is_refused_at_once(llm: LookaheadLLM) -> None:
+    config = dataclasses.replace(llm.engine.config, prefix_cache_mb=llm.engine.config.prefix_cache_mb + 1)
+    with pytest.raises(ValueError, match="prefix_cache_mb is set per engine"):
+        LookaheadLLM(engine=llm.engine, lookahead_config=config)

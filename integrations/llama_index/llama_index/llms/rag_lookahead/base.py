@@ -174,7 +174,8 @@ class LookaheadLLM(StructuredOutputLLM, CustomLLM, ToolCallingLLM):
         progress bars on standard error, when it is a terminal, while the model is converted
         and its costs measured; see `EngineSource`).
         ``lookahead_config`` is the drafting settings (`LookaheadConfig`): the loaded
-        model's, or those of a variant of the given `LookaheadEngine`; ``config`` is its old
+        model's, or those of a variant of the given `LookaheadEngine` (differing from its own
+        in per-call settings only, `check_variant`); ``config`` is its old
         name (deprecated), a loading option refused beside an engine.
 
         Or, with ``base_url`` (an OpenAI-compatible API root such as
