@@ -124,3 +124,21 @@ def test_a_variant_is_a_config_and_the_names_are_fields() -> None:
     with pytest.raises(ValueError, match="lifetime must be 'call' or 'engine'"):
         settings_of("process")  # type: ignore[arg-type]
     assert check_variant(BASE, replace(BASE, mode="off", decoding_length=3)).decoding_length == 3
+
+
+def test_a_given_tries_shape_is_the_engines_and_its_config_says_so() -> None:
+    """A trie handed to the engine (e.g. read back with `TokenTrie.load`) drafts with its own
+    shape: the engine's config reports that shape, not the config's that was not used, and a
+    variant keeping it is accepted."""
+    from rag_lookahead.drafting.trie import TokenTrie
+
+    trie = TokenTrie(max_query_length=2, branch_length=5, max_nodes=5_000)
+    engine = LookaheadEngine(
+        tiny_model("llama"), CharTokenizer(), LookaheadConfig(min_query_length=1), trie=trie
+    )
+    shape = (engine.config.max_query_length, engine.config.branch_length, engine.config.max_trie_nodes)
+    assert shape == (2, 5, 5_000)
+    assert engine.trie is trie  # (empty, so falsy: still the one given, to share)
+    assert engine.with_config(replace(engine.config, mode="trie")).trie is trie
+    with pytest.raises(ValueError, match="min_query_length"):
+        LookaheadEngine(tiny_model("llama"), CharTokenizer(), LookaheadConfig(min_query_length=3), trie=trie)

@@ -77,7 +77,9 @@ class LookaheadEngine(EngineBase):
 
         Args:
             config: Drafting settings (`LookaheadConfig`).
-            trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default.
+            trie: A trie to share or reuse (e.g. `TokenTrie.load`); a new one by default. Its
+                shape (``max_query_length``, ``branch_length``, its node cap) is the engine's,
+                in place of the config's: ``engine.config`` reports it.
             cost_curve: Forward costs by size, for ``mode="auto"``, planned with as given (not
                 calibrated by the steps; one marked ``loaded``, timed while other work shared
                 the cores, is calibrated and its shape doubted, `CostModel.given`) until
@@ -101,7 +103,9 @@ class LookaheadEngine(EngineBase):
         self.tokenizer = tokenizer
         self._facts = ModelFacts(model, tokenizer, chat_template_kwargs)
         self.config = config or LookaheadConfig()
-        self.trie = trie or _new_trie(self.config)
+        if trie is not None:  # (its shape is the engine's: the config reports what runs)
+            self.config = _shaped_by(self.config, trie)
+        self.trie = trie if trie is not None else _new_trie(self.config)  # (an empty one is falsy)
         largest = self.trie.largest_token()
         if largest >= self.vocab_size:
             raise ValueError(
@@ -456,6 +460,17 @@ def _new_scheduler(tuning: ModelTuning, costs: CostModel, config: LookaheadConfi
         config.max_tokens_per_forward,
         config.max_prefill_tokens_per_step,
         config.prefix_cache_mb << 20,
+    )
+
+
+def _shaped_by(config: LookaheadConfig, trie: TokenTrie) -> LookaheadConfig:
+    """``config`` with a given trie's shape in place of its own (validated again: a
+    ``min_query_length`` past the trie's ``max_query_length`` is refused)."""
+    return replace(
+        config,
+        max_query_length=trie.max_query_length,
+        branch_length=trie.branch_length,
+        max_trie_nodes=trie.max_nodes,
     )
 
 
