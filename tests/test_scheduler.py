@@ -328,3 +328,28 @@ def test_a_prompt_alone_is_chunked_where_that_costs_it_little_so_a_call_arriving
     scheduler.submit(prompt(2, 200))  # a client a moment behind the long prompt's
     scheduler._prefill_joining()
     assert executor.chunks == chunks and scheduler._joining == []
+
+
+@pytest.mark.parametrize(
+    ("budget", "chunks"),
+    [
+        (128, []),  # the chunk riding in the step spent it all: the joining prompt waits a step
+        (256, [(1, 256)]),  # what it left begins a chunk apart
+        (2048, [(1, 256), (1, 44)]),
+    ],
+)
+def test_the_chunks_riding_in_a_step_and_those_apart_spend_one_budget(
+    budget: int, chunks: list[tuple[int, int]]
+) -> None:
+    drafting = new_call([1, 2], drafter=ChainDrafter(3))
+    riding = new_call(list(range(400)), prefilled=0)
+    executor = ApartExecutor()
+    scheduler = scheduler_with([drafting, riding], executor, prefill_budget=budget)
+    proposal = drafting.drafter.propose([1, 2], 8)  # type: ignore[union-attr]
+    plan = scheduler._plan([drafting, riding], {drafting: proposal})
+    assert len(plan.rows[1].draft) == 128  # costs not measured: an equal share of the forward
+    scheduler._joining = [prompt(1, 300)]
+    scheduler._prefill_joining()
+    assert executor.chunks == chunks
+    scheduler._prefill_joining()  # the next step's budget: nothing rode in it
+    assert len(executor.chunks) == len(chunks) + (1 if budget < 2048 else 0)

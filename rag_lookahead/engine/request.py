@@ -118,7 +118,6 @@ class Call:
     ids: list[int] = field(default_factory=list)
     cache: Any = None  # its own cache, while prefilling apart (and for calls outside the batch)
     prefilled: int = 0
-    passed_over: int = 0  # prompt tokens forwarded for other joining calls while it waited
     generation: int = -1  # the model's changes seen when it was admitted (`Scheduler._admit`)
     drafter: Drafter | None = None
     token_texts: dict[int, str] = field(default_factory=dict)  # decoded once: top tokens repeat

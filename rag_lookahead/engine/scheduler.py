@@ -29,6 +29,7 @@ calls (`Preparation`), taking turns with other such calls; then its prompt is pr
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -42,6 +43,7 @@ from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.drafting.compose import TEXT_SLICE
 from rag_lookahead.engine import observe
 from rag_lookahead.engine.executor import Executor
+from rag_lookahead.engine.prefill import PromptChunk, PromptPlanner
 from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import END as _END
 from rag_lookahead.engine.request import Call, CallStatus, choose_next, propose, release, verify
@@ -84,6 +86,7 @@ class Scheduler:
         self._executor = Executor(tuning.runner)
         self._batch = BatchCache()  # packed or not as the first row joins (`_add_row`)
         self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs)
+        self._prompts = PromptPlanner(self.pricing, max_prefill_tokens_per_step)
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         # The model's changes seen (`ModelTuning.refresh`) when the kept prompts were computed:
         # only calls admitted since keep theirs (`_forget_stale_prompts`, `_keeps_prompt`).
@@ -159,21 +162,20 @@ class Scheduler:
         self._admit()
         # 2. end what was cancelled
         self._retire_cancelled()
-        # 3. rows prefilling in the batch's steps that now cost it more than apart go apart
+        # 3. prompts that go on apart, or ride in the batch's steps from now on
         if self._rows:
-            self._guarded(list(self._rows), self._unfuse_costly_prefills, batch=True)
-        # 4. joining prompts that ride in the batch's steps from now on
-        self._fuse_joining()
-        # 5. one step of the batch
+            self._guarded(list(self._rows), self._move, batch=True)
+        # 4. one step of the batch: the drafts, and the prompts' chunks riding in it
         if self._rows:
-            self._guarded(list(self._rows), self._batch_step, batch=True)
-        # 6. one step of each call outside the batch
+            self._guarded(list(self._rows), functools.partial(self._batch_step, list(self._rows)), batch=True)
+        # 5. one step of each call outside the batch
         for call in list(self._alone):
-            self._guarded([call], self._alone_step)
-        # 7. a slice of a joining call's long texts (it prefills once all are in)
+            self._guarded([call], functools.partial(self._alone_step, call))
+        # 6. a slice of a joining call's long texts (it prefills once all are in)
         if self._preparing:
-            self._guarded([self._preparing.pop(0)], self._prepare)
-        # 8. joining prompts' chunks apart, up to the budget (they step from the next iteration)
+            call = self._preparing.pop(0)
+            self._guarded([call], functools.partial(self._prepare, call))
+        # 7. joining prompts' chunks apart, with what the step left of the budget
         self._prefill_joining()
 
     def _admit(self) -> None:
@@ -206,37 +208,22 @@ class Scheduler:
         """Whether ``call``'s prompt may be kept: it was admitted after the model's last change."""
         return call.generation == self._generation
 
-    def _fuse_joining(self) -> None:
-        """Joining calls whose prompts ride in the batch's steps from now on (in order, while
-        the costs say that slows the running rows less than prefilling them apart)."""
-        for call in list(self._joining):
-            if not call.batchable or call.cache is not None:  # (one prefilling apart goes on)
-                return
-            remaining = len(call.prompt_ids) - self._cached_prefix(call)
-            if not self.pricing.should_fuse(self._decode_rows(), remaining):
-                return
-            self._guarded([call], self._add_row)
+    def _move(self) -> None:
+        """Rows whose prompts go on apart, from copies of their rows (first in the batch, first
+        to go on), or joining calls whose prompts ride in the batch's steps from now on."""
+        move = self._prompts.move(self._rows, self._joining, self._ridable)
+        for i in reversed(move.unfuse):
+            self._rows[i].cache = self._batch.row_copy(i)
+            self._joining.insert(0, self._rows[i])
+        self._drop_rows(list(move.unfuse))
+        for call in move.fuse:
+            self._guarded([call], functools.partial(self._add_row, call))
 
-    def _unfuse_costly_prefills(self, rows: list[Call]) -> None:
-        """Rows prefilling in the running rows' steps go on apart, from copies of their rows,
-        where the costs as calibrated since (their own steps' timings among them) now say
-        that is cheaper: a join misjudged costs a step, not the rest of its prompt."""
-        decode_rows = self._decode_rows()
-        if decode_rows == 0:  # nobody waits on them: the steps are theirs
-            return
-        leaving = [
-            i
-            for i, call in enumerate(rows)
-            if call.status is CallStatus.PREFILLING
-            and not self.pricing.should_fuse(decode_rows, len(call.prompt_ids) - call.prefilled)
-        ]
-        for i in reversed(leaving):  # first in the batch, first to go on
-            rows[i].cache = self._batch.row_copy(i)
-            self._joining.insert(0, rows[i])
-        self._drop_rows(leaving)
-
-    def _decode_rows(self) -> int:
-        return sum(1 for call in self._rows if call.status is CallStatus.DECODING)
+    def _ridable(self, call: Call) -> int | None:
+        """The prompt tokens ``call`` has left, if it may ride in the batch's steps."""
+        if not call.batchable or call.cache is not None:  # (one prefilling apart goes on)
+            return None
+        return len(call.prompt_ids) - self._cached_prefix(call)
 
     def _cached_prefix(self, call: Call) -> int:
         """How much of ``call``'s prompt is cached already (its cache from there, once)."""
@@ -260,11 +247,11 @@ class Scheduler:
         call.cache = None
         self._rows.append(call)
 
-    def _guarded(self, calls: list[Call], run: Callable[..., None], batch: bool = False) -> None:
-        """Run one phase on ``calls`` (a batch step takes them all, another phase the one);
-        a failure ends the calls it concerns, with the error, and no others."""
+    def _guarded(self, calls: list[Call], run: Callable[[], None], batch: bool = False) -> None:
+        """Run one phase concerning ``calls`` (all the ``batch``'s, or one): a failure ends
+        them, with the error, and no others."""
         try:
-            run(calls) if batch else run(calls[0])
+            run()
         except Exception as err:
             for call in calls:
                 self._end(call, err)
@@ -290,52 +277,40 @@ class Scheduler:
         (self._joining if call.prepare.left <= 0 else self._preparing).append(call)
 
     def _prefill_joining(self) -> None:
-        """Chunks of the joining prompts forwarded apart while fewer than
-        ``max_prefill_tokens_per_step`` tokens were this iteration: prompts arriving together
-        start within a few steps of each other, not one chunk per step of the running rows.
+        """Chunks of the joining prompts forwarded apart while the step's budget lasts (as the
+        planner chooses them, `PromptPlanner.next_apart`): prompts arriving together start
+        within a few steps of each other, not one chunk per step of the running rows."""
+        try:
+            begun = False
+            while self._joining:
+                if begun:  # calls submitted meanwhile (clients starting together) compete too
+                    self._admit()
+                others = bool(self._rows or self._alone)
+                chunk = self._prompts.next_apart(self._joining, self._rows, others, self._cached_prefix)
+                if chunk is None:
+                    return
+                begun, call = True, chunk.call
+                before, released = self.pricing.prompt_forwards, call.recorder.new_tokens
+                self._guarded([call], functools.partial(self._prefill, chunk))
+                forwarded = self.pricing.prompt_forwards.tokens - before.tokens
+                if forwarded and observe.watching():
+                    seconds = self.pricing.prompt_forwards.seconds - before.seconds
+                    released = call.recorder.new_tokens - released
+                    observe.prompt_apart(self, call.prompt_ids, call.prefilled, forwarded, seconds, released)
+                if forwarded == 0 and call in self._joining:
+                    return  # (nothing went: never spin on one call)
+                self._prompts.forwarded(chunk, forwarded, self._joining)
+        finally:
+            self._prompts.end_step(self._joining)
 
-        The prompt with the least left to prefill goes first, less what was forwarded for
-        others while it waited (arrival order among equals): behind a long document short
-        questions would all wait for it, while it waits for them only as long as they are
-        short — once as many tokens as it has left went to others, it goes next."""
-        spent = 0
-        while self._joining and spent < self.max_prefill_tokens_per_step:
-            if spent:  # calls submitted meanwhile (clients starting together) compete too
-                self._admit()
-            call = min(self._joining, key=lambda c: len(c.prompt_ids) - c.prefilled - c.passed_over)
-            if call.cancelled:  # retired at the next iteration's start
-                return
-            before, released = self.pricing.prompt_forwards, call.recorder.new_tokens
-            self._guarded([call], self._prefill)
-            forwarded = self.pricing.prompt_forwards.tokens - before.tokens
-            if forwarded and observe.watching():
-                seconds = self.pricing.prompt_forwards.seconds - before.seconds
-                released = call.recorder.new_tokens - released
-                observe.prompt_apart(self, call.prompt_ids, call.prefilled, forwarded, seconds, released)
-            if forwarded == 0 and call in self._joining:
-                return  # (nothing went: never spin on one call)
-            for other in self._joining:
-                if other is not call:
-                    other.passed_over += forwarded
-            spent += forwarded
-
-    def _prefill(self, call: Call) -> None:
-        """A chunk of ``call``'s prompt forwarded apart, in its own cache. While no other call
-        runs the chunks are larger (`Pricing.lone_chunk`), but a long prompt is still chunked:
-        calls arriving meanwhile join between its chunks, the shortest first
-        (`_prefill_joining`), instead of waiting for all of it."""
-        prompt = call.prompt_ids
-        start = self._cached_prefix(call)
-        remaining = len(prompt) - start
-        end = start + (
-            self.pricing.prefill_chunk(remaining, self._decode_rows())
-            if self._rows or self._alone
-            else self.pricing.lone_chunk(remaining, self.max_prefill_tokens_per_step)
-        )
-        logits, call.cache, seconds = self._executor.prompt_apart(prompt[start:end], call.cache)
-        self.pricing.observe_prompt(end - start, seconds)
-        call.prefilled = end
-        if end < len(prompt):
+    def _prefill(self, chunk: PromptChunk) -> None:
+        """``chunk`` of a call's prompt forwarded apart, in its own cache; once all of it is,
+        the call takes its first token and becomes a row (or decodes alone)."""
+        call, prompt = chunk.call, chunk.call.prompt_ids
+        logits, call.cache, seconds = self._executor.prompt_apart(prompt[chunk.start : chunk.end], call.cache)
+        self.pricing.observe_prompt(chunk.tokens, seconds)
+        call.prefilled = chunk.end
+        if chunk.end < len(prompt):
             return
         if self._prefixes is not None and call.batchable and self._keeps_prompt(call):
             self._prefixes.store(prompt, call.cache)
@@ -412,21 +387,13 @@ class Scheduler:
 
     def _plan(self, calls: list[Call], proposals: dict[Call, StepDraft]) -> StepPlan:
         """Every row's part of the step: its draft as priced jointly with the other rows', or
-        the next chunk of its prompt."""
+        its prompt's chunk riding beside them (`PromptPlanner.riding`)."""
         decoding = [call for call in calls if call.status is CallStatus.DECODING]
         drafts = self.pricing.plan_drafts(decoding, [proposals[c] for c in decoding]) if decoding else []
         planned = dict(zip(decoding, drafts, strict=True))
-        chunk = self._prompt_chunk(calls, planned)
-        return StepPlan(tuple(RowPlan(planned[c]) if c in planned else _prompt_row(c, chunk) for c in calls))
-
-    def _prompt_chunk(self, calls: list[Call], planned: dict[Call, StepDraft]) -> int:
-        """How many tokens of each prompt ride in this step: all that is left of one alone in
-        the batch (as outside a batch), else as priced beside the rows' drafts."""
-        left = [len(call.prompt_ids) - call.prefilled for call in calls if call not in planned]
-        if not left or len(calls) == 1:
-            return max(left, default=0)
-        width = max((len(draft) for draft in planned.values()), default=0)
-        return self.pricing.fused_chunk(left, len(planned), width)
+        width = max((len(draft) for draft in drafts), default=0)
+        chunks = {chunk.call: chunk for chunk in self._prompts.riding(calls, width)}
+        return StepPlan(tuple(RowPlan(planned[c]) if c in planned else _prompt_row(chunks[c]) for c in calls))
 
     def _update(self, calls: list[Call], plan: StepPlan, output: StepOutput) -> None:
         """Each row's verdict on its part of the step, the accepted paths kept in the cache,
@@ -521,11 +488,9 @@ def _next(outbox: queue.SimpleQueue[T]) -> T:
             continue
 
 
-def _prompt_row(call: Call, tokens: int) -> RowPlan:
-    """The next ``tokens`` of ``call``'s prompt (at most what is left) as a row's chunk."""
-    return RowPlan.prompt_chunk(
-        call.prompt_ids, call.prefilled, min(tokens, len(call.prompt_ids) - call.prefilled)
-    )
+def _prompt_row(chunk: PromptChunk) -> RowPlan:
+    """``chunk`` of a prompt riding in its row."""
+    return RowPlan.prompt_chunk(chunk.call.prompt_ids, chunk.start, chunk.tokens)
 
 
 def _verdict(call: Call, row: RowPlan, logits: torch.Tensor) -> Verdict:
