@@ -139,11 +139,16 @@ def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int =
         max_tokens_per_forward=256,
         max_prefill_tokens_per_step=prefill_budget,
     )
-    scheduler._rows = list(rows)
-    scheduler._batch = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
+    scheduler._rows.calls = list(rows)
+    scheduler._rows.cache = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
     if executor is not None:
-        scheduler._executor = executor  # type: ignore[assignment]
+        scheduler._executor = scheduler._rows.executor = executor
     return scheduler
+
+
+def step(scheduler: Scheduler) -> None:
+    """One step of the batch, as the loop runs it."""
+    scheduler._rows.step(scheduler, scheduler._end, scheduler._kept.keep)
 
 
 def released(call: Call) -> list[Any]:
@@ -159,10 +164,10 @@ def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
     plain = new_call([5])
     joining = new_call(list(range(10)), prefilled=4)
     scheduler = scheduler_with([drafting, plain, joining])
-    plan = scheduler._plan(
+    plan = scheduler._rows.plan(
         [drafting, plain, joining],
-        {drafting: drafting.drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},
-    )  # type: ignore[union-attr]
+        {drafting: drafting.drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},  # type: ignore[union-attr]
+    )
     assert [row.prompt for row in plan.rows] == [False, False, True]
     assert [row.draft.tree.tokens for row in plan.rows] == [(2, 3, 4), (5,), (4, 5, 6, 7, 8, 9)]
     # Costs not measured: the prompt's chunk is what is left, up to an equal share of the forward.
@@ -172,7 +177,7 @@ def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
 
 def test_a_lone_prompt_is_planned_whole_and_a_partial_chunk_reads_no_logits() -> None:
     joining = new_call(list(range(300)), prefilled=10)
-    plan = scheduler_with([joining])._plan([joining], {})
+    plan = scheduler_with([joining])._rows.plan([joining], {})
     assert len(plan.rows[0].draft) == 290 and plan.rows[0].ends_prompt
     partial = StepPlan(
         (RowPlan(StepDraft(DraftTree.root_only(1))), RowPlan.prompt_chunk(list(range(9)), 0, 4))
@@ -188,14 +193,14 @@ def test_an_update_keeps_accepted_paths_releases_tokens_and_ends_a_failed_row_al
     # The model agrees with 3 and then says 6 (not 4); the joining prompt's last token gives 11.
     executor = ScriptedExecutor([3, 6, 0], [0], [11])
     scheduler = scheduler_with([drafting, failing, joining], executor)
-    scheduler._batch_step(list(scheduler._rows))
-    batch = scheduler._batch
+    step(scheduler)
+    batch = scheduler._rows.cache
     assert batch.kept == [(3, [[0, 1], [0], [0, 1]])]  # type: ignore[attr-defined]
     assert released(drafting) == [[3, 6]]
     (error,) = released(failing)
     assert isinstance(error, ValueError) and failing.status is CallStatus.FINISHED_ABANDONED
     assert released(joining) == [[11]] and joining.status is CallStatus.DECODING
-    assert scheduler._rows == [drafting, joining] and batch.lengths == [2, 1]  # type: ignore[attr-defined]
+    assert scheduler._rows.calls == [drafting, joining] and batch.lengths == [2, 1]
 
 
 def test_a_row_whose_drafter_fails_leaves_before_the_forward_and_the_plan_follows_the_new_row_order() -> None:
@@ -206,9 +211,9 @@ def test_a_row_whose_drafter_fails_leaves_before_the_forward_and_the_plan_follow
     second, third = new_call([2], drafter=ChainDrafter(9)), new_call([3], drafter=ChainDrafter(8))
     executor = ScriptedExecutor([8, 1], [9, 1])
     scheduler = scheduler_with([first, second, third], executor)
-    scheduler._batch_step(list(scheduler._rows))
+    step(scheduler)
     assert isinstance(released(first)[0], LookupError) and broken.closed
-    assert scheduler._rows == [third, second]
+    assert scheduler._rows.calls == [third, second]
     (plan,) = executor.plans
     assert [row.draft.tree.tokens for row in plan.rows] == [(3, 8), (2, 9)]
     assert released(third) == [[8, 1]] and released(second) == [[9, 1]]
@@ -218,10 +223,10 @@ def test_a_call_that_stops_ends_with_its_finish_reason_and_leaves() -> None:
     stopping = new_call([1], drafter=ChainDrafter(15))  # 15 is the end of sequence
     staying = new_call([2])
     scheduler = scheduler_with([stopping, staying], ScriptedExecutor([15, 0], [4]))
-    scheduler._batch_step(list(scheduler._rows))
+    step(scheduler)
     assert released(stopping) == [[15], END] and stopping.status is CallStatus.FINISHED_EOS
     assert stopping.recorder.finish_reason == "eos" and stopping.ended.is_set()
-    assert scheduler._rows == [staying] and staying.status is CallStatus.DECODING
+    assert scheduler._rows.calls == [staying] and staying.status is CallStatus.DECODING
 
 
 @pytest.mark.parametrize("reason", ["eos", "stop_string", "length", "context_window", "abandoned"])
@@ -275,7 +280,7 @@ def test_joining_prompts_of_equal_length_are_prefilled_apart_in_arrival_order_up
     assert executor.chunks == chunks
     assert [call.status is CallStatus.DECODING for call in joining] == started
     # each prefilled call took its first token and became a row, in order
-    assert scheduler._rows == [running, *(c for c, s in zip(joining, started, strict=True) if s)]
+    assert scheduler._rows.calls == [running, *(c for c, s in zip(joining, started, strict=True) if s)]
     assert scheduler._joining == [c for c, s in zip(joining, started, strict=True) if not s]
 
 
@@ -346,7 +351,7 @@ def test_the_chunks_riding_in_a_step_and_those_apart_spend_one_budget(
     executor = ApartExecutor()
     scheduler = scheduler_with([drafting, riding], executor, prefill_budget=budget)
     proposal = drafting.drafter.propose([1, 2], 8)  # type: ignore[union-attr]
-    plan = scheduler._plan([drafting, riding], {drafting: proposal})
+    plan = scheduler._rows.plan([drafting, riding], {drafting: proposal})
     assert len(plan.rows[1].draft) == 128  # costs not measured: an equal share of the forward
     scheduler._joining = [prompt(1, 300)]
     scheduler._prefill_joining()

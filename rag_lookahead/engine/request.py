@@ -11,9 +11,10 @@ import enum
 import functools
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -36,12 +37,17 @@ __all__ = [
     "Preparation",
     "choose",
     "choose_next",
+    "first_token",
+    "let_go",
     "propose",
+    "read",
     "release",
     "verify",
 ]
 
 END = None  # the outbox's last item
+T = TypeVar("T")
+_READ_SLICE_S = 0.5
 
 
 class CallStatus(enum.IntEnum):
@@ -168,6 +174,31 @@ def choose_next(call: Call, logits: torch.Tensor) -> Verdict:
     return Verdict(tokens, [0], scored=_score(call, logits, tokens, [0]))
 
 
+def first_token(call: Call, logits: torch.Tensor) -> FinishReason | None:
+    """Its prompt prefilled (``logits`` ``[1, V]`` at its last token), ``call`` gets its drafter
+    and its first token; why that ends it, if it does (the caller then ends it)."""
+    call.status = CallStatus.DECODING
+    # The trie takes the call's texts after the forward was launched (on a GPU it still runs).
+    call.drafter = call.make_drafter() if call.make_drafter is not None else None
+    verdict = choose_next(call, logits)
+    call.recorder.prefill_seconds = time.perf_counter() - call.recorder.started
+    return release(call, verdict)
+
+
+def let_go(call: Call, error: BaseException | None) -> BaseException | None:
+    """Release what the ended ``call`` holds (its drafter, its cache, the texts taken in for a
+    drafter never made): ``error``, or the first failure doing so (its drafter's branches stay
+    in the trie: that call's error alone)."""
+    drafter, call.drafter, call.cache = call.drafter, None, None
+    for resource in (drafter, call.prepare):
+        if resource is not None:
+            try:
+                resource.close()
+            except Exception as err:
+                error = error or err
+    return error
+
+
 def _score(call: Call, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> Scored | None:
     """The log probabilities of the step's ``tokens``, chosen at ``rows`` of ``logits`` [n, V],
     when the call asks for them; nothing is computed (or copied) otherwise."""
@@ -209,3 +240,28 @@ def _token_text(call: Call, token_id: int) -> str:
     if text is None:
         text = call.token_texts[token_id] = str(call.stopping.assembler.tokenizer.decode([token_id]))
     return text
+
+
+def read(call: Call) -> Generator[StreamChunk, None, None]:
+    """What ``call`` releases, as the model's thread releases it; closing this generator (or an
+    error in the reader's loop) cancels the call."""
+    try:
+        while True:
+            item = _next(call.outbox)
+            if item is END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        call.cancelled = True  # nothing to stop if it has ended
+
+
+def _next(outbox: queue.SimpleQueue[T]) -> T:
+    """The next item of ``outbox``, waited for in slices so that a signal (Ctrl-C) reaches a
+    reader in the main thread."""
+    while True:
+        try:
+            return outbox.get(timeout=_READ_SLICE_S)
+        except queue.Empty:
+            continue
