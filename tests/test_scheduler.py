@@ -14,7 +14,7 @@ import torch
 from rag_lookahead import GenerationParams, LookaheadConfig
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser
-from rag_lookahead.engine.request import END, Call, CallStatus
+from rag_lookahead.engine.request import END, Call, CallStatus, Decoder
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan
 from rag_lookahead.planning.costs import CostCurve, CostModel
@@ -103,6 +103,10 @@ def _logits(tokens: list[int]) -> torch.Tensor:
     return logits
 
 
+# Every test call's decoder, as a scheduler holds them beside its calls (`scheduler_with`).
+DECODERS: dict[Call, Decoder] = {}
+
+
 def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = None) -> Call:
     stopping = Stopping(
         CharTokenizer(),
@@ -112,19 +116,11 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
         prompt_length=len(prompt),
         context_window=None,
     )
-    call = Call(
-        prompt_ids=prompt,
-        config=CONFIG,
-        planner=StepPlanner(CONFIG),
-        chooser=TokenChooser(GenerationParams()),
-        stopping=stopping,
-        recorder=StepRecorder(prompt_tokens=len(prompt)),
-        make_drafter=None,
-        batchable=True,
-    )
+    call = Call(prompt_ids=prompt, recorder=StepRecorder(prompt_tokens=len(prompt)))
     call.prefilled = len(prompt) if prefilled is None else prefilled
     call.status = CallStatus.DECODING if call.prefilled == len(prompt) else CallStatus.PREFILLING
-    call.drafter = drafter
+    chooser = TokenChooser(GenerationParams())
+    DECODERS[call] = Decoder(CONFIG, StepPlanner(CONFIG), chooser, stopping, drafter=drafter)
     return call
 
 
@@ -139,6 +135,7 @@ def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int =
         max_tokens_per_forward=256,
         max_prefill_tokens_per_step=prefill_budget,
     )
+    scheduler._decoders = DECODERS
     scheduler._rows.calls = list(rows)
     scheduler._rows.cache = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
     if executor is not None:
@@ -148,7 +145,7 @@ def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int =
 
 def step(scheduler: Scheduler) -> None:
     """One step of the batch, as the loop runs it."""
-    scheduler._rows.step(scheduler, scheduler._end, scheduler._kept.keep)
+    scheduler._rows.step(scheduler, scheduler._decoders, scheduler._end, scheduler._kept.keep)
 
 
 def released(call: Call) -> list[Any]:
@@ -166,7 +163,8 @@ def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
     scheduler = scheduler_with([drafting, plain, joining])
     plan = scheduler._rows.plan(
         [drafting, plain, joining],
-        {drafting: drafting.drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},  # type: ignore[union-attr]
+        DECODERS,
+        {drafting: DECODERS[drafting].drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},  # type: ignore[union-attr]
     )
     assert [row.prompt for row in plan.rows] == [False, False, True]
     assert [row.draft.tree.tokens for row in plan.rows] == [(2, 3, 4), (5,), (4, 5, 6, 7, 8, 9)]
@@ -177,7 +175,7 @@ def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
 
 def test_a_lone_prompt_is_planned_whole_and_a_partial_chunk_reads_no_logits() -> None:
     joining = new_call(list(range(300)), prefilled=10)
-    plan = scheduler_with([joining])._rows.plan([joining], {})
+    plan = scheduler_with([joining])._rows.plan([joining], DECODERS, {})
     assert len(plan.rows[0].draft) == 290 and plan.rows[0].ends_prompt
     partial = StepPlan(
         (RowPlan(StepDraft(DraftTree.root_only(1))), RowPlan.prompt_chunk(list(range(9)), 0, 4))
@@ -188,7 +186,7 @@ def test_a_lone_prompt_is_planned_whole_and_a_partial_chunk_reads_no_logits() ->
 def test_an_update_keeps_accepted_paths_releases_tokens_and_ends_a_failed_row_alone() -> None:
     drafting = new_call([1, 2], drafter=ChainDrafter(3, 4))
     failing = new_call([5])
-    failing.chooser = SimpleNamespace(choose=_raise(ValueError("choice failed")))  # type: ignore[assignment]
+    DECODERS[failing].chooser = SimpleNamespace(choose=_raise(ValueError("choice failed")))  # type: ignore[assignment]
     joining = new_call([7, 8, 9], prefilled=1)
     # The model agrees with 3 and then says 6 (not 4); the joining prompt's last token gives 11.
     executor = ScriptedExecutor([3, 6, 0], [0], [11])
@@ -243,7 +241,7 @@ def test_a_waiting_call_cancelled_ends_at_once_holding_nothing() -> None:
     scheduler = scheduler_with([])
     call = new_call([1])
     call.status = CallStatus.WAITING
-    scheduler.submit(call)
+    scheduler.submit(call, DECODERS[call])
     scheduler.cancel(call, wait=False)
     assert call.status is CallStatus.FINISHED_ABANDONED and released(call) == [END] and call.ended.is_set()
 
@@ -253,6 +251,10 @@ def _raise(error: Exception) -> Any:
         raise error
 
     return raising
+
+
+def submit(scheduler: Scheduler, call: Call) -> None:
+    scheduler.submit(call, DECODERS[call])
 
 
 def prompt(k: int, tokens: int) -> Call:
@@ -310,7 +312,7 @@ def test_a_call_submitted_while_prompts_are_prefilled_competes_from_the_next_chu
     executor = ApartExecutor()
     scheduler = scheduler_with([new_call([1, 2], drafter=ChainDrafter())], executor)
     scheduler._joining = [prompt(1, 600)]
-    scheduler.submit(prompt(2, 200))  # queued: clients starting together submit a moment apart
+    submit(scheduler, prompt(2, 200))  # queued: clients starting together submit a moment apart
     scheduler._prefill_joining()
     assert executor.chunks == [(1, 256), (2, 200), (1, 256), (1, 88)]
 
@@ -330,7 +332,7 @@ def test_a_prompt_alone_is_chunked_where_that_costs_it_little_so_a_call_arriving
     scheduler = scheduler_with([], executor)  # nobody runs
     scheduler.pricing.costs.curve = curve
     scheduler._joining = [prompt(1, 600)]
-    scheduler.submit(prompt(2, 200))  # a client a moment behind the long prompt's
+    submit(scheduler, prompt(2, 200))  # a client a moment behind the long prompt's
     scheduler._prefill_joining()
     assert executor.chunks == chunks and scheduler._joining == []
 
@@ -350,8 +352,8 @@ def test_the_chunks_riding_in_a_step_and_those_apart_spend_one_budget(
     riding = new_call(list(range(400)), prefilled=0)
     executor = ApartExecutor()
     scheduler = scheduler_with([drafting, riding], executor, prefill_budget=budget)
-    proposal = drafting.drafter.propose([1, 2], 8)  # type: ignore[union-attr]
-    plan = scheduler._rows.plan([drafting, riding], {drafting: proposal})
+    proposal = DECODERS[drafting].drafter.propose([1, 2], 8)  # type: ignore[union-attr]
+    plan = scheduler._rows.plan([drafting, riding], DECODERS, {drafting: proposal})
     assert len(plan.rows[1].draft) == 128  # costs not measured: an equal share of the forward
     scheduler._joining = [prompt(1, 300)]
     scheduler._prefill_joining()

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator
+from typing import Any
 
 from rag_lookahead.drafting.compose import TEXT_SLICE
 from rag_lookahead.engine import observe
@@ -34,6 +35,7 @@ from rag_lookahead.engine.request import (
     END,
     Call,
     CallStatus,
+    Decoder,
     choose_next,
     first_token,
     let_go,
@@ -71,6 +73,10 @@ class Scheduler:
         self._preparing: list[Call] = []  # taking their drafters' long texts in, in turn
         self._joining: list[Call] = []  # prefilling apart, in order
         self._alone: list[Call] = []  # decoding plainly outside the batch
+        # Beside each call while it runs, what acts on it: its decoder (given with it), and its
+        # own cache while it prefills apart or decodes alone (a row's is the batch's).
+        self._decoders: dict[Call, Decoder] = {}
+        self._caches: dict[Call, Any] = {}
         self._executor = Executor(tuning.runner)
         self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs)
         self._prompts = PromptPlanner(self.pricing, max_prefill_tokens_per_step)
@@ -86,11 +92,12 @@ class Scheduler:
         the model to itself): what a benchmark leaves out of decoding, as timed in its run."""
         return self.pricing.prompt_forwards
 
-    def submit(self, call: Call) -> None:
-        """Queue ``call``: it starts at the next step boundary; read what it releases with
-        `chunks`."""
+    def submit(self, call: Call, decoder: Decoder) -> None:
+        """Queue ``call``, decoded by ``decoder``: it starts at the next step boundary; read
+        what it releases with `chunks`."""
         observe.queued(self, call)  # (before the loop can end it)
         with self._lock:
+            self._decoders[call] = decoder
             self._waiting.append(call)
         self._thread.wake()
 
@@ -106,6 +113,7 @@ class Scheduler:
         with self._lock:
             if call in self._waiting:  # not started yet: it ends here, holding nothing
                 self._waiting.remove(call)
+                self._decoders.pop(call, None)
                 call.finish("abandoned")
                 call.outbox.put(END)
                 call.ended.set()
@@ -143,7 +151,7 @@ class Scheduler:
             self._guarded(self._rows.calls, self._move, batch=True)
         # 4. one step of the batch: the drafts, and the prompts' chunks riding in it
         if self._rows:
-            step = functools.partial(self._rows.step, self, self._end, self._kept.keep)
+            step = functools.partial(self._rows.step, self, self._decoders, self._end, self._kept.keep)
             self._guarded(self._rows.calls, step, batch=True)
         # 5. one step of each call outside the batch
         for call in list(self._alone):
@@ -164,7 +172,8 @@ class Scheduler:
                 call = self._waiting.popleft()
                 call.status = CallStatus.PREFILLING
                 # Texts that would hold the loop up go in first, in slices; short ones at the first token.
-                long_texts = call.prepare is not None and call.prepare.left > TEXT_SLICE
+                prepare = self._decoders[call].prepare
+                long_texts = prepare is not None and prepare.left > TEXT_SLICE
                 (self._preparing if long_texts else self._joining).append(call)
                 call.generation = self._kept.generation
                 running += 1
@@ -198,7 +207,7 @@ class Scheduler:
         move = self._prompts.move(self._rows.calls, self._joining, self._ridable)
         for i in reversed(move.unfuse):
             call = self._rows.calls[i]
-            call.cache = self._rows.take_out(i)
+            self._caches[call] = self._rows.take_out(i)
             self._joining.insert(0, call)
         self._rows.drop(list(move.unfuse))
         for call in move.fuse:
@@ -206,14 +215,14 @@ class Scheduler:
 
     def _ridable(self, call: Call) -> int | None:
         """The prompt tokens ``call`` has left, if it may ride in the batch's steps."""
-        if not call.batchable or call.cache is not None:  # (one prefilling apart goes on)
+        if not call.batchable or call in self._caches:  # (one prefilling apart goes on)
             return None
         return len(call.prompt_ids) - self._cached_prefix(call)
 
     def _cached_prefix(self, call: Call) -> int:
         """How much of ``call``'s prompt is cached already (its cache from there, once)."""
-        if call.cache is None and call.batchable:
-            call.cache, call.prefilled = self._kept.lookup(call.prompt_ids)
+        if call not in self._caches and call.batchable:
+            self._caches[call], call.prefilled = self._kept.lookup(call.prompt_ids)
             call.recorder.cached_prompt_tokens = call.prefilled
         return call.prefilled
 
@@ -222,15 +231,15 @@ class Scheduler:
         if call in self._joining:
             self._joining.remove(call)
         expected = min(self.max_batch_size, len(self._rows) + 1 + len(self._joining))
-        self._rows.add(call, call.cache, expected)
-        call.cache = None
+        self._rows.add(call, self._caches.pop(call), expected)
 
     def _prepare(self, call: Call) -> None:
         """A slice of ``call``'s long texts taken in (it is out of `_preparing`): then it
         prefills, or waits its next turn behind the other calls taking texts in."""
-        assert call.prepare is not None
-        call.prepare.advance(TEXT_SLICE)
-        (self._joining if call.prepare.left <= 0 else self._preparing).append(call)
+        prepare = self._decoders[call].prepare
+        assert prepare is not None
+        prepare.advance(TEXT_SLICE)
+        (self._joining if prepare.left <= 0 else self._preparing).append(call)
 
     def _prefill_joining(self) -> None:
         """Chunks of the joining prompts forwarded apart while the step's budget lasts (as the
@@ -263,14 +272,15 @@ class Scheduler:
         """``chunk`` of a call's prompt forwarded apart, in its own cache; once all of it is,
         the call takes its first token and becomes a row (or decodes alone)."""
         call, prompt = chunk.call, chunk.call.prompt_ids
-        logits, call.cache, seconds = self._executor.prompt_apart(prompt[chunk.start : chunk.end], call.cache)
+        tokens = prompt[chunk.start : chunk.end]
+        logits, self._caches[call], seconds = self._executor.prompt_apart(tokens, self._caches.get(call))
         self.pricing.observe_prompt(chunk.tokens, seconds)
         call.prefilled = chunk.end
         if chunk.end < len(prompt):
             return
-        self._kept.keep(call, call.cache)
+        self._kept.keep(call, self._caches[call])
         self._joining.remove(call)
-        if self._settle(call, first_token(call, logits)):
+        if self._settle(call, first_token(call, self._decoders[call], logits)):
             return
         if call.batchable:
             self._add_row(call)
@@ -280,9 +290,9 @@ class Scheduler:
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
         token, released, started = call.ids[-1], call.recorder.new_tokens, time.perf_counter()
-        logits, call.cache = self._executor.plain_step(token, call.cache)
+        logits, self._caches[call] = self._executor.plain_step(token, self._caches.get(call))
         seconds = time.perf_counter() - started
-        verdict = choose_next(call, logits)
+        verdict = choose_next(call, self._decoders[call], logits)
         call.recorder.step(0, 0, "none")
         self._release(call, verdict)  # an ended call has left `_alone`
         observe.plain_step(self, token, seconds, call.recorder.new_tokens - released)
@@ -291,7 +301,7 @@ class Scheduler:
 
     def _release(self, call: Call, verdict: Verdict) -> bool:
         """Pass a step's tokens through the call's stopping; whether the call has ended."""
-        return self._settle(call, release(call, verdict))
+        return self._settle(call, release(call, self._decoders[call], verdict))
 
     def _settle(self, call: Call, reason: FinishReason | None) -> bool:
         """``call`` ends, if ``reason`` says it stops; whether it has ended."""
@@ -307,7 +317,9 @@ class Scheduler:
             if call in group:
                 group.remove(call)
         call.finish("abandoned")  # unless it finished
-        error = let_go(call, error)
+        self._caches.pop(call, None)
+        decoder = self._decoders.pop(call, None)
+        error = let_go(decoder, error) if decoder is not None else error
         observe.ended(self, call)  # (before its reader hears of it)
         call.outbox.put(error if error is not None else END)
         call.ended.set()
