@@ -139,7 +139,7 @@ def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int =
     scheduler._rows.calls = list(rows)
     scheduler._rows.cache = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
     if executor is not None:
-        scheduler._executor = scheduler._rows.executor = executor
+        scheduler._executor = scheduler._rows.executor = scheduler._caches.executor = executor
     return scheduler
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "choose",
     "choose_next",
     "first_token",
+    "hear_end",
     "let_go",
     "propose",
     "read",
@@ -214,6 +215,12 @@ def let_go(decoder: Decoder, error: BaseException | None) -> BaseException | Non
             except Exception as err:
                 error = error or err
     return error
+
+
+def hear_end(call: Call, error: BaseException | None = None) -> None:
+    """``call``'s reader hears that it ended (with ``error``, if it failed): it holds nothing."""
+    call.outbox.put(error if error is not None else END)
+    call.ended.set()
 
 
 def _score(call: Call, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> Scored | None:

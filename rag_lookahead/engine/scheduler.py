@@ -1,12 +1,10 @@
 """Continuous batching: every running call's step in one forward, in the model's thread.
 
 Calls join at a step boundary and leave when they finish or are cancelled. A joining call's
-prompt starts from the longest beginning it shares with a kept prompt (`PrefixCache`), and goes
-in within one budget of prompt tokens a step: riding in the batch's steps straight into its row,
-or in chunks apart in its own cache that then becomes its row, as the `PromptPlanner` plans
-(`rag_lookahead.engine.prefill`). The batch's step (`Rows.step`: plan, one forward, update)
-computes every row as if it were alone, so batching changes no output. Calls that cannot share
-the batch (on a model that cannot verify trees) decode plainly in their own cache, between steps.
+prompt goes in within one budget of prompt tokens a step, riding in the batch's steps or in
+chunks apart in its own cache (`CallCaches`), as the `PromptPlanner` plans. The batch's step
+(`Rows.step`) computes every row as if it were alone, so batching changes no output. Calls that
+cannot share the batch decode plainly in their own cache, between steps.
 
 The loop runs in the model's own thread (`ModelThread`), one iteration after another while
 any call is queued or running: a submitted call starts at once, whether or not it is read yet,
@@ -20,30 +18,28 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Generator
-from typing import Any
 
 from rag_lookahead.drafting.compose import TEXT_SLICE
 from rag_lookahead.engine import observe
+from rag_lookahead.engine.caches import CallCaches
 from rag_lookahead.engine.executor import Executor
 from rag_lookahead.engine.kept import KeptPrompts
 from rag_lookahead.engine.prefill import PromptChunk, PromptPlanner
 from rag_lookahead.engine.pricing import Pricing, PromptForwards
 from rag_lookahead.engine.request import (
-    END,
     Call,
     CallStatus,
     Decoder,
     choose_next,
     first_token,
+    hear_end,
     let_go,
     read,
     release,
 )
 from rag_lookahead.engine.rows import Rows
-from rag_lookahead.engine.step import Verdict
 from rag_lookahead.planning.costs import CostModel
 from rag_lookahead.streaming.stats import FinishReason
 from rag_lookahead.streaming.stream import StreamChunk
@@ -73,15 +69,13 @@ class Scheduler:
         self._preparing: list[Call] = []  # taking their drafters' long texts in, in turn
         self._joining: list[Call] = []  # prefilling apart, in order
         self._alone: list[Call] = []  # decoding plainly outside the batch
-        # Beside each call while it runs, what acts on it: its decoder (given with it), and its
-        # own cache while it prefills apart or decodes alone (a row's is the batch's).
-        self._decoders: dict[Call, Decoder] = {}
-        self._caches: dict[Call, Any] = {}
+        self._decoders: dict[Call, Decoder] = {}  # what acts on each call, given with it
         self._executor = Executor(tuning.runner)
         self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs)
         self._prompts = PromptPlanner(self.pricing, max_prefill_tokens_per_step)
         self._rows = Rows(self._executor, self.pricing, self._prompts)  # some may still be prefilling
         self._kept = KeptPrompts(prefix_cache_bytes, tuning.generation)
+        self._caches = CallCaches(self._executor, self.pricing, self._kept)  # the others' own
         self._tuning = tuning
         self._thread = tuning.thread
         self._thread.attach(self)
@@ -115,8 +109,7 @@ class Scheduler:
                 self._waiting.remove(call)
                 self._decoders.pop(call, None)
                 call.finish("abandoned")
-                call.outbox.put(END)
-                call.ended.set()
+                hear_end(call)
         self._thread.wake()
         if wait and not self._thread.in_thread():  # (a finaliser inside one: the next retires it)
             call.ended.wait()
@@ -207,7 +200,7 @@ class Scheduler:
         move = self._prompts.move(self._rows.calls, self._joining, self._ridable)
         for i in reversed(move.unfuse):
             call = self._rows.calls[i]
-            self._caches[call] = self._rows.take_out(i)
+            self._caches.put(call, self._rows.take_out(i))
             self._joining.insert(0, call)
         self._rows.drop(list(move.unfuse))
         for call in move.fuse:
@@ -217,21 +210,14 @@ class Scheduler:
         """The prompt tokens ``call`` has left, if it may ride in the batch's steps."""
         if not call.batchable or call in self._caches:  # (one prefilling apart goes on)
             return None
-        return len(call.prompt_ids) - self._cached_prefix(call)
-
-    def _cached_prefix(self, call: Call) -> int:
-        """How much of ``call``'s prompt is cached already (its cache from there, once)."""
-        if call not in self._caches and call.batchable:
-            self._caches[call], call.prefilled = self._kept.lookup(call.prompt_ids)
-            call.recorder.cached_prompt_tokens = call.prefilled
-        return call.prefilled
+        return len(call.prompt_ids) - self._caches.cached_prefix(call)
 
     def _add_row(self, call: Call) -> None:
         """``call`` becomes a row of the batch (its cache, as prefilled so far, moves in)."""
         if call in self._joining:
             self._joining.remove(call)
         expected = min(self.max_batch_size, len(self._rows) + 1 + len(self._joining))
-        self._rows.add(call, self._caches.pop(call), expected)
+        self._rows.add(call, self._caches.take(call), expected)
 
     def _prepare(self, call: Call) -> None:
         """A slice of ``call``'s long texts taken in (it is out of `_preparing`): then it
@@ -250,19 +236,14 @@ class Scheduler:
             while self._joining:
                 if begun:  # calls submitted meanwhile (clients starting together) compete too
                     self._admit()
-                others = bool(self._rows or self._alone)
-                chunk = self._prompts.next_apart(self._joining, self._rows.calls, others, self._cached_prefix)
+                others, cached = bool(self._rows or self._alone), self._caches.cached_prefix
+                chunk = self._prompts.next_apart(self._joining, self._rows.calls, others, cached)
                 if chunk is None:
                     return
-                begun, call = True, chunk.call
-                before, released = self.pricing.prompt_forwards, call.recorder.new_tokens
-                self._guarded([call], functools.partial(self._prefill, chunk))
-                forwarded = self.pricing.prompt_forwards.tokens - before.tokens
-                if forwarded and observe.watching():
-                    seconds = self.pricing.prompt_forwards.seconds - before.seconds
-                    released = call.recorder.new_tokens - released
-                    observe.prompt_apart(self, call.prompt_ids, call.prefilled, forwarded, seconds, released)
-                if forwarded == 0 and call in self._joining:
+                begun, before = True, self.pricing.prompt_forwards.tokens
+                self._guarded([chunk.call], functools.partial(self._prefill, chunk))
+                forwarded = self.pricing.prompt_forwards.tokens - before
+                if forwarded == 0 and chunk.call in self._joining:
                     return  # (nothing went: never spin on one call)
                 self._prompts.forwarded(chunk, forwarded, self._joining)
         finally:
@@ -271,37 +252,30 @@ class Scheduler:
     def _prefill(self, chunk: PromptChunk) -> None:
         """``chunk`` of a call's prompt forwarded apart, in its own cache; once all of it is,
         the call takes its first token and becomes a row (or decodes alone)."""
-        call, prompt = chunk.call, chunk.call.prompt_ids
-        tokens = prompt[chunk.start : chunk.end]
-        logits, self._caches[call], seconds = self._executor.prompt_apart(tokens, self._caches.get(call))
-        self.pricing.observe_prompt(chunk.tokens, seconds)
-        call.prefilled = chunk.end
-        if chunk.end < len(prompt):
-            return
-        self._kept.keep(call, self._caches[call])
-        self._joining.remove(call)
-        if self._settle(call, first_token(call, self._decoders[call], logits)):
-            return
-        if call.batchable:
-            self._add_row(call)
-        else:
-            self._alone.append(call)
+        call, released = chunk.call, chunk.call.recorder.new_tokens
+        logits, seconds = self._caches.prefill(chunk)
+        if chunk.end == len(call.prompt_ids):
+            self._kept.keep(call, self._caches[call])
+            self._joining.remove(call)
+            if not self._settle(call, first_token(call, self._decoders[call], logits)):
+                if call.batchable:
+                    self._add_row(call)
+                else:
+                    self._alone.append(call)
+        if observe.watching():
+            released = call.recorder.new_tokens - released
+            observe.prompt_apart(self, call.prompt_ids, chunk.end, chunk.tokens, seconds, released)
 
     def _alone_step(self, call: Call) -> None:
         """One plain step of a call outside the batch, in the model's own cache."""
-        token, released, started = call.ids[-1], call.recorder.new_tokens, time.perf_counter()
-        logits, self._caches[call] = self._executor.plain_step(token, self._caches.get(call))
-        seconds = time.perf_counter() - started
-        verdict = choose_next(call, self._decoders[call], logits)
+        token, released, decoder = call.ids[-1], call.recorder.new_tokens, self._decoders[call]
+        logits, seconds = self._caches.plain_step(call)
+        verdict = choose_next(call, decoder, logits)
         call.recorder.step(0, 0, "none")
-        self._release(call, verdict)  # an ended call has left `_alone`
+        self._settle(call, release(call, decoder, verdict))  # an ended call has left `_alone`
         observe.plain_step(self, token, seconds, call.recorder.new_tokens - released)
 
     # ------------------------------------------------------------------ endings
-
-    def _release(self, call: Call, verdict: Verdict) -> bool:
-        """Pass a step's tokens through the call's stopping; whether the call has ended."""
-        return self._settle(call, release(call, self._decoders[call], verdict))
 
     def _settle(self, call: Call, reason: FinishReason | None) -> bool:
         """``call`` ends, if ``reason`` says it stops; whether it has ended."""
@@ -317,9 +291,8 @@ class Scheduler:
             if call in group:
                 group.remove(call)
         call.finish("abandoned")  # unless it finished
-        self._caches.pop(call, None)
+        self._caches.take(call)
         decoder = self._decoders.pop(call, None)
         error = let_go(decoder, error) if decoder is not None else error
         observe.ended(self, call)  # (before its reader hears of it)
-        call.outbox.put(error if error is not None else END)
-        call.ended.set()
+        hear_end(call, error)
