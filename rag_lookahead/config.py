@@ -107,9 +107,10 @@ class LookaheadConfig:
             a twentieth more by the measured costs (on a CPU; where a forward's cost hardly
             grows with its tokens, as on a GPU, all of it), so that calls arriving meanwhile
             start between them.
-        max_prefill_tokens_per_step: Most prompt tokens forwarded apart between two steps of
-            the running calls, in chunks of up to ``max_tokens_per_forward`` (a chunk is begun
-            while fewer were forwarded, so at least one goes each time), the prompt with the
+        max_prefill_tokens_per_step: Most prompt tokens a step of the running calls takes in:
+            first the chunks riding in its rows, then chunks forwarded apart, between two
+            steps, of up to ``max_tokens_per_forward`` (a chunk is begun while fewer were
+            spent, so at least one goes each step none rides in), the prompt with the
             least left first (less what went to others while it waited): prompts arriving
             together all start within a few steps rather than one chunk a step, short ones
             first, while the running calls wait once for what a step lets in.

@@ -518,8 +518,8 @@ def record_steps(engine: LookaheadEngine, watched: list[int]) -> list[tuple[int,
 
     def logged(inputs, *args, **kwargs):
         logits = forward_batch(inputs, *args, **kwargs)
-        joined = [c.prefilled for c in scheduler._rows if c.prompt_ids == watched]
-        log.append((len(args[1]), len(scheduler._rows[0].ids), joined[0] if joined else 0))
+        joined = [c.prefilled for c in scheduler._rows.calls if c.prompt_ids == watched]
+        log.append((len(args[1]), len(scheduler._rows.calls[0].ids), joined[0] if joined else 0))
         return logits
 
     setattr(engine.runner, name, logged)
@@ -580,7 +580,7 @@ def test_a_join_that_would_widen_every_row_is_prefilled_apart_between_their_step
 
     def counting(input_ids, *args, **kwargs):
         if kwargs.get("last_only"):
-            chunks.append((input_ids.shape[1], len(scheduler._rows[0].ids)))
+            chunks.append((input_ids.shape[1], len(scheduler._rows.calls[0].ids)))
         return forward(input_ids, *args, **kwargs)
 
     engine.runner.forward = counting  # type: ignore[method-assign]
@@ -612,7 +612,7 @@ def test_a_join_whose_steps_run_dear_goes_on_apart(monkeypatch: pytest.MonkeyPat
     forward_batch, forward, alone = getattr(engine.runner, name), engine.runner.forward, []
 
     def timed(inputs, *args, **kwargs):  # a step with a prompt's chunk in it: 100x its price
-        clock[0] += 100.0 if any(c.prefilled < len(c.prompt_ids) for c in scheduler._rows) else 1.0
+        clock[0] += 100.0 if any(c.prefilled < len(c.prompt_ids) for c in scheduler._rows.calls) else 1.0
         return forward_batch(inputs, *args, **kwargs)
 
     def counting(input_ids, *args, **kwargs):
@@ -695,7 +695,7 @@ def test_a_call_closed_while_its_prompt_rides_in_the_steps_leaves_the_others_exa
         second.close()
     assert second.stats.finish_reason == "abandoned"
     assert first.complete().token_ids == greedy_reference(model, [3, 14, 15], 40)
-    assert engine.scheduler._rows == []
+    assert engine.scheduler._rows.calls == []
 
 
 def test_a_prompt_left_alone_in_the_steps_is_forwarded_and_counted_as_a_prompt() -> None:
@@ -710,7 +710,7 @@ def test_a_prompt_left_alone_in_the_steps_is_forwarded_and_counted_as_a_prompt()
     assert engine.tree_verification  # probed before the test steps the loop itself
 
     def riding() -> int:
-        return next((c.prefilled for c in scheduler._rows if c.prompt_ids == long_prompt), 0)
+        return next((c.prefilled for c in scheduler._rows.calls if c.prompt_ids == long_prompt), 0)
 
     with engine.runner.thread.held():
         first = engine.stream([3, 14, 15], max_new_tokens=40)

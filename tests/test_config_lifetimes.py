@@ -13,7 +13,7 @@ import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.config import check_variant, lifetime_of, settings_of
-from rag_lookahead.engine.request import Call
+from rag_lookahead.engine.request import Call, Decoder
 from rag_lookahead.frontends import EngineSource
 from rag_lookahead.testing import CharTokenizer, greedy_reference, tiny_model
 
@@ -74,18 +74,18 @@ def test_a_per_call_change_is_applied_to_the_variants_calls(
     # One engine still: the same runner, trie, batches and costs.
     assert variant.runner is engine.runner and variant.trie is engine.trie
     assert variant.scheduler is engine.scheduler and variant.costs is engine.costs
-    submitted: list[Call] = []
+    submitted: list[Decoder] = []
     submit = engine.scheduler.submit
 
-    def recorded(call: Call) -> None:
-        submitted.append(call)
-        submit(call)
+    def recorded(call: Call, decoder: Decoder) -> None:
+        submitted.append(decoder)
+        submit(call, decoder)
 
     monkeypatch.setattr(engine.scheduler, "submit", recorded)
     completion = variant.complete(PROMPT, max_new_tokens=N)
     assert completion.token_ids == greedy_reference(engine.model, PROMPT, N)
-    [call] = submitted
-    assert call.config is variant.config and call.planner is variant.planner
+    [decoder] = submitted
+    assert decoder.config is variant.config and decoder.planner is variant.planner
 
 
 @pytest.mark.parametrize("name", REFUSED)

@@ -256,7 +256,7 @@ class Sliced:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         def run() -> np.ndarray:
-            running = self.engine.scheduler._rows  # read in the loop's own thread: between steps
+            running = self.engine.scheduler._rows.calls  # read in the loop's own thread: between steps
             self.seen.append((len(texts), sum(len(call.ids) for call in running)))
             return self.inner.embed(texts)
 

@@ -184,8 +184,9 @@ def test_a_prompt_prefilled_across_a_change_is_not_kept() -> None:
         racing = engine.stream(PROMPT, max_new_tokens=4)
         scheduler._admit()
         (call,) = scheduler._joining
-        scheduler._cached_prefix(call)  # (its cache: nothing kept yet)
-        _, call.cache, _ = scheduler._executor.prompt_apart(PROMPT[:20], call.cache)
+        scheduler._caches.cached_prefix(call)  # (its cache: nothing kept yet)
+        _, cache, _ = scheduler._executor.prompt_apart(PROMPT[:20], scheduler._caches[call])
+        scheduler._caches.put(call, cache)
         call.prefilled = 20  # its first chunk, before the change
         _scaled_in_place(model)
         later = engine.stream(other, max_new_tokens=4)  # sees the change: nothing kept is kept

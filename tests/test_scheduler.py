@@ -14,7 +14,7 @@ import torch
 from rag_lookahead import GenerationParams, LookaheadConfig
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
 from rag_lookahead.decoding.verify import TokenChooser
-from rag_lookahead.engine.request import END, Call, CallStatus
+from rag_lookahead.engine.request import END, Call, CallStatus, Decoder
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan
 from rag_lookahead.planning.costs import CostCurve, CostModel
@@ -103,6 +103,10 @@ def _logits(tokens: list[int]) -> torch.Tensor:
     return logits
 
 
+# Every test call's decoder, as a scheduler holds them beside its calls (`scheduler_with`).
+DECODERS: dict[Call, Decoder] = {}
+
+
 def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = None) -> Call:
     stopping = Stopping(
         CharTokenizer(),
@@ -112,19 +116,11 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
         prompt_length=len(prompt),
         context_window=None,
     )
-    call = Call(
-        prompt_ids=prompt,
-        config=CONFIG,
-        planner=StepPlanner(CONFIG),
-        chooser=TokenChooser(GenerationParams()),
-        stopping=stopping,
-        recorder=StepRecorder(prompt_tokens=len(prompt)),
-        make_drafter=None,
-        batchable=True,
-    )
+    call = Call(prompt_ids=prompt, recorder=StepRecorder(prompt_tokens=len(prompt)))
     call.prefilled = len(prompt) if prefilled is None else prefilled
     call.status = CallStatus.DECODING if call.prefilled == len(prompt) else CallStatus.PREFILLING
-    call.drafter = drafter
+    chooser = TokenChooser(GenerationParams())
+    DECODERS[call] = Decoder(CONFIG, StepPlanner(CONFIG), chooser, stopping, drafter=drafter)
     return call
 
 
@@ -139,11 +135,17 @@ def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int =
         max_tokens_per_forward=256,
         max_prefill_tokens_per_step=prefill_budget,
     )
-    scheduler._rows = list(rows)
-    scheduler._batch = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
+    scheduler._decoders = DECODERS
+    scheduler._rows.calls = list(rows)
+    scheduler._rows.cache = RecordingBatch([call.prefilled for call in rows])  # type: ignore[assignment]
     if executor is not None:
-        scheduler._executor = executor  # type: ignore[assignment]
+        scheduler._executor = scheduler._rows.executor = scheduler._caches.executor = executor
     return scheduler
+
+
+def step(scheduler: Scheduler) -> None:
+    """One step of the batch, as the loop runs it."""
+    scheduler._rows.step(scheduler, scheduler._decoders, scheduler._end, scheduler._kept.keep)
 
 
 def released(call: Call) -> list[Any]:
@@ -159,10 +161,11 @@ def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
     plain = new_call([5])
     joining = new_call(list(range(10)), prefilled=4)
     scheduler = scheduler_with([drafting, plain, joining])
-    plan = scheduler._plan(
+    plan = scheduler._rows.plan(
         [drafting, plain, joining],
-        {drafting: drafting.drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},
-    )  # type: ignore[union-attr]
+        DECODERS,
+        {drafting: DECODERS[drafting].drafter.propose([1, 2], 8), plain: StepDraft(DraftTree.root_only(5))},  # type: ignore[union-attr]
+    )
     assert [row.prompt for row in plan.rows] == [False, False, True]
     assert [row.draft.tree.tokens for row in plan.rows] == [(2, 3, 4), (5,), (4, 5, 6, 7, 8, 9)]
     # Costs not measured: the prompt's chunk is what is left, up to an equal share of the forward.
@@ -172,7 +175,7 @@ def test_a_plan_puts_each_rows_draft_or_prompt_chunk_in_row_order() -> None:
 
 def test_a_lone_prompt_is_planned_whole_and_a_partial_chunk_reads_no_logits() -> None:
     joining = new_call(list(range(300)), prefilled=10)
-    plan = scheduler_with([joining])._plan([joining], {})
+    plan = scheduler_with([joining])._rows.plan([joining], DECODERS, {})
     assert len(plan.rows[0].draft) == 290 and plan.rows[0].ends_prompt
     partial = StepPlan(
         (RowPlan(StepDraft(DraftTree.root_only(1))), RowPlan.prompt_chunk(list(range(9)), 0, 4))
@@ -183,19 +186,19 @@ def test_a_lone_prompt_is_planned_whole_and_a_partial_chunk_reads_no_logits() ->
 def test_an_update_keeps_accepted_paths_releases_tokens_and_ends_a_failed_row_alone() -> None:
     drafting = new_call([1, 2], drafter=ChainDrafter(3, 4))
     failing = new_call([5])
-    failing.chooser = SimpleNamespace(choose=_raise(ValueError("choice failed")))  # type: ignore[assignment]
+    DECODERS[failing].chooser = SimpleNamespace(choose=_raise(ValueError("choice failed")))  # type: ignore[assignment]
     joining = new_call([7, 8, 9], prefilled=1)
     # The model agrees with 3 and then says 6 (not 4); the joining prompt's last token gives 11.
     executor = ScriptedExecutor([3, 6, 0], [0], [11])
     scheduler = scheduler_with([drafting, failing, joining], executor)
-    scheduler._batch_step(list(scheduler._rows))
-    batch = scheduler._batch
+    step(scheduler)
+    batch = scheduler._rows.cache
     assert batch.kept == [(3, [[0, 1], [0], [0, 1]])]  # type: ignore[attr-defined]
     assert released(drafting) == [[3, 6]]
     (error,) = released(failing)
     assert isinstance(error, ValueError) and failing.status is CallStatus.FINISHED_ABANDONED
     assert released(joining) == [[11]] and joining.status is CallStatus.DECODING
-    assert scheduler._rows == [drafting, joining] and batch.lengths == [2, 1]  # type: ignore[attr-defined]
+    assert scheduler._rows.calls == [drafting, joining] and batch.lengths == [2, 1]
 
 
 def test_a_row_whose_drafter_fails_leaves_before_the_forward_and_the_plan_follows_the_new_row_order() -> None:
@@ -206,9 +209,9 @@ def test_a_row_whose_drafter_fails_leaves_before_the_forward_and_the_plan_follow
     second, third = new_call([2], drafter=ChainDrafter(9)), new_call([3], drafter=ChainDrafter(8))
     executor = ScriptedExecutor([8, 1], [9, 1])
     scheduler = scheduler_with([first, second, third], executor)
-    scheduler._batch_step(list(scheduler._rows))
+    step(scheduler)
     assert isinstance(released(first)[0], LookupError) and broken.closed
-    assert scheduler._rows == [third, second]
+    assert scheduler._rows.calls == [third, second]
     (plan,) = executor.plans
     assert [row.draft.tree.tokens for row in plan.rows] == [(3, 8), (2, 9)]
     assert released(third) == [[8, 1]] and released(second) == [[9, 1]]
@@ -218,10 +221,10 @@ def test_a_call_that_stops_ends_with_its_finish_reason_and_leaves() -> None:
     stopping = new_call([1], drafter=ChainDrafter(15))  # 15 is the end of sequence
     staying = new_call([2])
     scheduler = scheduler_with([stopping, staying], ScriptedExecutor([15, 0], [4]))
-    scheduler._batch_step(list(scheduler._rows))
+    step(scheduler)
     assert released(stopping) == [[15], END] and stopping.status is CallStatus.FINISHED_EOS
     assert stopping.recorder.finish_reason == "eos" and stopping.ended.is_set()
-    assert scheduler._rows == [staying] and staying.status is CallStatus.DECODING
+    assert scheduler._rows.calls == [staying] and staying.status is CallStatus.DECODING
 
 
 @pytest.mark.parametrize("reason", ["eos", "stop_string", "length", "context_window", "abandoned"])
@@ -238,7 +241,7 @@ def test_a_waiting_call_cancelled_ends_at_once_holding_nothing() -> None:
     scheduler = scheduler_with([])
     call = new_call([1])
     call.status = CallStatus.WAITING
-    scheduler.submit(call)
+    scheduler.submit(call, DECODERS[call])
     scheduler.cancel(call, wait=False)
     assert call.status is CallStatus.FINISHED_ABANDONED and released(call) == [END] and call.ended.is_set()
 
@@ -248,6 +251,10 @@ def _raise(error: Exception) -> Any:
         raise error
 
     return raising
+
+
+def submit(scheduler: Scheduler, call: Call) -> None:
+    scheduler.submit(call, DECODERS[call])
 
 
 def prompt(k: int, tokens: int) -> Call:
@@ -275,7 +282,7 @@ def test_joining_prompts_of_equal_length_are_prefilled_apart_in_arrival_order_up
     assert executor.chunks == chunks
     assert [call.status is CallStatus.DECODING for call in joining] == started
     # each prefilled call took its first token and became a row, in order
-    assert scheduler._rows == [running, *(c for c, s in zip(joining, started, strict=True) if s)]
+    assert scheduler._rows.calls == [running, *(c for c, s in zip(joining, started, strict=True) if s)]
     assert scheduler._joining == [c for c, s in zip(joining, started, strict=True) if not s]
 
 
@@ -305,7 +312,7 @@ def test_a_call_submitted_while_prompts_are_prefilled_competes_from_the_next_chu
     executor = ApartExecutor()
     scheduler = scheduler_with([new_call([1, 2], drafter=ChainDrafter())], executor)
     scheduler._joining = [prompt(1, 600)]
-    scheduler.submit(prompt(2, 200))  # queued: clients starting together submit a moment apart
+    submit(scheduler, prompt(2, 200))  # queued: clients starting together submit a moment apart
     scheduler._prefill_joining()
     assert executor.chunks == [(1, 256), (2, 200), (1, 256), (1, 88)]
 
@@ -325,6 +332,31 @@ def test_a_prompt_alone_is_chunked_where_that_costs_it_little_so_a_call_arriving
     scheduler = scheduler_with([], executor)  # nobody runs
     scheduler.pricing.costs.curve = curve
     scheduler._joining = [prompt(1, 600)]
-    scheduler.submit(prompt(2, 200))  # a client a moment behind the long prompt's
+    submit(scheduler, prompt(2, 200))  # a client a moment behind the long prompt's
     scheduler._prefill_joining()
     assert executor.chunks == chunks and scheduler._joining == []
+
+
+@pytest.mark.parametrize(
+    ("budget", "chunks"),
+    [
+        (128, []),  # the chunk riding in the step spent it all: the joining prompt waits a step
+        (256, [(1, 256)]),  # what it left begins a chunk apart
+        (2048, [(1, 256), (1, 44)]),
+    ],
+)
+def test_the_chunks_riding_in_a_step_and_those_apart_spend_one_budget(
+    budget: int, chunks: list[tuple[int, int]]
+) -> None:
+    drafting = new_call([1, 2], drafter=ChainDrafter(3))
+    riding = new_call(list(range(400)), prefilled=0)
+    executor = ApartExecutor()
+    scheduler = scheduler_with([drafting, riding], executor, prefill_budget=budget)
+    proposal = DECODERS[drafting].drafter.propose([1, 2], 8)  # type: ignore[union-attr]
+    plan = scheduler._rows.plan([drafting, riding], DECODERS, {drafting: proposal})
+    assert len(plan.rows[1].draft) == 128  # costs not measured: an equal share of the forward
+    scheduler._joining = [prompt(1, 300)]
+    scheduler._prefill_joining()
+    assert executor.chunks == chunks
+    scheduler._prefill_joining()  # the next step's budget: nothing rode in it
+    assert len(executor.chunks) == len(chunks) + (1 if budget < 2048 else 0)

@@ -25,7 +25,7 @@ from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.engine.model_facts import ModelFacts
 from rag_lookahead.engine.pricing import prepare_costs
-from rag_lookahead.engine.request import Call
+from rag_lookahead.engine.request import Call, Decoder
 from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.scope import DocumentScope, document_texts
 from rag_lookahead.engine.scoring import PromptLogprobs, prompt_logprobs
@@ -360,11 +360,15 @@ class LookaheadEngine(EngineBase):
         build = DrafterBuild(self.config, self.trie, sequences, scope, predicted) if sequences else None
         call = Call(
             prompt_ids=prompt_ids,
+            recorder=recorder,
+            batchable=batchable,
+            top_logprobs=params.top_logprobs if params.logprobs else None,
+        )
+        decoder = Decoder(
             config=self.config,
             planner=self.planner,
             chooser=TokenChooser(params),
             stopping=self._facts.stopping(params, eos, len(prompt_ids)),
-            recorder=recorder,
             # The trie takes the call's texts once its prefill is under way (long ones before).
             make_drafter=functools.partial(
                 call_drafter,
@@ -380,14 +384,12 @@ class LookaheadEngine(EngineBase):
             )
             if drafts
             else None,
-            batchable=batchable,
             prepare=build,
             grammar=grammar,
-            top_logprobs=params.top_logprobs if params.logprobs else None,
         )
         steps = self.scheduler.chunks(call)
         stream = TextStream(steps, call.recorder, cancel=functools.partial(self.scheduler.cancel, call))
-        self.scheduler.submit(call)
+        self.scheduler.submit(call, decoder)
         return stream
 
     def scope(self, documents: Iterable[str] = ()) -> DocumentScope:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.decoding.tree import StepDraft
-from rag_lookahead.engine.request import Call
+from rag_lookahead.engine.request import Call, Decoder
 from rag_lookahead.engine.step import StepPlan
 from rag_lookahead.models import default_cache_dir
 from rag_lookahead.planning.costs import (
@@ -164,22 +164,26 @@ class Pricing:
             remaining, decode_rows, width, self.step_seconds, limit, share, self._curve()
         ).tokens
 
-    def plan_drafts(self, calls: Sequence[Call], proposals: Sequence[StepDraft]) -> list[StepDraft]:
+    def plan_drafts(
+        self, calls: Sequence[Call], decoders: Sequence[Decoder], proposals: Sequence[StepDraft]
+    ) -> list[StepDraft]:
         """What of each call's proposed draft the step verifies; a call whose step verifies
         none is told why (`StepRecorder.plan`, for its stats' ``undrafted_steps``)."""
-        planned = self._plan_drafts(calls, proposals)
+        planned = self._plan_drafts(calls, decoders, proposals)
         for call, proposal, plan in zip(calls, proposals, planned, strict=True):
             call.recorder.plan(_undrafted(proposal, plan))
         return planned
 
-    def _plan_drafts(self, calls: Sequence[Call], proposals: Sequence[StepDraft]) -> list[StepDraft]:
+    def _plan_drafts(
+        self, calls: Sequence[Call], decoders: Sequence[Decoder], proposals: Sequence[StepDraft]
+    ) -> list[StepDraft]:
         if len(calls) == 1:
-            call = calls[0]
-            cached = len(call.ids) - 1  # all but the root
-            return [call.planner.plan(proposals[0], call.stopping.context_room(), cached)]
+            decoder = decoders[0]
+            cached = len(calls[0].ids) - 1  # all but the root
+            return [decoder.planner.plan(proposals[0], decoder.stopping.context_room(), cached)]
         # Several rows: side rows stay out (each would widen every row), the plan is joint, by
         # width, against the batch costs as calibrated so far.
-        ranked = [call.planner.rank(draft) for call, draft in zip(calls, proposals, strict=True)]
+        ranked = [decoder.planner.rank(draft) for decoder, draft in zip(decoders, proposals, strict=True)]
         widest = max(len(r.tree) for r in ranked)
         measured = self.costs.batched() is not None
         if measured and self.packed():  # each row as wide as its own nodes are worth

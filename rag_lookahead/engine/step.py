@@ -1,10 +1,11 @@
 """One step of the batch as data: what the scheduler plans, what the executor returns, and
 what each row's verification comes to.
 
-`Scheduler._batch_step` reads as plan → execute → update, after vLLM's ``SchedulerOutput`` →
-``ModelRunnerOutput`` → ``update_from_output``: a `StepPlan` (per row, a draft to verify or the
-next chunk of its prompt), a `StepOutput` (per row, the logits the plan reads, and the
-forward's seconds), and per row a `Verdict` (the tokens it accepted, or its error).
+`Rows.step` (`rag_lookahead.engine.rows`) reads as plan → execute → update, after vLLM's
+``SchedulerOutput`` → ``ModelRunnerOutput`` → ``update_from_output``: a `StepPlan` (per row, a
+draft to verify or the next chunk of its prompt), a `StepOutput` (per row, the logits the plan
+reads, and the forward's seconds), and per row a `Verdict` (the tokens it accepted, or its
+error).
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def leftovers(state: ServerState) -> list[str]:
             scheduler._waiting,
             scheduler._preparing,
             scheduler._joining,
-            scheduler._rows,
+            scheduler._rows.calls,
             scheduler._alone,
         ]
         if any(calls):

@@ -31,7 +31,7 @@ class InsertWatch:
 
     def note(self, tokens: Sequence[int]) -> None:
         if len(tokens) >= self._shortest:  # a long text's part: not a call's own few tokens
-            self.held.append(sum(len(call.ids) for call in self._engine.scheduler._rows))
+            self.held.append(sum(len(call.ids) for call in self._engine.scheduler._rows.calls))
 
     def start(self, patcher: Patcher, watched: Watched) -> None:
         """Note every part inserted from now on into ``watched``: the trie or a call's index."""
