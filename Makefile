@@ -153,16 +153,23 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache
 
-# The documentation site (mkdocs.yml over docs/): the docs extra into the same environment, then
-# a build that fails on any warning (a broken link or anchor, a page left out of the nav, a
+# The documentation site (mkdocs.yml over docs/): the docs extra's packages alone into the same
+# environment (mkdocstrings reads the docstrings without importing the package, so neither it nor
+# torch nor the models are installed for it; the pins are the extra's, read from pyproject.toml),
+# then a build that fails on any warning (a broken link or anchor, a page left out of the nav, a
 # docstring mkdocstrings cannot read) into site/, which git ignores.
 DOCS_STAMP := $(VENV)/.docs-stamp
+DOCS_EXTRA := import importlib, sys; toml = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "pip._vendor.tomli"); \
+	print(*toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"])
 
 .PHONY: docs
 
-$(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[docs]'
-	touch $@
+$(DOCS_STAMP): pyproject.toml
+	@echo "==> a virtual environment in $(VENV) with the docs extra's packages only"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet $$($(PY) -c '$(DOCS_EXTRA)')
+	@touch $@
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
