@@ -1,8 +1,8 @@
 """The README's shell commands work in the order given on a fresh clone: each `rag-lookahead`
-command is one the CLI's parser accepts, the environment that `make demo` set up is activated
-before the first of them, an index is built from files the repository has before a command
-reads it; and the README stays short (at most 300 lines, no dated run log outside its one
-generated table). Nothing is run but the parser."""
+command (of the docs' pages too) is one the CLI's parser accepts, the environment that
+`make demo` set up is activated before the first of them, an index is built from files the
+repository has before a command reads it; and the README stays short (at most 300 lines, no
+dated run log outside its one generated table). Nothing is run but the parser."""
 
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ def commands(markdown: str) -> list[list[str]]:
 
 
 COMMANDS = commands(README.read_text(encoding="utf-8"))
+# The docs' pages too: each command as the page names it ("docs/guide/rag.md: rag-lookahead ...").
+DOC_COMMANDS = [
+    (f"{page.relative_to(ROOT)}: {shlex.join(command)}", command)
+    for page in sorted((ROOT / "docs").rglob("*.md"))
+    for command in commands(page.read_text(encoding="utf-8"))
+]
 
 
 def test_the_readme_has_commands_to_check() -> None:
@@ -52,6 +58,11 @@ def test_the_readme_has_commands_to_check() -> None:
 @pytest.mark.parametrize("command", COMMANDS, ids=shlex.join)
 def test_every_command_is_one_the_cli_accepts(command: list[str]) -> None:
     build_parser().parse_args(command[1:])  # argparse exits (a test failure) on what it refuses
+
+
+@pytest.mark.parametrize("command", [c for _, c in DOC_COMMANDS], ids=[name for name, _ in DOC_COMMANDS])
+def test_every_command_of_the_docs_is_one_the_cli_accepts(command: list[str]) -> None:
+    build_parser().parse_args(command[1:])
 
 
 def test_the_environment_is_activated_before_the_first_command() -> None:
