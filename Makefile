@@ -146,6 +146,17 @@ format: $(STAMP)
 demo: $(RUN_STAMP)
 	$(VENV)/bin/rag-lookahead demo $(if $(QUESTIONS),--questions $(QUESTIONS))
 
+# The example notebook headless, top to bottom in a fresh kernel (as `make test` runs it, with
+# its figures as PNG), into examples/rag_lookahead-executed.ipynb (git ignores it). `ASKED` in its
+# first cell sets how many of the twelve questions it asks (four by default: 30 answers); the
+# time it takes is on docs/getting-started/notebook.md.
+.PHONY: notebook
+
+notebook: $(STAMP)
+	MPLBACKEND=module://matplotlib_inline.backend_inline $(VENV)/bin/jupyter-execute --timeout=900 \
+		--output='{notebook_name}-executed' examples/rag_lookahead.ipynb
+	@echo "executed, with its outputs: examples/rag_lookahead-executed.ipynb"
+
 # Example: make bench DATA=path/to/set.jsonl LIMIT=20
 bench: $(STAMP)
 	$(VENV)/bin/rag-lookahead bench --data $(DATA) --limit $(or $(LIMIT),20) --json bench-$(notdir $(basename $(DATA))).json
