@@ -146,6 +146,17 @@ format: $(STAMP)
 demo: $(RUN_STAMP)
 	$(VENV)/bin/rag-lookahead demo $(if $(QUESTIONS),--questions $(QUESTIONS))
 
+# The example notebook headless, top to bottom in a fresh kernel (as `make test` runs it, with
+# its figures as PNG), into examples/rag_lookahead-executed.ipynb (git ignores it). `ASKED` in its
+# first cell sets how many of the twelve questions it asks (four by default: 30 answers); the
+# time it takes is on docs/getting-started/notebook.md.
+.PHONY: notebook
+
+notebook: $(STAMP)
+	MPLBACKEND=module://matplotlib_inline.backend_inline $(VENV)/bin/jupyter-execute --timeout=900 \
+		--output='{notebook_name}-executed' examples/rag_lookahead.ipynb
+	@echo "executed, with its outputs: examples/rag_lookahead-executed.ipynb"
+
 # Example: make bench DATA=path/to/set.jsonl LIMIT=20
 bench: $(STAMP)
 	$(VENV)/bin/rag-lookahead bench --data $(DATA) --limit $(or $(LIMIT),20) --json bench-$(notdir $(basename $(DATA))).json
@@ -153,16 +164,23 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache
 
-# The documentation site (mkdocs.yml over docs/): the docs extra into the same environment, then
-# a build that fails on any warning (a broken link or anchor, a page left out of the nav, a
+# The documentation site (mkdocs.yml over docs/): the docs extra's packages alone into the same
+# environment (mkdocstrings reads the docstrings without importing the package, so neither it nor
+# torch nor the models are installed for it; the pins are the extra's, read from pyproject.toml),
+# then a build that fails on any warning (a broken link or anchor, a page left out of the nav, a
 # docstring mkdocstrings cannot read) into site/, which git ignores.
 DOCS_STAMP := $(VENV)/.docs-stamp
+DOCS_EXTRA := import importlib, sys; toml = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "pip._vendor.tomli"); \
+	print(*toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"])
 
 .PHONY: docs
 
-$(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[docs]'
-	touch $@
+$(DOCS_STAMP): pyproject.toml
+	@echo "==> a virtual environment in $(VENV) with the docs extra's packages only"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet $$($(PY) -c '$(DOCS_EXTRA)')
+	@touch $@
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -1,4 +1,5 @@
-"""Write the results tables of benchmarks/README.md, and its charts, from the JSON files here.
+"""Write the results tables of benchmarks/README.md and the repository's README (its one
+benchmark table), and their charts, from the JSON files here.
 
     python benchmarks/tables.py            # rewrite every generated table, redraw the charts
     python benchmarks/tables.py --check    # exit 1 where a table differs from what its JSON gives
@@ -7,7 +8,8 @@ A generated table sits in the README between ``<!-- tables:begin NAME -->`` and
 ``<!-- tables:end -->``; NAME is a function below registered with ``@table("NAME")`` that returns
 the table's Markdown from the committed JSON. Everything outside the markers is hand-written;
 a table with no JSON behind it stays hand-written, under a ``<!-- hand-written: why -->`` line.
-To add a table: write its function, put the two markers where it goes, run the script.
+To add a table: write its function, put the two markers where it goes, run the script. The
+repository's README takes its tables from ``@front_table("NAME")`` (`FRONT_TABLES`) alike.
 """
 
 from __future__ import annotations
@@ -22,9 +24,21 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["CHARTS", "TABLES", "chart", "check", "draw_charts", "main", "render", "table"]
+__all__ = [
+    "CHARTS",
+    "FRONT_TABLES",
+    "TABLES",
+    "chart",
+    "check",
+    "draw_charts",
+    "front_table",
+    "main",
+    "peer_rows",
+    "render",
+    "table",
+]
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
@@ -1714,11 +1728,207 @@ def gpu_table() -> str:
     return markdown(header, rows)
 
 
+# ---- the repository's README: the latest run per machine kind, against its peers ------------
+
+FRONT_README = HERE.parent / "README.md"
+FRONT_TABLES: dict[str, Table] = {}  # the repository README's tables, by marker
+
+
+def front_table(name: str) -> Callable[[Table], Table]:
+    """Register a table generator under the marker ``name`` of the repository's README."""
+
+    def register(function: Table) -> Table:
+        FRONT_TABLES[name] = function
+        return function
+
+    return register
+
+
+class LatestRun(NamedTuple):
+    """A machine kind's latest run of one set against its peers: `vllm_peer.py`'s JSON on a
+    CPU; on a GPU `rag-lookahead bench`'s, with its `--concurrency 8` run beside it."""
+
+    machine: str
+    short: str  # the machine in the chart
+    day: str  # the run's day (its JSON names none)
+    file: str
+    clients: str = ""  # a GPU's 8-client run, where no peer ran
+
+
+# Update when a machine kind's newer run lands (each set's latest; all in process for this engine,
+# over HTTP for vLLM).
+XEON, ZEN5, ZEN4 = (
+    "Intel Xeon (Sapphire Rapids-class), 2 vCPUs",
+    "AMD EPYC (Zen 5), 2 vCPUs",
+    "AMD EPYC (Zen 4, AVX-512), 2 vCPUs",
+)
+LATEST_RUNS = (
+    LatestRun(XEON, "Xeon", "2026-12-01", "vllm-peer-llma_msmarco_rag.json"),
+    LatestRun(XEON, "Xeon", "2026-12-04", "vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json"),
+    LatestRun(ZEN5, "Zen 5", "2026-12-05", "vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json"),
+    LatestRun(ZEN5, "Zen 5", "2026-12-05", "vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json"),
+    LatestRun(ZEN4, "Zen 4", "2026-12-05", "vllm-peer-llma_msmarco_rag-zen4-final-2026-12-05.json"),
+    LatestRun(ZEN4, "Zen 4", "2026-12-05", "vllm-peer-dolly_context_qa-zen4-final-2026-12-05.json"),
+    *(
+        LatestRun(
+            "NVIDIA H200",
+            "H200",
+            "2026-12-04",
+            f"cuda/cuda-smollm2-{name}.json",
+            f"cuda/cuda-smollm2-{name}-8clients.json",
+        )
+        for name in ("llma_msmarco_rag", "dolly_context_qa")
+    ),
+)
+VLLM_PEERS = {"vllm_plain": "vLLM plain", "vllm_ngram": "vLLM `ngram`", "vllm_suffix": "vLLM `suffix`"}
+GENERATE_PEERS = {"greedy": "`generate`", "prompt_lookup": "prompt lookup"}
+
+
+class Versus(NamedTuple):
+    """Lookahead's tokens/s in one phase, and the fastest peer's (none: ``peer`` empty)."""
+
+    lookahead: float
+    peer: str = ""
+    peer_tokens_per_s: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.lookahead / self.peer_tokens_per_s if self.peer else None
+
+    def cell(self) -> str:
+        if self.ratio is None:
+            return "no peer run"
+        return f"{ratio(self.ratio)} {self.peer} ({fixed(self.peer_tokens_per_s, 1)})"
+
+
+class PeerRow(NamedTuple):
+    run: LatestRun
+    data_set: str
+    records: int
+    alone: Versus
+    clients8: Versus
+    identical: int  # lookahead's answers equal to greedy's, the fewest over its phases
+
+
+def _fastest(phases: dict[str, float]) -> tuple[str, float]:
+    name = max(phases, key=phases.__getitem__)
+    return name, phases[name]
+
+
+def _fastest_vllm(methods: dict[str, Any], phase: str) -> tuple[str, float]:
+    return _fastest(
+        {label: methods[k][phase]["tokens_per_s"] for k, label in VLLM_PEERS.items() if k in methods}
+    )
+
+
+def peer_rows() -> list[PeerRow]:
+    """`LATEST_RUNS`, each read from its JSON."""
+    rows = []
+    for run in LATEST_RUNS:
+        data = load(run.file)
+        m = data["methods"]
+        if run.clients:  # `rag-lookahead bench` on a GPU: transformers' `generate` the peer
+            peers = {label: m[key]["tokens_per_s"] for key, label in GENERATE_PEERS.items()}
+            batched = load(run.clients)["concurrency"]["8"]["methods"]["batched"]
+            la = m["lookahead"]
+            row = PeerRow(
+                run,
+                data["data"].removesuffix(".jsonl"),
+                data["records"],
+                Versus(la["tokens_per_s"], *_fastest(peers)),
+                Versus(batched["tokens_per_s"]),
+                min(la["identical_to_greedy"], batched["identical_to_greedy"]),
+            )
+        else:
+            phases = ("single", "concurrent")
+            versus = [
+                Versus(m["local_lookahead"][phase]["tokens_per_s"], *_fastest_vllm(m, phase))
+                for phase in phases
+            ]
+            same = min(_identical(m["local_lookahead"][phase], None) for phase in phases)
+            row = PeerRow(run, data["set"], data["records"], versus[0], versus[1], same)
+        rows.append(row)
+    return rows
+
+
+@front_table("against-peers")
+def against_peers_table() -> str:
+    """Lookahead against the fastest peer in each phase, the latest run per machine kind."""
+    rows = [
+        [
+            row.run.machine,
+            row.run.day,
+            f"`{row.data_set}` ({row.records})",
+            fixed(row.alone.lookahead, 1),
+            row.alone.cell(),
+            fixed(row.clients8.lookahead, 1),
+            row.clients8.cell(),
+            of(row.identical, row.records),
+        ]
+        for row in peer_rows()
+    ]
+    header = [
+        "machine",
+        "run",
+        "data set (records)",
+        "lookahead tok/s, 1 client",
+        "against the fastest peer (its tok/s)",
+        "8 clients",
+        "against the fastest peer",
+        "identical to greedy",
+    ]
+    return f"{markdown(header, rows)}\n\n{_peer_ranges(peer_rows())}"
+
+
+def _peer_ranges(rows: Sequence[PeerRow]) -> str:
+    """One line: lookahead's least and greatest ratio to the fastest peer, by device and phase."""
+
+    def span(ratios: list[float]) -> str:
+        return f"{ratio(min(ratios))}–{ratio(max(ratios))}"  # noqa: RUF001 (a range's dash)
+
+    parts = []
+    for device, on_gpu in (("on the CPUs", False), ("on the GPU", True)):
+        picked = [row for row in rows if bool(row.run.clients) == on_gpu]
+        phases = []
+        for phase, name in (("alone", "with 1 client"), ("clients8", "at 8 clients")):
+            ratios = [r for row in picked if (r := getattr(row, phase).ratio) is not None]
+            if ratios:
+                phases.append(f"{span(ratios)} {name}")
+        parts.append(f"{' and '.join(phases)} {device}")
+    return f"Lookahead against the fastest peer: {'; '.join(parts)}."
+
+
+@chart("against-peers.png")
+def against_peers_chart(path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = peer_rows()
+    labels = [f"{row.run.short}, {row.data_set.split('_')[0]}" for row in rows]
+    fig, axis = plt.subplots(figsize=(8, 3.6))
+    for offset, phase, name in ((-0.2, "alone", "1 client"), (0.2, "clients8", "8 clients")):
+        ratios = [getattr(row, phase).ratio for row in rows]
+        ys = [i + offset for i, value in enumerate(ratios) if value is not None]
+        axis.barh(ys, [value for value in ratios if value is not None], height=0.4, label=name)
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.set_yticks(range(len(rows)), labels)
+    axis.invert_yaxis()
+    axis.set_xlabel("lookahead tok/s / the fastest peer's (above 1: lookahead faster)")
+    axis.set_title("Same answers; peers: vLLM's CPU build, on the GPU transformers' generate", fontsize=10)
+    axis.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ---- the README ------------------------------------------------------------------------------
 
 
-def render(text: str) -> str:
-    """``text`` with every generated table written from the JSON.
+def render(text: str, tables: dict[str, Table] = TABLES) -> str:
+    """``text`` with every generated table written from the JSON (``tables``: the page's, by
+    default benchmarks/README.md's; `FRONT_TABLES` for the repository's README).
 
     Raises ``ValueError`` for a marker left unpaired, one that names no table or is used twice,
     and a table that has no marker."""
@@ -1727,24 +1937,24 @@ def render(text: str) -> str:
         raise ValueError(
             "a <!-- tables:begin NAME --> marker without its <!-- tables:end --> (or the reverse)"
         )
-    unknown = sorted(set(found) - set(TABLES))
+    unknown = sorted(set(found) - set(tables))
     if unknown:
         raise ValueError(f"README markers name no table in tables.py: {', '.join(unknown)}")
     repeated = sorted({name for name in found if found.count(name) > 1})
     if repeated:
         raise ValueError(f"README markers used twice: {', '.join(repeated)}")
-    missing = sorted(set(TABLES) - set(found))
+    missing = sorted(set(tables) - set(found))
     if missing:
         raise ValueError(
             f"tables with no <!-- tables:begin NAME --> marker in the README: {', '.join(missing)}"
         )
-    return MARKED.sub(lambda m: f"{m['begin']}\n{TABLES[m['name']]()}\n\n{m['end']}", text)
+    return MARKED.sub(lambda m: f"{m['begin']}\n{tables[m['name']]()}\n\n{m['end']}", text)
 
 
-def check(text: str) -> list[str]:
+def check(text: str, tables: dict[str, Table] = TABLES) -> list[str]:
     """The names of the tables in ``text`` that differ from what their JSON gives, each with its
     diff (empty when every table is current)."""
-    fresh = render(text)
+    fresh = render(text, tables)
     if fresh == text:
         return []
     old = {m["name"]: m["body"] for m in MARKED.finditer(text)}
@@ -1774,22 +1984,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="write nothing; exit 1 if a table is not current"
     )
     parser.add_argument("--readme", type=Path, default=README, help="the page to read (default: %(default)s)")
+    parser.add_argument(
+        "--front", type=Path, default=FRONT_README, help="the repository's README (default: %(default)s)"
+    )
     parser.add_argument("--no-charts", action="store_true", help="write the tables only")
     args = parser.parse_args(argv)
-    text = args.readme.read_text(encoding="utf-8")
-    try:
-        if args.check:
-            report = check(text)
+    pages = ((args.readme, TABLES), (args.front, FRONT_TABLES))
+    texts = [(page, page.read_text(encoding="utf-8"), tables) for page, tables in pages]
+    if args.check:
+        code = 0
+        for page, text, tables in texts:
+            try:
+                report = check(text, tables)
+            except ValueError as err:
+                print(f"{page}: {err}", file=sys.stderr)
+                return 2
             for entry in report:
-                print(entry, file=sys.stderr)
-            if report:
-                print("run `python benchmarks/tables.py` to write them", file=sys.stderr)
-            return 1 if report else 0
-        args.readme.write_text(render(text), encoding="utf-8")
-    except ValueError as err:
-        print(f"{args.readme}: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(TABLES)} tables into {args.readme}")
+                print(f"{page}: {entry}", file=sys.stderr)
+            code = code or (1 if report else 0)
+        if code:
+            print("run `python benchmarks/tables.py` to write them", file=sys.stderr)
+        return code
+    for page, text, tables in texts:
+        try:
+            page.write_text(render(text, tables), encoding="utf-8")
+        except ValueError as err:
+            print(f"{page}: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {len(tables)} tables into {page}")
     if not args.no_charts:
         for path in draw_charts(HERE):
             print(f"drew {path.relative_to(HERE.parent)}")

@@ -45,13 +45,32 @@ def test_a_figure_changed_by_hand_is_named_with_its_table(tables: ModuleType, tm
     assert edited != page
     copy = tmp_path / "README.md"
     copy.write_text(edited, encoding="utf-8")
-    code, err = _main(tables, "--check", "--readme", str(copy))
+    front = tmp_path / "front.md"
+    front.write_text((BENCHMARKS.parent / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    pages = ("--readme", str(copy), "--front", str(front))
+    code, err = _main(tables, "--check", *pages)
     assert code == 1
     assert "table 'cpu' differs" in err and "**1.93x**" in err and "**1.83x**" in err
     # A run without --check writes the table back as the JSON gives it.
-    code, _ = _main(tables, "--no-charts", "--readme", str(copy))
+    code, _ = _main(tables, "--no-charts", *pages)
     assert code == 0
     assert copy.read_text(encoding="utf-8") == page
+
+
+def test_the_repository_readme_has_one_table_and_it_is_what_its_json_gives(tables: ModuleType) -> None:
+    readme = (BENCHMARKS.parent / "README.md").read_text(encoding="utf-8")
+    assert readme.count("<!-- tables:begin ") == 1
+    assert tables.check(readme, tables.FRONT_TABLES) == []
+    assert tables.render(readme, tables.FRONT_TABLES) == readme
+
+
+def test_the_readme_table_has_every_machine_kinds_latest_run_against_a_peer(tables: ModuleType) -> None:
+    rows = tables.peer_rows()
+    assert {row.run.short for row in rows} >= {"Xeon", "Zen 5", "Zen 4", "H200"}
+    for row in rows:
+        assert row.alone.ratio is not None and row.alone.peer  # each compared with a peer alone
+        assert row.identical == row.records  # lossless: every answer greedy's
+    assert "against-peers.png" in tables.CHARTS
 
 
 @pytest.mark.parametrize(
