@@ -86,7 +86,8 @@ class LookaheadEngine(EngineBase):
             chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
                 ``{"enable_thinking": False}`` for Qwen3 (see `encode_prompt`).
             progress: Show a progress bar on standard error, when it is a terminal, while the
-                costs are measured (see `rag_lookahead.progress`).
+                kernels are timed, the forwards probed and the costs measured (see
+                `rag_lookahead.progress`).
             model_thread: The thread every forward runs in (`ModelThread`): by default the
                 process's shared one, where `from_pretrained` loads its model. On a CPU every
                 thread that has run torch work holds an OpenMP team that slows the others'
@@ -112,6 +113,7 @@ class LookaheadEngine(EngineBase):
             self.config.direct_forward,
             cache_dir or default_cache_dir(),
             model_thread,
+            progress,
         )
         self.runner = self._tuning.runner
         # What its forwards cost, once measured (or given): shared by its variants' planners.

@@ -21,6 +21,7 @@ from rag_lookahead.planning.costs import (
     curve_key,
     forget_curve,
     measure_curve,
+    sparse_sizes,
 )
 from rag_lookahead.planning.load import watch_load
 from rag_lookahead.progress import progress_bar
@@ -102,11 +103,12 @@ def _measure_batch(runner: ModelRunner, rows: int, max_width: int, progress: boo
 
 
 def _watched(progress: bool, what: str, forward: Callable[[int], float], max_tokens: int) -> CostCurve:
-    """The curve of ``forward`` up to ``max_tokens``, measured with a progress bar saying
-    ``what``: marked ``loaded`` if other work shared the cores meanwhile (by the system's load,
-    or by sizes whose times never settled), so that the disk keeps it briefly."""
+    """The curve of ``forward`` up to ``max_tokens``, timed at a few sizes (`sparse_sizes`: the
+    steps' own timings calibrate the sizes between, `StepCalibration`), with a progress bar
+    saying ``what``: marked ``loaded`` if other work shared the cores meanwhile (by the system's
+    load, or by sizes whose times never settled), so that the disk keeps it briefly."""
     with watch_load() as seen, progress_bar(progress, what, unit="forward") as bar:
-        curve = measure_curve(forward, max_tokens, bar=bar)
+        curve = measure_curve(forward, max_tokens, bar=bar, sizes=sparse_sizes(max_tokens))
     return dataclasses.replace(curve, loaded=True) if seen[0].busy else curve
 
 
