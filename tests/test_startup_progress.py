@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from rag_lookahead import LookaheadConfig, LookaheadEngine
 from rag_lookahead.models import DEFAULT_MODEL, builtin_model_dir
 from rag_lookahead.planning.costs import measure_curve, sparse_sizes
 from rag_lookahead.progress import PROGRESS_LOGGER, Pulse, progress_bar
-from rag_lookahead.testing.models import tiny_model
+from rag_lookahead.testing.models import ASCII_VOCAB, AsciiTokenizer, tiny_model
 from rag_lookahead.tuning.tuner import ModelTuning
 
 
@@ -122,3 +123,22 @@ def test_converting_the_default_model_counts_its_four_named_steps(
     assert {t for _, t in _counts(lines, "converting")} == {4}
     for step in ("reading the tokenizer", "dequantizing the weights", "saving"):
         assert any(step in line for line in lines)
+
+
+def test_one_call_at_a_time_measures_one_rows_costs_only(
+    progress_log: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    model = tiny_model("llama", 0, ASCII_VOCAB)
+    config = LookaheadConfig(mode="auto", min_query_length=1)
+    engine = LookaheadEngine(model, AsciiTokenizer(), config, cache_dir=tmp_path, progress=True)
+    engine.measure_ahead(batches=False)  # as `demo`, `ask` and `chat` measure
+    assert engine.cost_curve is not None and engine.costs.batch is None
+    assert engine.costs.batched() is not None  # a batch priced by one row's curve meanwhile
+    measuring = _counts(progress_log.messages, "measuring forward costs")
+    totals = [t for _, t in measuring]
+    assert measuring[0][0] == 0 and totals == sorted(totals, reverse=True)  # known from the first line
+    assert measuring[-1][0] == measuring[-1][1]  # never grown; full at the end
+    assert not _counts(progress_log.messages, "measuring costs of 2-row batches")
+    fresh = LookaheadEngine(model, AsciiTokenizer(), config, cache_dir=tmp_path)
+    fresh.measure_ahead()  # as `serve` measures: the batches too
+    assert fresh.costs.batch is not None

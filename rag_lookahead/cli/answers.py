@@ -195,7 +195,7 @@ def run_demo(args: argparse.Namespace) -> int:
             "(once per model and machine, then read from the cache)..."
         )
         started = time.perf_counter()
-        measure_ahead(engine, remeasure=args.remeasure)
+        measure_ahead(engine, remeasure=args.remeasure, batches=False)  # one question at a time
         took = time.perf_counter() - started
         measured = engine.cost_curve is not None
         _say(f"  done in {took:.1f} s" if measured else "  none needed: the model verifies no drafts")

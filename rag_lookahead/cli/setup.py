@@ -31,14 +31,15 @@ __all__ = [
 ]
 
 
-def make_engine(args: argparse.Namespace, measure: bool = True) -> LookaheadEngine:
+def make_engine(args: argparse.Namespace, measure: bool = True, batches: bool = True) -> LookaheadEngine:
     """The engine the model and lookahead flags describe (measuring its cost curve first, or
-    reading it from the cache, unless not ``measure``)."""
+    reading it from the cache, unless not ``measure``; the batches' costs only with
+    ``batches``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = LookaheadEngine.from_pretrained(config=lookahead_config(args), load=load_options(args))
     if measure:  # measured once per model, device and dtype (then cached): no answer pays for it
-        measure_ahead(engine, remeasure=args.remeasure)
+        measure_ahead(engine, remeasure=args.remeasure, batches=batches)
     return engine
 
 
@@ -47,9 +48,10 @@ def make_embedder(path: str | None) -> SentenceTransformerEmbedder:
 
 
 def make_pipeline(args: argparse.Namespace) -> RagPipeline:
-    """The pipeline over the saved index at ``args.index`` (read before the model is loaded)."""
+    """The pipeline over the saved index at ``args.index`` (read before the model is loaded),
+    answering one question at a time: no batch's costs are measured."""
     index = DocumentIndex.load(Path(args.index))
-    return RagPipeline(make_engine(args), index, retrieval_config(args))
+    return RagPipeline(make_engine(args, batches=False), index, retrieval_config(args))
 
 
 def progress(description: str) -> Any:

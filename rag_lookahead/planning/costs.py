@@ -40,6 +40,7 @@ __all__ = [
     "forget_curve",
     "measure_curve",
     "model_digest",
+    "most_forwards",
     "processor",
     "settled",
     "sparse_sizes",
@@ -53,6 +54,8 @@ MAX_AGE_SECONDS = 30 * 24 * 3600
 # A curve measured while other work shared the cores is kept this long only: a later process,
 # on a machine that may be quiet by then, measures its own.
 LOADED_MAX_AGE_SECONDS = 3600
+# The most rounds `measure_curve` times a size in, by default (a size settled sooner stops).
+_MAX_ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -365,7 +368,7 @@ def measure_curve(
     repeats: int = 3,
     *,
     tolerance: float = 0.1,
-    max_rounds: int = 6,
+    max_rounds: int = _MAX_ROUNDS,
     bar: Any = None,
     sizes: Sequence[int] | None = None,
 ) -> CostCurve:
@@ -387,7 +390,7 @@ def measure_curve(
     if not sizes or sizes[0] != 1 or sizes[-1] != max_tokens or list(sizes) != sorted(set(sizes)):
         raise ValueError(f"measure_curve's sizes must increase from 1 to max_tokens ({max_tokens})")
     if bar is not None:
-        bar.total = (1 + max_rounds) * len(sizes)
+        bar.total = most_forwards(len(sizes), max_rounds)
     for k in sizes:
         forward(k)  # warm-up: allocator and kernel selection for this shape
         _tick(bar)
@@ -406,6 +409,12 @@ def measure_curve(
         bar.refresh()
     loaded = not all(settled(r, tolerance) for r in runs.values())
     return CostCurve(sizes, tuple(min(runs[k]) for k in sizes), loaded)
+
+
+def most_forwards(sizes: int, max_rounds: int = _MAX_ROUNDS) -> int:
+    """The most forwards `measure_curve` runs over ``sizes`` sizes: a warm-up and ``max_rounds``
+    rounds of each (a bar's total, known before the first)."""
+    return (1 + max_rounds) * sizes
 
 
 def sparse_sizes(max_tokens: int) -> tuple[int, ...]:
