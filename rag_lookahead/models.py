@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_lookahead.config import keyword_arguments
 from rag_lookahead.files import exclusive
+from rag_lookahead.gguf_reads import shared_gguf_reads
 from rag_lookahead.progress import progress_bar, transformers_bars
 
 if TYPE_CHECKING:  # imported where used: the command line lists the models before torch loads
@@ -172,10 +173,12 @@ def _convert_into(target: Path, model: BuiltinModel, progress: bool) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         out = scratch / "model"
-        bar = progress_bar(progress, f"converting {name} to safetensors (once)", total=3, unit="step")
-        with bar, transformers_bars(progress, gguf=True):
+        description = f"converting {name} to safetensors (once)"
+        bar = progress_bar(progress, description, total=len(_CONVERSION_STEPS), unit="step")
+        with bar, transformers_bars(progress, gguf=True), shared_gguf_reads():
+            _next_step(bar, 0, done=False)
             gguf = model.gguf(scratch)
-            bar.update(1)
+            _next_step(bar, 1)
             _convert_gguf(gguf, out, model, bar)
         try:
             out.rename(target)  # atomic: a conversion not holding the lock may have won, which is fine
@@ -186,6 +189,18 @@ def _convert_into(target: Path, model: BuiltinModel, progress: bool) -> None:
         shutil.rmtree(scratch, ignore_errors=True)  # with an assembled GGUF file in it
 
 
+# What a conversion's bar counts, each named as it starts (`_convert_gguf` does the last three).
+_CONVERSION_STEPS = ("finding the GGUF file", "reading the tokenizer", "dequantizing the weights", "saving")
+
+
+def _next_step(bar: Any, step: int, done: bool = True) -> None:
+    """The step before ``step`` counted done (unless not ``done``), and ``step`` named in the
+    same line (none after the last)."""
+    bar.set_postfix_str(_CONVERSION_STEPS[step] if step < len(_CONVERSION_STEPS) else "", refresh=not done)
+    if done:
+        bar.update(1)
+
+
 def builtin_name(path: str | Path) -> str | None:
     """The built-in model a converted directory holds, else ``None`` (for display names)."""
     folder = Path(path).name
@@ -193,14 +208,15 @@ def builtin_name(path: str | Path) -> str | None:
 
 
 def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel, bar: Any) -> None:
-    """Dequantize, then save (``bar`` counts the two steps)."""
+    """Read the tokenizer, dequantize, then save (``bar`` counts the three steps, naming each)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    _next_step(bar, 2)
     model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-    bar.update(1)
+    _next_step(bar, 3)
     # The dequantized weights are plain fp32; drop the GGUF markers (the config's, and the
     # quantizer that refuses to save) so that they save and load as such.
     if hasattr(model.config, "quantization_config"):
@@ -217,7 +233,7 @@ def _convert_gguf(gguf: Path, out: Path, builtin: BuiltinModel, bar: Any) -> Non
     # that other loaders, vLLM among them, read as well.
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    bar.update(1)
+    _next_step(bar, 4)
 
 
 def _packaged_template(name: str) -> str:

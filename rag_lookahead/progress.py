@@ -6,7 +6,9 @@ line asks. Even then a bar is drawn only on a terminal: `tqdm` on standard error
 error is a file or a pipe, the same progress goes out as lines (`logging` records of the
 ``rag_lookahead.progress`` logger, at INFO: a line when a wait starts, one at most every ten
 seconds while it lasts, each step of a short one, and one when it ends), which nothing shows
-unless logging is configured to (the command line shows them on standard error).
+unless logging is configured to (the command line shows them on standard error). A bar that is
+shown also pulses: every ten seconds without an update it says again where it is, with the time
+spent (a thread of its own), so that one long step is never silent.
 
 transformers' own bars ("Loading weights", "Writing model shards", the GGUF reader's
 "Converting and de-quantizing GGUF tensors") follow the same rule while this package loads or
@@ -18,13 +20,14 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["PROGRESS_LOGGER", "progress_bar", "transformers_bars"]
+__all__ = ["PROGRESS_LOGGER", "Pulse", "progress_bar", "transformers_bars"]
 
 #: The logger the progress lines go to where no bar is drawn.
 PROGRESS_LOGGER = "rag_lookahead.progress"
@@ -52,7 +55,7 @@ def progress_bar(
         every = 0.0 if total is not None and total <= _FEW_STEPS else _LINE_EVERY
         return _LoggedBar(**options, mininterval=every, bar_format=_LINE_FORMAT)
     # disable=None: tqdm's own check that the file is a terminal.
-    return tqdm(**options, file=sys.stderr, leave=False, dynamic_ncols=True, disable=None)
+    return _PulsedBar(**options, file=sys.stderr, leave=False, dynamic_ncols=True, disable=None)
 
 
 def on_terminal() -> bool:
@@ -61,11 +64,55 @@ def on_terminal() -> bool:
     return bool(callable(isatty) and isatty())
 
 
-# tqdm's own fields without the bar: "measuring forward costs (once): 120/400 [00:10<00:23, 12.0forward/s]".
-_LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
+# tqdm's own fields without the bar, and the step under way where one is named (its postfix):
+# "measuring forward costs (once): 12/40 [00:10<00:23, 1.2forward/s]".
+_LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 
 
-class _LoggedBar(tqdm):
+class Pulse:
+    """Calls ``beat`` every ``every`` seconds from a daemon thread of its own until `stop`:
+    what keeps a shown bar saying where it is while one long step counts nothing. ``wait``
+    (``threading.Event.wait``'s signature: true once stopped) is the clock; a test gives its own."""
+
+    def __init__(
+        self, beat: Callable[[], None], every: float, wait: Callable[[float], bool] | None = None
+    ) -> None:
+        self._stopped = threading.Event()
+        self._beat = beat
+        self._every = every
+        self._wait = wait or self._stopped.wait
+        self._thread = threading.Thread(target=self._run, name="rag-lookahead-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No beat from now on (one under way finishes)."""
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._wait(self._every) and not self._stopped.is_set():
+            self._beat()
+
+
+class _PulsedBar(tqdm):
+    """A tqdm bar drawn again every `_LINE_EVERY` seconds while it is open (its elapsed time
+    moves on a terminal even while no step ends)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pulse = None if self.disable else Pulse(self.pulse, _LINE_EVERY)
+
+    def pulse(self) -> None:
+        """Say again where the bar is (with the time spent so far)."""
+        self.refresh()
+
+    def close(self) -> None:
+        pulse = getattr(self, "_pulse", None)
+        if pulse is not None:
+            pulse.stop()
+        super().close()
+
+
+class _LoggedBar(_PulsedBar):
     """A tqdm bar that logs its lines rather than drawing them: `display` is tqdm's place for
     sending progress elsewhere (as its Slack and Telegram bars do). tqdm has no line mode of its
     own; on a file that is not a terminal it rewrites one line with carriage returns."""
@@ -74,6 +121,11 @@ class _LoggedBar(tqdm):
         self._said: int | None = None  # the count of the last line, so that none is said twice
         # Closing writes a newline to the bar's file: a scratch buffer, not standard error.
         super().__init__(*args, file=_Discard(), leave=True, disable=False, **kwargs)
+
+    def pulse(self) -> None:
+        with self._lock:
+            self._said = None  # said again, though the count has not moved
+        self.refresh()
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if msg == "" or self.n == self._said:  # clearing the line, or nothing new to say

@@ -204,7 +204,7 @@ def test_what_is_measured_ahead(tmp_path, mode, measured_before, remeasure, meas
     if measured_before:
         engine.planner.cost_curve = CostCurve.flat()
     asked: list[bool] = []
-    engine.measure_costs = lambda *, remeasure=False: asked.append(remeasure)  # type: ignore[method-assign,assignment,return-value]
+    engine.measure_costs = lambda *, remeasure=False, batches=True: asked.append(remeasure)  # type: ignore[method-assign,assignment,return-value]
     measure_ahead(engine, remeasure=remeasure)
     assert asked == measures
 

@@ -227,7 +227,8 @@ def test_serve_takes_embedder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     from rag_lookahead.serve import run
 
     ran: dict[str, Any] = {}
-    monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app))
+    # The app built as the server would (its own thread aside).
+    monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app.build_now()))
     monkeypatch.setattr(memory, "retain_freed_memory", lambda: False)  # this process's allocator as is
     path = str(default_embedder_path())
     model = str(save_tiny_model(tmp_path / "model"))

@@ -434,7 +434,7 @@ def test_serve_takes_the_corpus_flags(monkeypatch: pytest.MonkeyPatch, tmp_path:
     argv = ["serve", "--backend", "local", "--model", str(save_tiny_model(tmp_path / "m"))]
     flags = ["--corpus-ttl-seconds", "30", "--max-corpora", "3", "--max-corpus-bytes", "4096"]
     assert cli.main([*argv, *flags]) == 0
-    settings = ran["app"].state.lookahead.settings
+    settings = ran["app"].settings  # (the StartingApp's, which its app serves with)
     assert (settings.corpus_ttl_s, settings.max_corpora, settings.max_corpus_bytes) == (30, 3, 4096)
     assert cli.main(["serve", "--backend", "vllm", "--model", "m", "--corpus-ttl-seconds", "3"]) == 2
 

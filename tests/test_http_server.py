@@ -560,7 +560,10 @@ def test_serve_local_runs_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     ran: dict[str, Any] = {}
     from rag_lookahead.serve import run
 
-    monkeypatch.setattr(run, "run_app", lambda app, host, port: ran.update(app=app, host=host, port=port))
+    def run_app(app: Any, host: str, port: int) -> None:  # the app built as the server would
+        ran.update(app=app.build_now(), host=host, port=port)
+
+    monkeypatch.setattr(run, "run_app", run_app)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: ran.update(threads=n))  # not this process's
     monkeypatch.setenv("RAG_LOOKAHEAD_API_KEY", KEY)
     argv = ["serve", "--backend", "local", "--model", str(directory), "--port", "8123", "--mode", "trie"]

@@ -131,7 +131,7 @@ def test_the_local_server_retains_before_loading(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(memory, "retain_freed_memory", lambda: steps.append("retain") or True)
     monkeypatch.setattr(memory, "reserve_heap", lambda nbytes: steps.append(f"reserve {nbytes}") or nbytes)
     monkeypatch.setattr(LookaheadEngine, "from_pretrained", staticmethod(loading))
-    monkeypatch.setattr(run, "run_app", lambda app, host, port: None)
+    monkeypatch.setattr(run, "run_app", lambda app, host, port: app.build_now())  # no server
     model = str(save_tiny_model(tmp_path / "model"))
     assert cli.main(["serve", "--backend", "local", "--model", model, "--max-running", "2"]) == 0
     expected = memory.working_set_bytes(tiny_model("llama"), 2, 256 << 20)

@@ -609,9 +609,15 @@ def _progress_lines() -> Iterator[None]:
 
 
 def _runner(name: str) -> Callable[[argparse.Namespace], int]:
-    """The function ``"module:function"`` of this package that runs a command."""
+    """The function ``"module:function"`` of this package that runs a command (its module
+    imported under a bar the first time: torch and transformers take seconds, tens of them on
+    a busy machine, and the command says nothing until they are in)."""
+    from rag_lookahead.progress import progress_bar
+
     module, function = name.split(":")
-    runner: Callable[[argparse.Namespace], int] = getattr(
-        importlib.import_module(f"rag_lookahead.cli.{module}"), function
-    )
+    path = f"rag_lookahead.cli.{module}"
+    fresh = path not in sys.modules
+    with progress_bar(fresh, "importing torch and transformers", total=1, unit="step") as bar:
+        runner: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(path), function)
+        bar.update(1)
     return runner

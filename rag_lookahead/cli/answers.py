@@ -26,6 +26,7 @@ from rag_lookahead.cli.setup import (
 from rag_lookahead.files import held
 from rag_lookahead.interface import Engine
 from rag_lookahead.planning.load import MachineLoad, watch_load
+from rag_lookahead.progress import progress_bar
 from rag_lookahead.rag import (
     AnswerStream,
     ChunkingConfig,
@@ -196,7 +197,7 @@ def run_demo(args: argparse.Namespace) -> int:
             "(once per model and machine, then read from the cache)..."
         )
         started = time.perf_counter()
-        measure_ahead(engine, remeasure=args.remeasure)
+        measure_ahead(engine, remeasure=args.remeasure, batches=False)  # one question at a time
         took = time.perf_counter() - started
         measured = engine.cost_curve is not None
         _say(f"  done in {took:.1f} s" if measured else "  none needed: the model verifies no drafts")
@@ -206,7 +207,10 @@ def run_demo(args: argparse.Namespace) -> int:
     }
     for name, pipeline in pipelines.items():  # first calls pay one-off costs (allocations, kernels)
         _say(f"Warming up the {name} path (not timed)...")
-        pipeline.ask(_WARM_UP, max_new_tokens=8)
+        # Under a bar too: a busy machine takes tens of seconds over it, and it prints nothing.
+        with progress_bar(True, f"warming up the {name} path", total=1, unit="call") as bar:
+            pipeline.ask(_WARM_UP, max_new_tokens=8)
+            bar.update(1)
     _say(f"Asking {len(questions)} questions, each with lookahead (shown as it decodes) and without.")
     with watch_load() as seen:
         seconds, identical = _timed_answers(args, pipelines, questions)

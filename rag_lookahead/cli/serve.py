@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import ipaddress
+import logging
 import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +22,10 @@ from rag_lookahead.remote.launch import BACKENDS, server_command
 from rag_lookahead.serve.settings import ServeSettings, check_api_key
 
 if TYPE_CHECKING:
-    from rag_lookahead.interface import Engine
+    from fastapi import FastAPI
+
+    from rag_lookahead.loading import LoadOptions
+    from rag_lookahead.serve.startup import StartupStages
 
 __all__ = ["API_KEY_VARIABLE", "SERVE_BACKENDS", "run_serve"]
 
@@ -102,28 +108,65 @@ def _run_backend(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    import torch
-
     from rag_lookahead.cli.settings import load_options
+    from rag_lookahead.models import is_missing_directory
 
     settings = _serve_settings(args)
     if settings.embedder is not None and not Path(settings.embedder).expanduser().is_dir():
         raise FileNotFoundError(f"--embedder {settings.embedder!r} is not a directory")  # before a long load
+    if args.model and is_missing_directory(args.model):  # before the server listens
+        raise FileNotFoundError(f"model path {args.model!r} is not a model directory")
     serve = _server()  # before a long load
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    _announce(args, settings)
+    build = functools.partial(_built_app, args, settings, load_options(args))
+    with _stage_lines():
+        serve(build, settings, args.host, args.port)
+    return 0
+
+
+def _built_app(
+    args: argparse.Namespace, settings: ServeSettings, load: LoadOptions, stages: StartupStages
+) -> FastAPI:
+    """The app over the engine the flags describe, made stage by stage while the server
+    already answers (`StartingApp`): the model loaded (converted on first use, its kernels
+    chosen and its forwards probed), its costs measured, then the app."""
+    import torch
+
     from rag_lookahead.engine import LookaheadEngine
     from rag_lookahead.runtime.memory import reserve_heap, retain_freed_memory, working_set_bytes
+    from rag_lookahead.serve import create_app
+    from rag_lookahead.serve.readiness import measure_ahead
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     retained = retain_freed_memory()  # a server's process: before the engine's threads start
-    engine = LookaheadEngine.from_pretrained(config=_config(args), load=load_options(args))
+    with stages.stage("loading the model (converting it on first use, choosing kernels, probing)"):
+        engine = LookaheadEngine.from_pretrained(config=_config(args), load=load)
     if retained and engine.runner.device.type == "cpu":
         prefix_cache = engine.config.prefix_cache_mb << 20
         reserve_heap(working_set_bytes(engine.model, settings.max_running, prefix_cache))
-    _announce(args, settings)
     print(f"backend: {engine.backend}", file=sys.stderr, flush=True)
-    serve(engine, settings, args.host, args.port)
-    return 0
+    with stages.stage("measuring forward costs (once per model and machine)"):
+        measure_ahead(engine)
+    return create_app(engine, settings)
+
+
+@contextmanager
+def _stage_lines() -> Iterator[None]:
+    """The start-up's stages (`rag_lookahead.serve.startup`) as lines on standard error."""
+    from rag_lookahead.serve.startup import STARTUP_LOGGER
+
+    logger = logging.getLogger(STARTUP_LOGGER)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("rag-lookahead: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _run_ray(args: argparse.Namespace) -> int:
@@ -181,18 +224,20 @@ def _api_key(flag: str | None) -> str | None:
     return value
 
 
-def _server() -> Callable[[Engine, ServeSettings, str, int], None]:
-    """What runs the app until a signal stops it (draining), or a clear error without the
-    serve extra."""
+def _server() -> Callable[[Callable[[StartupStages], FastAPI], ServeSettings, str, int], None]:
+    """What runs the app ``build`` makes (listening while it builds, `StartingApp`) until a
+    signal stops it (draining), or a clear error without the serve extra."""
     try:
-        from rag_lookahead.serve import create_app, run_app
+        from rag_lookahead.serve import StartingApp, run_app
     except ImportError as err:
         raise ValueError(
             f"--backend local needs the serve extra: pip install 'rag-lookahead[serve]' ({err})"
         ) from None
 
-    def serve(engine: Engine, settings: ServeSettings, host: str, port: int) -> None:
-        run_app(create_app(engine, settings), host, port)
+    def serve(
+        build: Callable[[StartupStages], FastAPI], settings: ServeSettings, host: str, port: int
+    ) -> None:
+        run_app(StartingApp(build, settings), host, port)
 
     return serve
 

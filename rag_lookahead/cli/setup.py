@@ -33,18 +33,19 @@ __all__ = [
 
 
 def make_engine(
-    args: argparse.Namespace, measure: bool = True, reuse_prefixes: bool = True
+    args: argparse.Namespace, measure: bool = True, reuse_prefixes: bool = True, batches: bool = True
 ) -> LookaheadEngine:
     """The engine the model and lookahead flags describe (measuring its cost curve first, or
-    reading it from the cache, unless not ``measure``), keeping no prompts for reuse unless
-    ``reuse_prefixes`` (the prefix cache is set per engine)."""
+    reading it from the cache, unless not ``measure``; the batches' costs only with
+    ``batches``), keeping no prompts for reuse unless ``reuse_prefixes`` (the prefix cache is
+    set per engine)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     config = lookahead_config(args)
     config = config if reuse_prefixes else replace(config, prefix_cache_mb=0)
     engine = LookaheadEngine.from_pretrained(config=config, load=load_options(args))
     if measure:  # measured once per model, device and dtype (then cached): no answer pays for it
-        measure_ahead(engine, remeasure=args.remeasure)
+        measure_ahead(engine, remeasure=args.remeasure, batches=batches)
     return engine
 
 
@@ -53,9 +54,10 @@ def make_embedder(path: str | None) -> SentenceTransformerEmbedder:
 
 
 def make_pipeline(args: argparse.Namespace) -> RagPipeline:
-    """The pipeline over the saved index at ``args.index`` (read before the model is loaded)."""
+    """The pipeline over the saved index at ``args.index`` (read before the model is loaded),
+    answering one question at a time: no batch's costs are measured."""
     index = DocumentIndex.load(Path(args.index))
-    return RagPipeline(make_engine(args), index, retrieval_config(args))
+    return RagPipeline(make_engine(args, batches=False), index, retrieval_config(args))
 
 
 def progress(description: str) -> Any:

@@ -90,7 +90,8 @@ class LookaheadEngine(EngineBase):
             chat_template_kwargs: Variables for the chat template of every chat prompt, e.g.
                 ``{"enable_thinking": False}`` for Qwen3 (see `encode_prompt`).
             progress: Show a progress bar on standard error, when it is a terminal, while the
-                costs are measured (see `rag_lookahead.progress`).
+                kernels are timed, the forwards probed and the costs measured (see
+                `rag_lookahead.progress`).
             model_thread: The thread every forward runs in (`ModelThread`): by default the
                 process's shared one, where `from_pretrained` loads its model. On a CPU every
                 thread that has run torch work holds an OpenMP team that slows the others'
@@ -118,6 +119,7 @@ class LookaheadEngine(EngineBase):
             self.config.direct_forward,
             cache_dir or default_cache_dir(),
             model_thread,
+            progress,
         )
         self.runner = self._tuning.runner
         # What its forwards cost, once measured (or given): shared by its variants' planners.
@@ -270,7 +272,7 @@ class LookaheadEngine(EngineBase):
         may still end complete (the model's own values can be shorter), or be cut."""
         return self._facts.budget_to_close(grammar)
 
-    def measure_costs(self, *, remeasure: bool = False) -> CostCurve:
+    def measure_costs(self, *, remeasure: bool = False, batches: bool = True) -> CostCurve:
         """Time forwards of every draft size this config may verify, alone and in batches of
         2, 4, 8... rows (or read them from the on-disk cache), and plan with them from now on.
         Takes seconds on a CPU, once per model, device, dtype and thread count; ``remeasure``
@@ -280,17 +282,22 @@ class LookaheadEngine(EngineBase):
         next process to measure, rather than measured while calls wait (`CurveCheck`). Also takes
         the acceptance statistics stored by earlier processes (the model was probed when the
         engine was built): everything a first answer would otherwise pay for. The forwards run in the
-        model's thread (`ModelThread`), between the steps of running calls."""
+        model's thread (`ModelThread`), between the steps of running calls. Without ``batches``
+        only one row's forwards are timed (for a process that answers one call at a time: a
+        batch is then priced by one row's curve over its tokens, as its steps calibrate it)."""
         args = (self.runner, self.costs, self.planner, self.config, self._cache_dir)
-        prepare = functools.partial(prepare_costs, *args, remeasure=remeasure, progress=self._progress)
+        prepare = functools.partial(
+            prepare_costs, *args, remeasure=remeasure, progress=self._progress, batches=batches
+        )
         return self.runner.thread.call(prepare)
 
-    def measure_ahead(self, *, remeasure: bool = False) -> None:
+    def measure_ahead(self, *, remeasure: bool = False, batches: bool = True) -> None:
         """Measure what this engine's first drafting call would otherwise measure (`measure_costs`;
-        timed again with ``remeasure``), so that no call waits for it: nothing unless
-        ``mode="auto"`` on a model that verifies drafts, or once measured."""
+        timed again with ``remeasure``; batches' costs only with ``batches``), so that no call
+        waits for it: nothing unless ``mode="auto"`` on a model that verifies drafts, or once
+        measured."""
         if self.config.mode == "auto" and self.tree_verification and (remeasure or self.cost_curve is None):
-            self.measure_costs(remeasure=remeasure)
+            self.measure_costs(remeasure=remeasure, batches=batches)
 
     # ------------------------------------------------------------------ public calls
 

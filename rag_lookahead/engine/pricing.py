@@ -290,9 +290,12 @@ def prepare_costs(
     *,
     remeasure: bool,
     progress: bool,
+    batches: bool = True,
 ) -> CostCurve:
     """The costs ``config`` may plan with, timed on ``runner`` (or read from ``cache_dir``) into
-    ``costs``, and the stored acceptance statistics loaded into ``planner``; the one-row curve.
+    ``costs`` (the batches' only with ``batches``: without, a batch is priced by one row's curve
+    over its tokens, as its steps calibrate it), and the stored acceptance statistics loaded
+    into ``planner``; the one-row curve.
     The forwards run (timed once the device has done them) calibrate the curve
     (`StepCalibration`), and a curve read from the disk or measured under a load is checked
     against them (`CurveCheck`), and forgotten on disk if they contradict it
@@ -302,8 +305,9 @@ def prepare_costs(
     size = config.decoding_length + 1 + config.window_size * (config.ngram_size - 1)
     timed = step_curve(runner, size, directory, **how)  # every variant plans with it
     _take_curve(costs, timed)
-    width = min(_BATCH_WIDTH, config.decoding_length + 1)
-    costs.batch = batch_curves(runner, config.max_batch_size, width, directory, **how)
+    if batches:
+        width = min(_BATCH_WIDTH, config.decoding_length + 1)
+        costs.batch = batch_curves(runner, config.max_batch_size, width, directory, **how)
     # What drafts of each source the model accepted in earlier processes: a fresh engine
     # plans its first questions with it rather than with a guess.
     acceptance = (cache_dir or default_cache_dir()) / "acceptance"

@@ -40,8 +40,10 @@ __all__ = [
     "forget_curve",
     "measure_curve",
     "model_digest",
+    "most_forwards",
     "processor",
     "settled",
+    "sparse_sizes",
 ]
 
 FORMAT = "rag-lookahead-costs"
@@ -52,6 +54,8 @@ MAX_AGE_SECONDS = 30 * 24 * 3600
 # A curve measured while other work shared the cores is kept this long only: a later process,
 # on a machine that may be quiet by then, measures its own.
 LOADED_MAX_AGE_SECONDS = 3600
+# The most rounds `measure_curve` times a size in, by default (a size settled sooner stops).
+_MAX_ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -436,40 +440,68 @@ def measure_curve(
     repeats: int = 3,
     *,
     tolerance: float = 0.1,
-    max_rounds: int = 6,
+    max_rounds: int = _MAX_ROUNDS,
     bar: Any = None,
+    sizes: Sequence[int] | None = None,
 ) -> CostCurve:
-    """Time ``forward(k)`` (seconds of one forward over k new tokens) for every k up to ``max_tokens``.
+    """Time ``forward(k)`` (seconds of one forward over k new tokens) for each k of ``sizes``
+    (every k up to ``max_tokens`` unless given; they start at 1 and end at ``max_tokens``).
 
-    Every size is measured (the curve fits them monotone, `CostCurve`). Rounds run over all
-    sizes in turn, and each size keeps the least of its times: other work on the machine only
-    ever adds time, so the least is the nearest to the forward's own cost. A size whose two
+    The curve fits them monotone, and interpolates in between (`CostCurve`). Rounds run over
+    the sizes in turn, and each size keeps the least of its times: other work on the machine
+    only ever adds time, so the least is the nearest to the forward's own cost. A size whose two
     least times still differ by more than ``tolerance`` was never timed unhindered twice: it is
     timed again, round after round, up to ``max_rounds`` rounds in all; if one still has not
-    settled then, the curve is marked ``loaded``. ``bar``, a `tqdm` bar, counts the forwards.
+    settled then, the curve is marked ``loaded``. ``bar``, a `tqdm` bar, counts the forwards:
+    its total, set at the start, is the most they can be (a warm-up and ``max_rounds`` rounds
+    of every size), brought down to the count once the sizes settle earlier.
     """
     if repeats < 2 or max_rounds < repeats:
         raise ValueError("measure_curve needs at least 2 repeats and max_rounds >= repeats")
-    sizes = range(1, max_tokens + 1)
+    sizes = tuple(range(1, max_tokens + 1) if sizes is None else sizes)
+    if not sizes or sizes[0] != 1 or sizes[-1] != max_tokens or list(sizes) != sorted(set(sizes)):
+        raise ValueError(f"measure_curve's sizes must increase from 1 to max_tokens ({max_tokens})")
     if bar is not None:
-        bar.total = (repeats + 1) * max_tokens
+        bar.total = most_forwards(len(sizes), max_rounds)
     for k in sizes:
         forward(k)  # warm-up: allocator and kernel selection for this shape
         _tick(bar)
-    runs: list[list[float]] = [[] for _ in sizes]
+    runs: dict[int, list[float]] = {k: [] for k in sizes}
     timed: Sequence[int] = sizes
     for round_ in range(max_rounds):
         if round_ >= repeats:
-            timed = [k for k in sizes if not settled(runs[k - 1], tolerance)]
+            timed = [k for k in sizes if not settled(runs[k], tolerance)]
             if not timed:
                 break
-            if bar is not None:
-                bar.total += len(timed)
         for k in timed:
-            runs[k - 1].append(forward(k))
+            runs[k].append(forward(k))
             _tick(bar)
-    loaded = not all(settled(r, tolerance) for r in runs)
-    return CostCurve(tuple(sizes), tuple(min(r) for r in runs), loaded)
+    if bar is not None:
+        bar.total = bar.n  # the rounds left were not needed
+        bar.refresh()
+    loaded = not all(settled(r, tolerance) for r in runs.values())
+    return CostCurve(sizes, tuple(min(runs[k]) for k in sizes), loaded)
+
+
+def most_forwards(sizes: int, max_rounds: int = _MAX_ROUNDS) -> int:
+    """The most forwards `measure_curve` runs over ``sizes`` sizes: a warm-up and ``max_rounds``
+    rounds of each (a bar's total, known before the first)."""
+    return (1 + max_rounds) * sizes
+
+
+def sparse_sizes(max_tokens: int) -> tuple[int, ...]:
+    """A few sizes from 1 to ``max_tokens`` that a curve is timed at (the sizes between are
+    interpolated): 1, 2, 3, then each power of two and the size half-way to the next, then
+    ``max_tokens``. Every width class of the steps' calibration (`StepCalibration`: 1, 2-3,
+    4-7, ...) holds at least one, and the time to measure grows with the log of ``max_tokens``."""
+    if max_tokens < 1:
+        raise ValueError(f"a curve needs max_tokens >= 1, got {max_tokens}")
+    picked = {1, 2, 3, max_tokens}
+    power = 4
+    while power < max_tokens:
+        picked.update({power, power + power // 2})
+        power *= 2
+    return tuple(sorted(k for k in picked if k <= max_tokens))
 
 
 def settled(times: Sequence[float], tolerance: float) -> bool:

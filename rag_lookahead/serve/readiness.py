@@ -10,8 +10,9 @@ from rag_lookahead.interface import Engine
 __all__ = ["measure_ahead"]
 
 
-def measure_ahead(engine: Engine, *, remeasure: bool = False) -> None:
+def measure_ahead(engine: Engine, *, remeasure: bool = False, batches: bool = True) -> None:
     """What ``engine``'s first call would otherwise measure, measured now (see
-    `LookaheadEngine.measure_ahead`); nothing for other engines."""
+    `LookaheadEngine.measure_ahead`; the batches' costs only with ``batches``: not for a
+    process that answers one call at a time); nothing for other engines."""
     if isinstance(engine, LookaheadEngine):
-        engine.measure_ahead(remeasure=remeasure)
+        engine.measure_ahead(remeasure=remeasure, batches=batches)

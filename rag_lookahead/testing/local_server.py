@@ -21,6 +21,7 @@ from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.serve.app import create_app
 from rag_lookahead.serve.run import DrainingServer, server_config
 from rag_lookahead.serve.settings import ServeSettings
+from rag_lookahead.serve.startup import StartingApp
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.testing import ASCII_VOCAB, ascii_fast_tokenizer, tiny_model
 
@@ -54,9 +55,10 @@ DEAD_END_FORMAT = {
 
 
 class LiveServer:
-    """``app`` (from `create_app`) on a free 127.0.0.1 port, in a background thread, served as
-    `run_app` serves it (`DrainingServer`, `server_config`): ``server.handle_exit(signal.SIGTERM,
-    None)`` drains it as the signal would; `stop` stops it at once."""
+    """``app`` (from `create_app`, or a `StartingApp`) on a free 127.0.0.1 port, in a
+    background thread, served as `run_app` serves it (`DrainingServer`, `server_config`):
+    ``server.handle_exit(signal.SIGTERM, None)`` drains it as the signal would; `stop` stops it
+    at once."""
 
     def __init__(self, app: Any) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -65,7 +67,7 @@ class LiveServer:
         self.port = int(sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         config = server_config(app, "127.0.0.1", self.port, log_level="warning")
-        self.server = DrainingServer(config, app.state.lookahead)
+        self.server = DrainingServer(config, app if isinstance(app, StartingApp) else app.state.lookahead)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started or not self.thread.is_alive())

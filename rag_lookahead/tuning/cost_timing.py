@@ -21,6 +21,8 @@ from rag_lookahead.planning.costs import (
     curve_key,
     forget_curve,
     measure_curve,
+    most_forwards,
+    sparse_sizes,
 )
 from rag_lookahead.planning.load import watch_load
 from rag_lookahead.progress import progress_bar
@@ -67,7 +69,10 @@ def step_curve(
 
     def measure() -> CostCurve:
         measured.append(True)
-        timer = functools.partial(chain_timer(runner, context), runner)
+
+        def timer() -> Callable[[int], float]:
+            return functools.partial(chain_timer(runner, context), runner)
+
         return _watched(progress, "measuring forward costs (once)", timer, max_tokens)
 
     curve = cached_curve(directory, key, measure, remeasure=remeasure, waiting=_waiting(progress))
@@ -98,15 +103,21 @@ def batch_curves(
 
 def _measure_batch(runner: ModelRunner, rows: int, max_width: int, progress: bool) -> CostCurve:
     what = f"measuring costs of {rows}-row batches (once)"
-    return _watched(progress, what, batch_timer(runner, rows, _BATCH_CONTEXT), max_width)
+    return _watched(progress, what, functools.partial(batch_timer, runner, rows, _BATCH_CONTEXT), max_width)
 
 
-def _watched(progress: bool, what: str, forward: Callable[[int], float], max_tokens: int) -> CostCurve:
-    """The curve of ``forward`` up to ``max_tokens``, measured with a progress bar saying
-    ``what``: marked ``loaded`` if other work shared the cores meanwhile (by the system's load,
-    or by sizes whose times never settled), so that the disk keeps it briefly."""
-    with watch_load() as seen, progress_bar(progress, what, unit="forward") as bar:
-        curve = measure_curve(forward, max_tokens, bar=bar)
+def _watched(
+    progress: bool, what: str, timer: Callable[[], Callable[[int], float]], max_tokens: int
+) -> CostCurve:
+    """The curve of the forward ``timer`` makes (its prompts prefilled under the bar) up to
+    ``max_tokens``, timed at a few sizes (`sparse_sizes`: the steps' own timings calibrate the
+    sizes between, `StepCalibration`), with a progress bar saying ``what``: marked ``loaded``
+    if other work shared the cores meanwhile (by the system's load, or by sizes whose times
+    never settled), so that the disk keeps it briefly."""
+    sizes = sparse_sizes(max_tokens)
+    total = most_forwards(len(sizes))
+    with watch_load() as seen, progress_bar(progress, what, total=total, unit="forward") as bar:
+        curve = measure_curve(timer(), max_tokens, bar=bar, sizes=sizes)
     return dataclasses.replace(curve, loaded=True) if seen[0].busy else curve
 
 

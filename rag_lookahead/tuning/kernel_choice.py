@@ -24,6 +24,7 @@ import torch
 from rag_lookahead.config import CpuLinear
 from rag_lookahead.planning.costs import model_digest, processor, settled
 from rag_lookahead.planning.load import watch_load
+from rag_lookahead.progress import progress_bar
 from rag_lookahead.runtime.backend import Source
 from rag_lookahead.runtime.direct import DirectForward
 from rag_lookahead.runtime.kernels import LinearKernels, OneDnnLayers, linear_weights, onednn_available
@@ -75,13 +76,15 @@ def chosen_linear(
     choice: CpuLinear,
     forwards: Callable[[], ForwardSeconds] | None = None,
     cache_dir: Path | None = None,
+    progress: bool = False,
 ) -> tuple[LinearKernels, Source]:
     """The kernels the engine's forwards of ``model`` on ``device`` run fp32 linear layers with,
     and where that choice came from (``"auto"``: the fastest here for its layers by a forward's
     tokens, `faster_linear`, timed once per model and thread count, by the forwards ``forwards``
     makes a timer of where given, and kept under ``cache_dir`` for the next process,
     `cached_classes`; ``reordered`` only where its copy of the weights fits, `reordering_fits`).
-    Every engine over one model shares the choice and the reordered copy."""
+    Every engine over one model shares the choice and the reordered copy. ``progress``: a bar
+    counting the timings while they run (`rag_lookahead.progress`)."""
     applies = choice != "torch" and device.type == "cpu" and model.dtype == torch.float32
     if not (applies and onednn_available()):
         return LinearKernels.one("torch"), Source.NAMED if choice == "torch" else Source.MODEL
@@ -93,7 +96,7 @@ def chosen_linear(
     chosen = _CHOSEN.setdefault(model, {})
     threads = torch.get_num_threads()
     if threads not in chosen:
-        chosen[threads] = _chosen_here(model, layers, forwards, cache_dir)
+        chosen[threads] = _chosen_here(model, layers, forwards, cache_dir, progress)
     return chosen[threads]
 
 
@@ -110,17 +113,20 @@ def _chosen_here(
     layers: OneDnnLayers,
     forwards: Callable[[], ForwardSeconds] | None,
     cache_dir: Path | None,
+    progress: bool = False,
 ) -> tuple[LinearKernels, Source]:
     """`faster_linear`'s choice for ``model`` at this thread count: read back from
     ``cache_dir`` where a process of this machine made it before, else timed now (and stored
     there, marked as made under a load where other work shared the cores meanwhile or its
-    timings did not settle)."""
+    timings did not settle), with a bar if ``progress``."""
     reorder = reordering_fits(model)
 
     def choose() -> tuple[Classes, bool]:
-        with watch_load() as seen:
+        total = len(_CLASSES) * _REPEATS * len(_kernel_names(reorder))
+        what = "timing the CPU kernels (once per model and thread count)"
+        with watch_load() as seen, progress_bar(progress, what, total=total, unit="forward") as bar:
             timer = forwards() if forwards is not None else None
-            kernels, steady = _timed_kernels(model, _CLASSES, _REPEATS, reorder, layers, timer)
+            kernels, steady = _timed_kernels(model, _CLASSES, _REPEATS, reorder, layers, timer, bar)
         return kernels.classes, seen[0].busy or not steady
 
     if cache_dir is None:
@@ -237,9 +243,11 @@ def _timed_kernels(
     reorder: bool,
     layers: OneDnnLayers | None,
     forwards: ForwardSeconds | None,
+    bar: Any = None,
 ) -> tuple[LinearKernels, bool]:
     """`faster_linear`'s choice, and whether it settled: each class's chosen kernel timed at
-    its least twice within `_SETTLED` (else a burst of other work may have decided it)."""
+    its least twice within `_SETTLED` (else a burst of other work may have decided it).
+    ``bar``, a `tqdm` bar, counts the timings: ``len(classes) * repeats`` per kernel."""
     weights, every = linear_weights(model), linear_weights(model, every=True)
     if not weights:
         return LinearKernels.one("torch"), True
@@ -252,7 +260,7 @@ def _timed_kernels(
     copies_before = layers.keeps_copies
     if reorder:
         layers.reorder()
-    kernels = ("torch", "onednn", "reordered") if reorder else ("torch", "onednn")
+    kernels = _kernel_names(reorder)
     chosen = []
     steady = True
     with torch.inference_mode():
@@ -265,6 +273,8 @@ def _timed_kernels(
                     seconds[kernel].append(
                         _class_seconds(timed, (count, with_head), kernel, layers, forwards)
                     )
+                    if bar is not None:
+                        bar.update(1)
             fastest = min(kernels, key=lambda kernel: min(seconds[kernel]))
             chosen.append((least, fastest))
             steady = steady and settled(seconds[fastest], _SETTLED)
@@ -273,6 +283,11 @@ def _timed_kernels(
     if "reordered" not in used and not copies_before:
         layers.release()  # the reordered copies are not kept
     return LinearKernels(((1, merged[0][1]), *merged[1:]), None if used == {"torch"} else layers), steady
+
+
+def _kernel_names(reorder: bool) -> tuple[str, ...]:
+    """The kernels `_timed_kernels` times (the reordered one where its copy fits)."""
+    return ("torch", "onednn", "reordered") if reorder else ("torch", "onednn")
 
 
 def _class_seconds(

@@ -14,6 +14,7 @@ thread, into a new backend.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from dataclasses import dataclass, replace
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.config import CpuLinear
+from rag_lookahead.progress import progress_bar
 from rag_lookahead.runtime.attention import ATTENTION_NAME
 from rag_lookahead.runtime.backend import Backend, Source
 from rag_lookahead.runtime.direct import DirectForward
@@ -56,7 +58,8 @@ class ModelTuning:
     its fp32 linear layers on ``linear``'s kernels (``"auto"``'s choice kept under
     ``cache_dir`` where given, for the next process), run directly where ``direct`` and the
     model's direct forward is its own; all torch work in ``thread`` (or the process's shared
-    `ModelThread`)."""
+    `ModelThread`). ``progress``: bars while the first choice is timed and probed (the
+    kernels' timings, then the probes, each named as it runs: `rag_lookahead.progress`)."""
 
     def __init__(
         self,
@@ -65,11 +68,13 @@ class ModelTuning:
         direct: bool = True,
         cache_dir: Path | None = None,
         thread: ModelThread | None = None,
+        progress: bool = False,
     ) -> None:
         self.model = model
         self.thread = thread or ModelThread.shared()
         self._wants_direct = direct
-        chosen = self.thread.call(lambda: _first_choice(model, self.thread, linear, direct, cache_dir))
+        first = functools.partial(_first_choice, model, self.thread, linear, direct, cache_dir, progress)
+        chosen = self.thread.call(first)
         self.runner = ModelRunner(
             model, chosen.backend, layers=chosen.layers, direct=chosen.direct, thread=self.thread
         )
@@ -146,20 +151,38 @@ class ModelTuning:
         self._derived = structure
 
 
+# What the probes' bar counts, each named as it starts.
+_PROBES = ("the direct forward", "draft trees", "packed batch rows")
+
+
 def _first_choice(
-    model: Any, thread: ModelThread, linear: CpuLinear, direct: bool, cache_dir: Path | None
+    model: Any, thread: ModelThread, linear: CpuLinear, direct: bool, cache_dir: Path | None, progress: bool
 ) -> _Choice:
     """The backend ``model`` runs on as it is now: its kernels chosen (timed by runners of their
-    own, on the direct forward where ``direct``), then everything else probed on them."""
+    own, on the direct forward where ``direct``), then everything else probed on them (with
+    bars if ``progress``)."""
     device = next(model.parameters()).device
 
     def timer() -> Any:
         return kernel_timer(model, model_layers(model), thread, direct)
 
-    kernels, source = chosen_linear(model, device, linear, timer, cache_dir)
-    forward, forward_source = _forward_choice(model, thread, kernels, direct, None)
-    problem = _tree_problem(model, cache_kwarg(model), LayerMasks.of(model.config))
-    return _probed(model, thread, kernels, forward, problem, (source, forward_source))
+    kernels, source = chosen_linear(model, device, linear, timer, cache_dir, progress)
+    what = "probing the model's forwards (exactness, draft trees, batches)"
+    with progress_bar(progress, what, total=len(_PROBES), unit="probe") as bar:
+        bar.set_postfix_str(_PROBES[0])
+        forward, forward_source = _forward_choice(model, thread, kernels, direct, None)
+        _probe_done(bar, 1)
+        problem = _tree_problem(model, cache_kwarg(model), LayerMasks.of(model.config))
+        _probe_done(bar, 2)
+        choice = _probed(model, thread, kernels, forward, problem, (source, forward_source))
+        _probe_done(bar, 3)
+    return choice
+
+
+def _probe_done(bar: Any, done: int) -> None:
+    """``done`` probes counted, and the next one named in the same line."""
+    bar.set_postfix_str(_PROBES[done] if done < len(_PROBES) else "", refresh=False)
+    bar.update(1)
 
 
 def _forward_choice(
