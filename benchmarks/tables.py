@@ -4,9 +4,10 @@ benchmark table), and their charts, from the JSON files here.
     python benchmarks/tables.py            # rewrite every generated table, redraw the charts
     python benchmarks/tables.py --check    # exit 1 where a table differs from what its JSON gives
 
-A generated table sits in the README between ``<!-- tables:begin NAME -->`` and
-``<!-- tables:end -->``; NAME is a function below registered with ``@table("NAME")`` that returns
-the table's Markdown from the committed JSON. Everything outside the markers is hand-written;
+A generated table sits in the README, or in the dated note of notes/ that explains it once it
+is no longer current, between ``<!-- tables:begin NAME -->`` and ``<!-- tables:end -->``; NAME
+is a function below registered with ``@table("NAME")`` that returns the table's Markdown from
+the committed JSON. Everything outside the markers is hand-written;
 a table with no JSON behind it stays hand-written, under a ``<!-- hand-written: why -->`` line.
 To add a table: write its function, put the two markers where it goes, run the script. The
 repository's README takes its tables from ``@front_table("NAME")`` (`FRONT_TABLES`) alike.
@@ -37,11 +38,13 @@ __all__ = [
     "main",
     "peer_rows",
     "render",
+    "shares",
     "table",
 ]
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
+NOTES = HERE / "notes"  # dated investigations; a table there is generated all the same
 # A marker is a line of its own, so that the page can name one in its prose.
 MARKED = re.compile(
     r"^(?P<begin><!-- tables:begin (?P<name>[\w-]+) -->\n)(?P<body>.*?)^(?P<end><!-- tables:end -->)$",
@@ -1951,6 +1954,23 @@ def render(text: str, tables: dict[str, Table] = TABLES) -> str:
     return MARKED.sub(lambda m: f"{m['begin']}\n{tables[m['name']]()}\n\n{m['end']}", text)
 
 
+def shares(texts: Sequence[str], tables: dict[str, Table] = TABLES) -> list[dict[str, Table]]:
+    """Each of ``texts``' share of ``tables``: those its markers name (the results page and its
+    notes hold every table between them, each once).
+
+    Raises ``ValueError`` for a table named on two pages or on none."""
+    found = [[m["name"] for m in MARKED.finditer(text)] for text in texts]
+    names = [name for page in found for name in page]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"markers used on two pages (or twice): {', '.join(repeated)}")
+    missing = sorted(set(tables) - set(names))
+    if missing:
+        names_missing = ", ".join(missing)
+        raise ValueError(f"tables with no <!-- tables:begin NAME --> marker on any page: {names_missing}")
+    return [{name: tables[name] for name in page if name in tables} for page in found]
+
+
 def check(text: str, tables: dict[str, Table] = TABLES) -> list[str]:
     """The names of the tables in ``text`` that differ from what their JSON gives, each with its
     diff (empty when every table is current)."""
@@ -1987,10 +2007,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--front", type=Path, default=FRONT_README, help="the repository's README (default: %(default)s)"
     )
+    parser.add_argument(
+        "--notes", type=Path, default=NOTES, help="the notes' folder, its *.md too (default: %(default)s)"
+    )
     parser.add_argument("--no-charts", action="store_true", help="write the tables only")
     args = parser.parse_args(argv)
-    pages = ((args.readme, TABLES), (args.front, FRONT_TABLES))
-    texts = [(page, page.read_text(encoding="utf-8"), tables) for page, tables in pages]
+    results = [args.readme, *sorted(args.notes.glob("*.md"))]
+    contents = [page.read_text(encoding="utf-8") for page in results]
+    try:
+        split = shares(contents)
+    except ValueError as err:
+        print(f"{args.readme} and {args.notes}: {err}", file=sys.stderr)
+        return 2
+    texts = [*zip(results, contents, split, strict=True)]
+    texts.append((args.front, args.front.read_text(encoding="utf-8"), FRONT_TABLES))
     if args.check:
         code = 0
         for page, text, tables in texts:
@@ -2011,7 +2041,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             print(f"{page}: {err}", file=sys.stderr)
             return 2
-        print(f"wrote {len(tables)} tables into {page}")
+        if tables:
+            print(f"wrote {len(tables)} tables into {page}")
     if not args.no_charts:
         for path in draw_charts(HERE):
             print(f"drew {path.relative_to(HERE.parent)}")

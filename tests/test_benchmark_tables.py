@@ -104,3 +104,33 @@ def test_every_chart_is_drawn_from_json_that_is_here(tables: ModuleType, tmp_pat
     pytest.importorskip("matplotlib")
     tables.CHARTS["cpu-smollm2.png"](tmp_path / "cpu.png")
     assert (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_results_page_and_its_notes_hold_every_table_between_them(tables: ModuleType) -> None:
+    pages = [BENCHMARKS / "README.md", *sorted((BENCHMARKS / "notes").glob("*.md"))]
+    split = tables.shares([page.read_text(encoding="utf-8") for page in pages])
+    assert sorted(name for share in split for name in share) == sorted(tables.TABLES)
+    assert "cpu" in split[0] and "vllm-peer" not in split[0]  # the peer's first table is a note's
+
+
+def test_a_table_on_two_pages_or_on_none_is_refused(tables: ModuleType) -> None:
+    every = "".join(f"<!-- tables:begin {name} -->\n<!-- tables:end -->\n" for name in tables.TABLES)
+    with pytest.raises(ValueError, match="used on two pages .*: cpu"):
+        tables.shares([every, "<!-- tables:begin cpu -->\n<!-- tables:end -->\n"])
+    with pytest.raises(ValueError, match="no <!-- tables:begin NAME --> marker on any page: .*cpu"):
+        tables.shares([every.replace("<!-- tables:begin cpu -->\n<!-- tables:end -->\n", "")])
+
+
+def test_a_figure_changed_by_hand_in_a_note_is_named_with_its_table(
+    tables: ModuleType, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for note in (BENCHMARKS / "notes").glob("*.md"):
+        text = note.read_text(encoding="utf-8")
+        marker = "<!-- tables:begin vllm-peer -->\n\n|"
+        text = text.replace(marker, marker + " x", 1)
+        (notes / note.name).write_text(text, encoding="utf-8")
+    code, err = _main(tables, "--check", "--notes", str(notes))
+    assert code == 1
+    assert "table 'vllm-peer' differs" in err
