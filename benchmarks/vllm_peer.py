@@ -18,8 +18,13 @@ greedy single-stream answers: vLLM's speculative servers against the plain vLLM 
 engine (in process or served) against ``local_plain``. With ``local_server`` and
 ``local_lookahead`` both run, ``http_overhead`` compares their tokens/s at ``--clients``. This
 process keeps the memory it frees and reserves its engine's working set
-(`rag_lookahead.runtime.memory`), as ``rag-lookahead serve`` does on CPU. Run it
-as one timing run on an otherwise idle machine:
+(`rag_lookahead.runtime.memory`), as ``rag-lookahead serve`` does on CPU. The JSON records
+what each side ran with: ``vllm``, vLLM's version, platform and each method's configuration as
+its server builds it (runner, attention backend, GEMM, compilation and CUDA graphs, batching,
+chunked prefill, prefix caching, speculation; `vllm_facts.py`, run by vLLM's interpreter), and
+what each server's start-up log and ``/version`` said; ``engine``, this engine's `Backend`
+(in process) and its server's ``/version``. A fact not read is ``null``, and ``unknown`` says
+why. Run it as one timing run on an otherwise idle machine:
 
     python benchmarks/vllm_peer.py --vllm-python VENV/bin/python --data a.jsonl --data b.jsonl \
         --arrival-rate 0.4 --methods vllm_ngram,local_plain,local_lookahead,local_server
@@ -33,9 +38,11 @@ import argparse
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -73,8 +80,16 @@ LOCAL_SERVER = "local_server"
 HTTP_METHODS = (*VLLM_METHODS, LOCAL_SERVER)
 METHODS = (*VLLM_METHODS, *LOCAL_METHODS, LOCAL_SERVER)
 SERVER_ARGS = ["--max-model-len", "4096", "--dtype", "float32"]
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "2",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_SERVER_DEV_MODE": "1",  # for /reset_prefix_cache
+}
+FACTS_SCRIPT = Path(__file__).with_name("vllm_facts.py")
 
 Prompts = list[list[int]]
+# What each method ran on, as its engine or server said: one record a server start, or the engine.
+Started = dict[str, list[dict[str, Any]]]
 # Each engine's first call, untimed: a prompt sharing no prefix with the timed ones.
 WARM_UP = "The weather today is"
 
@@ -116,14 +131,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sets = {Path(p).stem: prompts_of(tokenizer, Path(p), args.limit) for p in args.data}
     warm = tokenizer(WARM_UP).input_ids
     results: dict[str, dict[str, Any]] = {name: {} for name in sets}
+    started: Started = {}
     for method in args.methods:
         runs = (
-            _over_http(method, model, sets, warm, args)
+            _over_http(method, model, sets, warm, args, started)
             if method in HTTP_METHODS
-            else _local(method, sets, warm, args)
+            else _local(method, sets, warm, args, started)
         )
         for name, run in runs.items():
             results[name][method] = run
+    runners = _runners(args, model, started)
     for name, methods in results.items():
         _mark_identical(methods)
         overhead = _http_overhead(methods)
@@ -131,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = {"methods": methods} | ({"http_overhead": overhead} if overhead else {})
         path = args.out_dir / f"vllm-peer-{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_header(args, model, name) | summary, indent=1) + "\n")
+        path.write_text(json.dumps(_header(args, model, name) | runners | summary, indent=1) + "\n")
         print(f"wrote {path}")
     return 0
 
@@ -187,7 +204,12 @@ def _phases(args: argparse.Namespace) -> list[Phase]:
 
 
 def _over_http(
-    method: str, model: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace
+    method: str,
+    model: str,
+    sets: dict[str, Prompts],
+    warm: list[int],
+    args: argparse.Namespace,
+    started: Started,
 ) -> dict[str, Any]:
     """Every phase starts from nothing cached or learned. vLLM: one server for the whole run,
     its prefix cache emptied before each phase (a start compiles the model for minutes),
@@ -201,7 +223,9 @@ def _over_http(
     groups = [[p] for p in phases] if method in ("vllm_suffix", LOCAL_SERVER) else [phases]
     runs: dict[str, Any] = {name: {} for name in sets}
     for group in groups:
-        with _server(method, model, args, _log_name(method, group)) as engine:
+        log = args.log_dir / f"{_log_name(method, group)}.log"
+        with _server(method, model, args, log) as engine:
+            version = _version_of(engine)
             ask = asker(engine, args.max_new_tokens)
             ask(warm, Request())  # the first request's one-off costs
             for name, phase in group:
@@ -211,7 +235,20 @@ def _over_http(
                     run["speculation"] = _counters(engine.speculation_counters() - before)
                 runs[name][phase.name] = run
                 _progress(name, method, phase, run)
+        said = startup_facts(log.read_text(encoding="utf-8", errors="replace")) if vllm else {}
+        started.setdefault(method, []).append({"log": log.name, "/version": version} | said)
     return runs
+
+
+def _version_of(engine: ServerEngine) -> dict[str, Any] | str:
+    """The server's ``GET /version`` (vLLM's version; this engine's version and backend), or
+    why there is none."""
+    try:
+        with urllib.request.urlopen(f"{engine.config.root_url}/version", timeout=60) as response:
+            answer: dict[str, Any] = json.load(response)
+            return answer
+    except (OSError, ValueError) as error:
+        return f"unread: {type(error).__name__}: {error}"
 
 
 def _log_name(method: str, group: list[tuple[str, Phase]]) -> str:
@@ -235,7 +272,7 @@ def _reset_prefix_cache(engine: ServerEngine) -> None:
 
 
 @contextmanager
-def _server(method: str, model: str, args: argparse.Namespace, log_name: str) -> Iterator[ServerEngine]:
+def _server(method: str, model: str, args: argparse.Namespace, log: Path) -> Iterator[ServerEngine]:
     """The method's server on a free loopback port, stopped when the block ends."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -246,7 +283,6 @@ def _server(method: str, model: str, args: argparse.Namespace, log_name: str) ->
         else _vllm_command(method, model, port, args)
     )
     root = f"http://127.0.0.1:{port}"
-    log = args.log_dir / f"{log_name}.log"
     with running_server(
         command, root, log, start_timeout=args.start_timeout, env=env | {"HF_HUB_OFFLINE": "1"}
     ):
@@ -262,12 +298,7 @@ def _vllm_command(
     spec = VLLM_METHODS[method]
     if spec is not None:
         command += ["--speculative-config", json.dumps(spec)]
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": "2",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_SERVER_DEV_MODE": "1",  # for /reset_prefix_cache
-    }
-    return command, env
+    return command, VLLM_ENV
 
 
 def _local_server_command(
@@ -304,11 +335,12 @@ def loaded_engine(clients: int, model: str | None = None) -> LookaheadEngine:
 
 
 def _local(
-    method: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace
+    method: str, sets: dict[str, Prompts], warm: list[int], args: argparse.Namespace, started: Started
 ) -> dict[str, Any]:
     """Each set and phase on a fresh engine over the same model: a trie and prefix cache of its
     own (it keeps the acceptance statistics and cost curves learned on disk, as any process)."""
     loaded = loaded_engine(args.clients, args.model)
+    started[method] = [{"backend": loaded.backend.as_dict()}]
     runs: dict[str, Any] = {}
     for name, prompts in sets.items():
         runs[name] = {}
@@ -454,19 +486,87 @@ def _header(args: argparse.Namespace, model: str, name: str) -> dict[str, Any]:
         "arrival_seed": args.seed,
         "max_in_flight": args.max_in_flight,
         "phases": [phase.name for phase in _phases(args)],
-        "vllm": _vllm_version(args.vllm_python) if any(m in VLLM_METHODS for m in args.methods) else None,
         "speculative_configs": {k: v for k, v in VLLM_METHODS.items() if k in args.methods},
     }
 
 
-def _vllm_version(python: str | None) -> str | None:
-    if python is None:
-        return None
-    code = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
-    return (
-        subprocess.run([python, "-c", code], capture_output=True, text=True, check=False).stdout.strip()
-        or None
-    )
+def _runners(args: argparse.Namespace, model: str, started: Started) -> dict[str, Any]:
+    """What each side ran with: vLLM's version, platform and per-method configuration
+    (`vllm_facts`) with what its servers said at start-up; this engine's backend, in process
+    and as its server reported it."""
+    methods = {k: v for k, v in VLLM_METHODS.items() if k in args.methods}
+    vllm = None
+    if methods and args.vllm_python is not None:
+        vllm = vllm_facts(args.vllm_python, model, methods)
+        vllm["servers"] = {m: started[m] for m in methods if m in started}
+    engine = {m: started[m] for m in (*LOCAL_METHODS, LOCAL_SERVER) if m in started}
+    return {"vllm": vllm, "engine": engine}
+
+
+def vllm_facts(
+    python: str, model: str, methods: dict[str, dict[str, Any] | None], timeout: float = 600.0
+) -> dict[str, Any]:
+    """`vllm_facts.py` run by vLLM's interpreter on the servers' arguments and environment:
+    its version, platform and each method's configuration; where it fails, every fact ``None``
+    and ``unknown`` says why (a record with gaps, never a failed benchmark)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "facts.json"
+        command = [python, str(FACTS_SCRIPT), "--model", model, "--methods", json.dumps(methods)]
+        command += ["--out", str(out), "--", *SERVER_ARGS]
+        env = os.environ | VLLM_ENV | {"HF_HUB_OFFLINE": "1"}
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+            if out.exists():
+                facts: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+                return facts
+            why = f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
+        except (OSError, ValueError, subprocess.TimeoutExpired) as error:
+            why = f"{type(error).__name__}: {error}"
+    return {"version": None, "platform": None, "methods": dict.fromkeys(methods), "unknown": {"all": why}}
+
+
+# A line of vLLM's start-up log, and what it states.
+_ENGINE_CONFIG = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)$", re.MULTILINE)
+_CONFIG_KEYS = ("dtype", "max_seq_len", "enforce_eager", "kv_cache_dtype")
+_CONFIG_FLAGS = ("enable_prefix_caching", "enable_chunked_prefill")
+_COMPILATION = {
+    "compilation_mode": r"'mode': <CompilationMode\.(\w+)",
+    "compilation_backend": r"'backend': '([^']*)'",
+    "cudagraph_mode": r"'cudagraph_mode': <CUDAGraphMode\.(\w+)",
+}
+_BACKEND = re.compile(r"\bUsing (\w+) backend\.")
+_WARNING = re.compile(r"\bWARNING\b[^\]]*\] (.*)$", re.MULTILINE)
+
+
+def startup_facts(log: str) -> dict[str, Any]:
+    """What a vLLM server's start-up log states: the version and configuration of its engine
+    (its ``Initializing a V1 LLM engine`` line), the attention backend where it names one (on a
+    CPU only the MLA backends are logged: ``None`` there), the V2 model runner, its warnings.
+    A fact the log does not state is ``None``, and ``unknown`` says so."""
+    facts: dict[str, Any] = {"version": None, "attention_backend": None}
+    unknown: dict[str, str] = {}
+    engine = _ENGINE_CONFIG.search(log)
+    if engine is None:
+        unknown["config"] = "no 'Initializing a V1 LLM engine' line in the log"
+    else:
+        facts["version"], config = engine.group(1), engine.group(2)
+        for key in _CONFIG_KEYS:
+            found = re.search(rf"\b{key}=([^,]+)", config)
+            facts[key] = found.group(1) if found else None
+        for key in _CONFIG_FLAGS:
+            found = re.search(rf"\b{key}=(True|False)\b", config)
+            facts[key] = found.group(1) == "True" if found else None
+        for key, pattern in _COMPILATION.items():
+            found = re.search(pattern, config)
+            facts[key] = found.group(1) if found else None
+    backend = _BACKEND.search(log)
+    if backend is None:
+        unknown["attention_backend"] = "not logged (vLLM logs only the MLA backends it picks on a CPU)"
+    else:
+        facts["attention_backend"] = backend.group(1)
+    facts["v2_model_runner"] = "Using V2 Model Runner" in log
+    facts["warnings"] = sorted({line.strip()[:300] for line in _WARNING.findall(log)})
+    return facts | ({"unknown": unknown} if unknown else {})
 
 
 def _progress(name: str, method: str, phase: Phase, run: dict[str, Any]) -> None:

@@ -111,6 +111,8 @@ SMOKE: dict[str, list[str]] = {
         " --mode trie --concurrency 2 --methods batched"
     ],
     "thread_teams.py": ["--model {model} --threads 1 --json {out}"],
+    # vLLM is not installed here: every fact null, and why
+    "vllm_facts.py": ["--model {model} --methods '{{\"vllm_plain\": null}}' --out {out}"],
     "vllm_peer.py": [  # this engine's methods (vLLM is not installed here)
         "--model {model} --data {data} --limit 2 --max-new-tokens 3 --clients 2 --threads 1"
         " --methods local_plain,local_lookahead --out-dir {tmp} --log-dir {tmp}"
@@ -247,6 +249,18 @@ def test_a_benchmark_script_runs_on_the_tiny_model(
         if "{out}" in line:
             assert out.exists(), f"{script.name} wrote nothing to {out}"
     assert _committed() == before, "a benchmark run changed or added files under benchmarks/"
+    if script.name == "vllm_peer.py":
+        _check_peer_record(json.loads((tmp_path / "vllm-peer-tiny.json").read_text()))
+
+
+def _check_peer_record(record: dict[str, object]) -> None:
+    """The peer benchmark's JSON says what this engine ran on (its `Backend`), and has no vLLM
+    record when no vLLM method ran."""
+    assert record["vllm"] is None
+    engine = record["engine"]
+    assert isinstance(engine, dict) and set(engine) == {"local_plain", "local_lookahead"}
+    for started in engine.values():
+        assert isinstance(started[0]["backend"], dict) and started[0]["backend"]
 
 
 @pytest.mark.parametrize("name", sorted(SKIPPED))
