@@ -94,9 +94,9 @@ class TimedTrie(TokenTrie):
     def reset(self) -> None:
         self.inserts, self.insert_s, self.drafts, self.draft_s = 0, 0.0, 0, 0.0
 
-    def insert(self, tokens: Sequence[int], owner: str) -> None:
+    def insert(self, tokens: Sequence[int], owner: str, *, starts: int | None = None) -> None:
         start = time.perf_counter()
-        super().insert(tokens, owner)
+        super().insert(tokens, owner, starts=starts)
         self.insert_s += time.perf_counter() - start
         self.inserts += 1
 
