@@ -1767,7 +1767,7 @@ XEON, ZEN5, ZEN4 = (
 )
 LATEST_RUNS = (
     LatestRun(XEON, "Xeon", "2026-12-01", "vllm-peer-llma_msmarco_rag.json"),
-    LatestRun(XEON, "Xeon", "2026-12-04", "vllm-peer-http-dolly_context_qa-xeon-2026-12-04.json"),
+    LatestRun(XEON, "Xeon", "2026-12-07", "vllm-peer-dolly_context_qa-xeon-2026-12-07.json"),
     LatestRun(ZEN5, "Zen 5", "2026-12-05", "vllm-peer-llma_msmarco_rag-epyc-retained-full-2026-12-05.json"),
     LatestRun(ZEN5, "Zen 5", "2026-12-05", "vllm-peer-dolly_context_qa-epyc-retained-full-2026-12-05.json"),
     LatestRun(ZEN4, "Zen 4", "2026-12-05", "vllm-peer-llma_msmarco_rag-zen4-final-2026-12-05.json"),
