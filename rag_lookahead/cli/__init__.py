@@ -12,17 +12,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rag_lookahead import __version__
 from rag_lookahead.bench.methods import CONCURRENCY_METHODS, METHODS
 from rag_lookahead.cli.flags import add_max_new_tokens, add_top_k
+from rag_lookahead.cli.lines import logged_lines
 from rag_lookahead.cli.serve import API_KEY_VARIABLE, SERVE_BACKENDS
 from rag_lookahead.cli.settings import chunking_config, load_options, lookahead_config, retrieval_config
 from rag_lookahead.cli.values import (
@@ -561,10 +560,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from rag_lookahead.progress import PROGRESS_LOGGER
+
     args = build_parser().parse_args(argv)
     try:
         _check_settings(args)
-        with _progress_lines():
+        with logged_lines(PROGRESS_LOGGER):  # (where no bar is drawn: a file or a pipe)
             code = int(_runner(args.run)(args))
         sys.stdout.flush()  # a closed pipe is found here, not as the interpreter exits
         return code
@@ -587,25 +588,6 @@ def _quiet_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
-
-
-@contextmanager
-def _progress_lines() -> Iterator[None]:
-    """The library's progress where it draws no bar (standard error is a file or a pipe), as
-    lines on standard error while the command runs: it logs them (`rag_lookahead.progress`)."""
-    from rag_lookahead.progress import PROGRESS_LOGGER
-
-    logger = logging.getLogger(PROGRESS_LOGGER)
-    handler = logging.StreamHandler(sys.stderr)  # the stream at the time: a test's capture too
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def _runner(name: str) -> Callable[[argparse.Namespace], int]:

@@ -7,16 +7,15 @@ import argparse
 import dataclasses
 import functools
 import ipaddress
-import logging
 import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rag_lookahead.cli.lines import logged_lines
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.remote.launch import BACKENDS, server_command
 from rag_lookahead.serve.settings import ServeSettings, check_api_key
@@ -110,6 +109,7 @@ def _run_backend(args: argparse.Namespace) -> int:
 def _run_local(args: argparse.Namespace) -> int:
     from rag_lookahead.cli.settings import load_options
     from rag_lookahead.models import is_missing_directory
+    from rag_lookahead.serve.startup import STARTUP_LOGGER
 
     settings = _serve_settings(args)
     if settings.embedder is not None and not Path(settings.embedder).expanduser().is_dir():
@@ -119,7 +119,7 @@ def _run_local(args: argparse.Namespace) -> int:
     serve = _server()  # before a long load
     _announce(args, settings)
     build = functools.partial(_built_app, args, settings, load_options(args))
-    with _stage_lines():
+    with logged_lines(STARTUP_LOGGER, "rag-lookahead: %(message)s"):
         serve(build, settings, args.host, args.port)
     return 0
 
@@ -149,24 +149,6 @@ def _built_app(
     with stages.stage("measuring forward costs (once per model and machine)"):
         measure_ahead(engine)
     return create_app(engine, settings)
-
-
-@contextmanager
-def _stage_lines() -> Iterator[None]:
-    """The start-up's stages (`rag_lookahead.serve.startup`) as lines on standard error."""
-    from rag_lookahead.serve.startup import STARTUP_LOGGER
-
-    logger = logging.getLogger(STARTUP_LOGGER)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("rag-lookahead: %(message)s"))
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def _run_ray(args: argparse.Namespace) -> int:
