@@ -1,8 +1,9 @@
 """The static-shape step (`rag_lookahead.runtime.static`): fixed buckets, slot caches written in
 place, persistent inputs, padding that nothing real sees, the accepted path moved by index
 copies; on a CPU everything but the capture call, which the GPU script checks
-(``benchmarks/cuda/captured_step.py``). Every answer equals plain greedy `generate`, on every
-family the property tests cover, sliding windows included."""
+(``benchmarks/captured_step.py``, run there by ``benchmarks/cuda/captured.sh``). Every answer
+equals plain greedy `generate`, on every family the property tests cover, sliding windows
+included."""
 
 from __future__ import annotations
 
