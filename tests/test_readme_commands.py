@@ -2,7 +2,9 @@
 command (of the docs' pages too) is one the CLI's parser accepts, the environment that
 `make demo` set up is activated before the first of them, an index is built from files the
 repository has before a command reads it; and the README stays short (at most 300 lines, no
-dated run log outside its one generated table). Nothing is run but the parser."""
+dated run log outside its one generated table). Of the commands, the parser checks them all and
+the ``index`` command runs as written, in a scratch folder; those that load the model do not run
+here."""
 
 from __future__ import annotations
 
@@ -96,3 +98,32 @@ def test_the_parser_is_argparse() -> None:
     # The checks above read the parser's namespace (`command`, `paths`, `out`, `index`).
     args = build_parser().parse_args(["index", "docs", "--out", "x.index"])
     assert isinstance(args, argparse.Namespace) and args.paths == [Path("docs")]
+
+
+def test_the_readmes_index_command_runs_as_written_and_leaves_nothing_git_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's ``index`` command, word for word, in a scratch folder laid out as a clone
+    (its README, and a ``docs/`` of one page, so that it runs in seconds): it builds the index
+    it names, and what it leaves (the index, its lock) is ignored by the repository's
+    ``.gitignore``."""
+    import shutil
+    import subprocess
+
+    from rag_lookahead.cli import main
+
+    [command] = [c for c in COMMANDS if c[1] == "index"]
+    shutil.copy(README, tmp_path / "README.md")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# A page\n\nThe trie drafts from retrieved text.\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(command[1:]) == 0
+    out = command[command.index("--out") + 1]
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert out in left
+    # (a folder as git matches one: with its slash)
+    made = [name + "/" * (tmp_path / name).is_dir() for name in left if name not in ("README.md", "docs")]
+    ignored = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--no-index", *made], capture_output=True, text=True
+    ).stdout.split()
+    assert sorted(ignored) == sorted(made)
