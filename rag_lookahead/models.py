@@ -35,6 +35,7 @@ __all__ = [
     "check_device_present",
     "check_loading_options",
     "check_placement",
+    "convert_gguf",
     "default_cache_dir",
     "default_model_dir",
     "device_name",
@@ -164,6 +165,19 @@ def builtin_model_dir(name: str, cache_dir: Path | None = None, *, progress: boo
         if not (target / "model.safetensors").is_file():
             _convert_into(target, model, progress)
     return target
+
+
+def convert_gguf(gguf: Path, out: Path, name: str, *, progress: bool = False) -> None:
+    """Convert the built-in model ``name``'s GGUF file ``gguf`` (one its package would have
+    installed, carried without it: e.g. to a machine without the registry) into ``out`` as
+    safetensors, as `builtin_model_dir` converts it on first use."""
+    if name not in BUILTIN_MODELS:
+        raise KeyError(f"no built-in model {name!r}; built-in: {', '.join(BUILTIN_MODELS)}")
+    description = f"converting {name} to safetensors"
+    bar = progress_bar(progress, description, total=len(_CONVERSION_STEPS), unit="step")
+    with bar, transformers_bars(progress, gguf=True), shared_gguf_reads():
+        _next_step(bar, 1, done=True)  # (the GGUF file is found: it is given)
+        _convert_gguf(gguf, out, BUILTIN_MODELS[name], bar)
 
 
 def _convert_into(target: Path, model: BuiltinModel, progress: bool) -> None:

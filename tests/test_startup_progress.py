@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rag_lookahead import LookaheadConfig, LookaheadEngine
-from rag_lookahead.models import DEFAULT_MODEL, builtin_model_dir
+from rag_lookahead.models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_dir, convert_gguf
 from rag_lookahead.planning.costs import measure_curve, sparse_sizes
 from rag_lookahead.progress import PROGRESS_LOGGER, Pulse, progress_bar
 from rag_lookahead.testing.models import ASCII_VOCAB, AsciiTokenizer, tiny_model
@@ -123,6 +123,17 @@ def test_converting_the_default_model_counts_its_four_named_steps(
     assert {t for _, t in _counts(lines, "converting")} == {4}
     for step in ("reading the tokenizer", "dequantizing the weights", "saving"):
         assert any(step in line for line in lines)
+    # Its GGUF file carried alone (as to the GPU machine) converts to the same bytes.
+    converted = builtin_model_dir(DEFAULT_MODEL, tmp_path)
+    gguf = BUILTIN_MODELS[DEFAULT_MODEL].gguf(tmp_path)
+    convert_gguf(gguf, tmp_path / "alone", DEFAULT_MODEL)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (tmp_path / "alone" / name).read_bytes() == (converted / name).read_bytes()
+
+
+def test_converting_a_gguf_file_names_a_built_in_model(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="no built-in model"):
+        convert_gguf(tmp_path / "model.gguf", tmp_path / "out", "gpt-5")
 
 
 def test_one_call_at_a_time_measures_one_rows_costs_only(

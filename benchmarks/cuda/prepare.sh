@@ -23,14 +23,6 @@ esac
 model=$work/$name/converted
 if [ ! -f "$model/model.safetensors" ]; then
     # The GGUF file came without its pip package, so it is converted as the package's would be.
-    "$python" - "$builtin" "$work/$name/model.gguf" "$model" <<'PY'
-import sys
-from pathlib import Path
-
-from rag_lookahead.models import BUILTIN_MODELS, _convert_gguf
-from rag_lookahead.progress import progress_bar
-
-with progress_bar(False, "converting", total=3, unit="step") as bar:
-    _convert_gguf(Path(sys.argv[2]), Path(sys.argv[3]), BUILTIN_MODELS[sys.argv[1]], bar)
-PY
+    "$python" -c 'import sys; from pathlib import Path; from rag_lookahead.models import convert_gguf
+convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], progress=True)' "$work/$name/model.gguf" "$model" "$builtin"
 fi
