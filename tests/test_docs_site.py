@@ -5,7 +5,6 @@ path in the repository, not a plain-text copy. The build itself runs where mkdoc
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,17 +13,14 @@ from types import ModuleType
 
 import pytest
 
+from rag_lookahead.testing.readme import docs_hook
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def hook() -> ModuleType:
-    path = ROOT / "docs" / "mkdocs" / "hooks" / "repo_links.py"
-    spec = importlib.util.spec_from_file_location("repo_links", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return docs_hook(ROOT, "repo_links")
 
 
 def test_a_markdown_file_outside_docs_is_a_page_at_its_repository_path(hook: ModuleType) -> None:

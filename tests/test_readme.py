@@ -3,13 +3,14 @@ every page under docs/ runs as written (on a tiny random model in place of the b
 a folder with ``docs/`` and ``docs.index``), and the few that cannot run here say why in a
 marker before them (`rag_lookahead.testing.readme`)."""
 
-import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from rag_lookahead.testing.readme import (
     Block,
+    docs_hook,
     markdown_files,
     python_blocks,
     readme_folder,
@@ -56,14 +57,9 @@ def test_the_docs_pages_are_read_and_named_by_their_path() -> None:
     assert any(b.where.startswith("docs/guide/python-api.md:") and b.kind == "run" for b in BLOCKS)
 
 
-def _repo_links():
-    """The mkdocs hook that checks the docs' links out of docs/ (it needs no mkdocs to load)."""
-    path = ROOT / "docs" / "mkdocs" / "hooks" / "repo_links.py"
-    spec = importlib.util.spec_from_file_location("repo_links", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _repo_links() -> ModuleType:
+    """The mkdocs hook that checks the docs' links out of docs/."""
+    return docs_hook(ROOT, "repo_links")
 
 
 def test_every_relative_link_names_a_file_and_a_heading_there() -> None:

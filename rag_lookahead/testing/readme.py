@@ -19,6 +19,7 @@ a moment and its answers are gibberish — the blocks show calls, not answers.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -26,12 +27,14 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 from unittest import mock
 
 __all__ = [
     "KINDS",
     "Block",
+    "docs_hook",
     "integration_blocks",
     "integration_tests",
     "markdown_files",
@@ -59,6 +62,17 @@ class Block:
     code: str  # preceded by blank lines, so that a traceback gives the markdown file's line numbers
     kind: Kind
     reason: str = ""
+
+
+def docs_hook(root: Path, name: str) -> ModuleType:
+    """The docs site's mkdocs hook ``name`` of the checkout at ``root``, loaded from its file
+    (``docs/mkdocs/hooks/<name>.py``: it needs no mkdocs to load)."""
+    path = root / "docs" / "mkdocs" / "hooks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def markdown_files(root: Path) -> list[Path]:
