@@ -220,11 +220,28 @@ def test_a_call_that_cannot_fit_fails_clearly_and_a_cpu_model_is_not_captured() 
         decoder.generate([[]], 4)
     assert "CUDA" in (capture_problem(model) or "")
     assert decoder.step.captured == () and "CUDA" in decoder.step.record.problems[0]
-    decoder.generate([PROMPTS[1]], 2)
-    with pytest.raises(RuntimeError, match="before any prompt"):
-        decoder.step.capture()  # its warm-up forwards would write over the loaded rows
+    assert not decoder.step.weights_moved()
     with pytest.raises(ValueError, match="attention"):
         StaticStep(_FlashConfigured(model), 32)
+    with pytest.raises(ValueError, match="positions"):
+        StaticStep(model, model.config.max_position_embeddings + 1)
+
+
+def test_scratch_forwards_between_steps_leave_the_rows_alone() -> None:
+    """Warm-ups, captures and timings may run between any two steps: they write only the
+    scratch columns, which no committed entry reaches."""
+    model, prompt = tiny_model("llama"), PROMPTS[0]
+    answer = greedy_reference(model, prompt, NEW)
+    step = StaticStep(model, len(prompt) + NEW + SMALL.widest, SMALL)
+    tokens = [int(step.prefill(0, prompt).argmax())]
+    length = len(prompt)
+    while len(tokens) < NEW:
+        for bucket in SMALL.all():  # every bucket's scratch forward, over the live row
+            step.forward(step.fill_scratch(bucket))
+        logits = step.run([DraftTree.root_only(tokens[-1])], [length])  # [R, W, V]
+        tokens.append(int(logits[0, 0].argmax()))
+        length += 1
+    assert tokens == answer
 
 
 def test_generation_stops_at_a_stop_token() -> None:

@@ -101,16 +101,19 @@ class StaticStep:
         self.device = next(model.parameters()).device
         self.dtype = model.dtype
         self.max_len = max_len
+        text = model.config.get_text_config(decoder=True)
+        positions = getattr(text, "max_position_embeddings", None)
+        if isinstance(positions, int) and max_len > positions:
+            raise ValueError(f"a static step of {max_len} columns exceeds the model's {positions} positions")
         self.layer_masks = LayerMasks.of(model.config)
         self._cache_arg = cache_kwarg(model)
-        layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        layers = text.num_hidden_layers
         self.cache = SlotCache(layers, self.buckets.most_rows, max_len, self.buckets.widest, self.device)
         self._buffers: dict[Bucket, _Buffers] = {}
         self.record = _Record()
-        self._loaded = False
+        self._weights: tuple[int, ...] = ()  # where the captured graphs read the weights
         with torch.inference_mode():  # one forward allocates every layer's slots
-            self._fill(Bucket(1, 1), [DraftTree.root_only(0)], [0])
-            self._forward(self._buffers[Bucket(1, 1)])
+            self._forward(self._buffers_of(self.fill_scratch(Bucket(1, 1))))
 
     @property
     def captured(self) -> tuple[Bucket, ...]:
@@ -119,15 +122,17 @@ class StaticStep:
 
     @torch.inference_mode()
     def capture(self, buckets: Sequence[Bucket] | None = None) -> None:
-        """Capture each of ``buckets`` (all, by default, the largest first) as a CUDA graph;
-        where the model or a bucket cannot be, say why once in ``record.problems`` and leave
-        them eager. Only before any prompt is loaded: warm-up forwards write the cache."""
-        if self._loaded:
-            raise RuntimeError("a static step captures its buckets before any prompt is loaded")
+        """Capture each of ``buckets`` (all, by default, the largest first) as a CUDA graph,
+        dropping any captured before; where the model or a bucket cannot be, say why once in
+        ``record.problems`` and leave them eager. Between any two steps: warm-ups and captures
+        write only scratch columns (`fill_scratch`)."""
+        for buffers in self._buffers.values():
+            buffers.graph, buffers.logits = None, None
         problem = capture_problem(self.model)
         if problem is not None:
             self.record.problems.append(f"not captured: {problem}")
             return
+        self._weights = _weight_addresses(self.model)
         pool = torch.cuda.graph_pool_handle()
         for bucket in buckets if buckets is not None else self.buckets.all():
             try:
@@ -136,10 +141,15 @@ class StaticStep:
                 self._buffers[bucket].graph = None
                 self.record.problems.append(f"bucket {bucket} runs eager: {type(err).__name__}: {err}")
 
+    def weights_moved(self) -> bool:
+        """Whether a captured graph would read a weight where it no longer is: the model's
+        parameters or buffers were replaced since the capture (written in place, the graphs
+        read their new values)."""
+        return bool(self.captured) and _weight_addresses(self.model) != self._weights
+
     def _capture(self, bucket: Bucket, pool: Any) -> None:
         start = time.perf_counter()
-        self._fill(bucket, [DraftTree.root_only(0)], [0])
-        buffers = self._buffers[bucket]
+        buffers = self._buffers_of(self.fill_scratch(bucket))
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -168,6 +178,19 @@ class StaticStep:
         return bucket
 
     @torch.inference_mode()
+    def fill_scratch(self, bucket: Bucket) -> Bucket:
+        """Fill ``bucket``'s buffers with a step that writes only scratch columns (every row's
+        last ``width``, which no committed entry reaches: see `scratch`), so that warm-ups,
+        captures and timings run between any two steps without touching a row's entries."""
+        self._fill(bucket, [DraftTree.root_only(0)], [self.scratch(bucket.width)])
+        return bucket
+
+    def scratch(self, width: int) -> int:
+        """The first of each slot's scratch columns for a step ``width`` wide: a row's
+        committed entries end at least ``buckets.widest`` columns before ``max_len``."""
+        return self.max_len - width
+
+    @torch.inference_mode()
     def forward(self, bucket: Bucket) -> torch.Tensor:
         """The forward of ``bucket`` over what its buffers hold (`prepare`): replayed where
         captured, else run. Logits ``[R, W, V]`` (see `run`)."""
@@ -192,7 +215,6 @@ class StaticStep:
     @torch.inference_mode()
     def load(self, slot: int, entries: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """A prompt's KV entries (`SlotCache.load`) into ``slot``."""
-        self._loaded = True
         self.cache.load(slot, entries)
 
     @torch.inference_mode()
@@ -233,15 +255,17 @@ class StaticStep:
         used = inputs.input_ids.shape[1]  # T <= W: the widest real tree
         masks = self.layer_masks(inputs, lengths)
         masks = masks if isinstance(masks, dict) else {"": masks}
-        # Every slot's own column: a real row's from its length on, a padding row's from 0.
-        starts = torch.zeros(rows, dtype=torch.long, device=self.device)
+        # Every slot's own column: a real row's from its length on, a padding row's among the
+        # scratch columns (its slot may hold a row the step leaves out).
+        starts = torch.full((rows,), self.scratch(width), dtype=torch.long, device=self.device)
         starts[:real] = torch.tensor(list(lengths), dtype=torch.long, device=self.device)
         own = starts[:, None] + torch.arange(width, device=self.device)  # [R, W]
         self.cache.columns[:rows, :width].copy_(own)
         buffers.ids.zero_()
         buffers.ids[:real, :used].copy_(inputs.input_ids)
-        # (a padding slot at its row's first position: inside any learned position table)
-        buffers.positions.copy_(starts[:, None].expand(rows, width))
+        # (a padding slot at position 0: inside any learned position table)
+        buffers.positions.zero_()
+        buffers.positions[:real].copy_(starts[:real, None].expand(real, width))
         buffers.positions[:real, :used].copy_(inputs.position_ids)
         hidden = torch.finfo(self.dtype).min
         for kind, buffer in buffers.masks.items():
@@ -263,3 +287,8 @@ class StaticStep:
             **{self._cache_arg: self.cache},
         )
         return out.logits
+
+
+def _weight_addresses(model: Any) -> tuple[int, ...]:
+    """Where each of ``model``'s parameters and buffers lies now."""
+    return tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
