@@ -23,6 +23,7 @@ __all__ = [
     "Lifetime",
     "LookaheadConfig",
     "Mode",
+    "StepChoice",
     "check_variant",
     "is_greedy",
     "keyword_arguments",
@@ -33,6 +34,7 @@ __all__ = [
 Mode = Literal["auto", "trie", "jacobi", "off"]
 DraftPolicy = Literal["trie", "suffix"]
 CpuLinear = Literal["auto", "onednn", "reordered", "torch"]
+StepChoice = Literal["auto", "eager", "static", "captured"]
 Lifetime = Literal["call", "engine"]
 
 # Each field's lifetime, and for a per-engine one what the engine built from it: the words of
@@ -142,6 +144,19 @@ class LookaheadConfig:
             (`rag_lookahead.runtime.direct`), where that gives the model's own logits bit for
             bit on probe inputs (checked when the engine is built); ``False`` always calls the
             model. Read once, by the engine built with it.
+        step: How the batch's steps run (`rag_lookahead.runtime.static`): ``"eager"``, over
+            caches that grow with each call; ``"static"``, padded to a few fixed shapes over
+            preallocated slots of ``max_model_len`` columns; ``"captured"``, those shapes
+            captured once as CUDA graphs and replayed; ``"auto"``, captured on a CUDA device
+            where the model can be, else eager. Where the step named cannot run (a hook, an
+            attention without tree masks, not a CUDA device), the engine says why once and
+            runs the next that can (captured, static, eager): outputs are the same either way.
+            Read once, by the engine built with it (`LookaheadEngine.backend` says what runs).
+        max_model_len: Most tokens of one call in a static or captured step's slots: its
+            prompt, its ``max_new_tokens`` and the widest draft (cut to the model's positions).
+            A call longer than that decodes plainly, alone, over its own growing cache, and its
+            stats say so. Every slot holds this many columns of every layer's keys and values,
+            and a step's attention reads all of them. Read once, by the engine built with it.
     """
 
     mode: Mode = field(default="auto", metadata=_CALL)
@@ -160,6 +175,8 @@ class LookaheadConfig:
     draft_policy: DraftPolicy = field(default="suffix", metadata=_CALL)
     cpu_linear: CpuLinear = field(default="auto", metadata=_FORWARDS)
     direct_forward: bool = field(default=True, metadata=_FORWARDS)
+    step: StepChoice = field(default="auto", metadata=_FORWARDS)
+    max_model_len: int = field(default=4096, metadata=_FORWARDS)
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "trie", "jacobi", "off"):
@@ -190,6 +207,9 @@ class LookaheadConfig:
             raise ValueError(
                 f"cpu_linear must be 'auto', 'onednn', 'reordered' or 'torch', got {self.cpu_linear!r}"
             )
+        if self.step not in ("auto", "eager", "static", "captured"):
+            raise ValueError(f"step must be 'auto', 'eager', 'static' or 'captured', got {self.step!r}")
+        _positive("max_model_len", self.max_model_len)
         if not isinstance(self.direct_forward, bool):
             raise ValueError(f"direct_forward must be True or False, got {self.direct_forward!r}")
         if self.ngram_size < 2:

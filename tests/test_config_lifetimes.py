@@ -39,6 +39,8 @@ CHANGES: dict[str, tuple[Any, str]] = {
     "prefix_cache_mb": (0, "refused"),
     "cpu_linear": ("onednn", "refused"),
     "direct_forward": (False, "refused"),
+    "step": ("static", "refused"),
+    "max_model_len": (2048, "refused"),
 }
 APPLIED = sorted(name for name, (_, outcome) in CHANGES.items() if outcome == "applied")
 REFUSED = sorted(name for name, (_, outcome) in CHANGES.items() if outcome == "refused")

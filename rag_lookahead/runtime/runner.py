@@ -33,6 +33,7 @@ from rag_lookahead.runtime.kernels import LinearKernels, OneDnnLayers
 from rag_lookahead.runtime.kv_cache import cache_kwarg
 from rag_lookahead.runtime.layer_masks import LayerMasks
 from rag_lookahead.runtime.memory import large_blocks_expected
+from rag_lookahead.runtime.static import StaticStep
 from rag_lookahead.runtime.threads import ModelThread
 
 __all__ = ["ModelRunner"]
@@ -75,17 +76,29 @@ class ModelRunner:
         self._hands_keywords_on = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
         self.use(backend, layers=layers, direct=direct)
 
-    def use(self, backend: Backend, *, layers: OneDnnLayers | None, direct: DirectForward | None) -> None:
+    def use(
+        self,
+        backend: Backend,
+        *,
+        layers: OneDnnLayers | None,
+        direct: DirectForward | None,
+        static: StaticStep | None = None,
+    ) -> None:
         """Run on ``backend`` from the next forward on (over ``layers``, with ``direct`` where
-        its forward is ``"direct"``): the tuning wing's choice again, after the model changed."""
+        its forward is ``"direct"``, the batch's steps on ``static`` where its step is static
+        or captured): the tuning wing's choice again, after the model changed."""
         if backend.forward == "direct" and direct is None:
             raise ValueError("a backend whose forward is 'direct' runs a DirectForward: none was given")
+        if (backend.step != "eager") != (static is not None):
+            raise ValueError(f"a backend whose step is {backend.step!r} runs a static step iff not eager")
         if layers is None and any(kernel != "torch" for _, kernel in backend.linear):
             raise ValueError(f"the linear kernels {backend.linear_name} run on OneDnnLayers: none given")
         with self.lock:
             self.backend = backend
             self.linear = LinearKernels(backend.linear, layers)
             self.direct = direct if backend.forward == "direct" else None
+            # The batch's static step (`rag_lookahead.runtime.static`), where it runs one.
+            self.static = static
             # Only the engine's own attention reads a layout (another would be handed a keyword
             # it does not know).
             self._layouts = backend.attention == ATTENTION_NAME and self._hands_keywords_on
