@@ -55,7 +55,9 @@ def test_an_engine_says_what_its_forwards_run_on_and_where_each_choice_came_from
         "forward": Source.MEASURED,
         "batch_layout": Source.MEASURED,
         "trees": Source.MEASURED,
+        "step": Source.MODEL,
     }
+    assert backend.step == "eager" and backend.step_problem is None
     assert str(backend) == (
         "cpu float32, attention rag_lookahead_sdpa (model); linear torch (named); forward direct "
         "(measured); batches packed (measured); trees verified (measured)"
@@ -136,7 +138,7 @@ def test_a_backend_is_immutable_and_prints_each_class_of_kernels() -> None:
     assert backend.linear_name == "torch,2:reordered"
     assert [backend.kernel(n) for n in (1, 2, 9)] == ["torch", "reordered", "reordered"]
     assert "linear torch,2:reordered (cached)" in str(backend) and "batches packed;" in str(backend)
-    assert "captured 1,8" in str(replace(backend, captured=(1, 8)))
+    assert "captured 8x32,1x1" in str(replace(backend, captured=("8x32", "1x1")))
 
 
 def test_the_runner_runs_only_a_backend_it_has_the_objects_for() -> None:

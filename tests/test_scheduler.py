@@ -19,7 +19,7 @@ from rag_lookahead.engine.scheduler import Scheduler
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan
 from rag_lookahead.planning.costs import CostCurve, CostModel
 from rag_lookahead.planning.planner import StepPlanner
-from rag_lookahead.runtime.batch import _filled_holes
+from rag_lookahead.runtime.batch import filled_holes
 from rag_lookahead.streaming.stats import StepRecorder
 from rag_lookahead.streaming.stopping import Stopping
 from rag_lookahead.testing import CharTokenizer
@@ -62,7 +62,7 @@ class RecordingBatch:
         self.kept.append((width, [list(n) for n in nodes]))
 
     def keep_rows(self, keep: Sequence[int]) -> list[int]:
-        order = _filled_holes(keep)
+        order = filled_holes(keep)
         self.lengths = [self.lengths[i] for i in order]
         return order
 
@@ -74,7 +74,16 @@ class RecordingBatch:
         return len(self.lengths) - 1
 
 
-class ScriptedExecutor:
+class EagerExecutor:
+    """An executor whose runner runs no static step (the batch grows its caches)."""
+
+    runner = SimpleNamespace(static=None)
+
+    def static(self) -> bool:
+        return False
+
+
+class ScriptedExecutor(EagerExecutor):
     """Returns, per row, logits whose argmax is the scripted tokens; records the plans."""
 
     def __init__(self, *rows: list[int]) -> None:
@@ -86,7 +95,7 @@ class ScriptedExecutor:
         return StepOutput(tuple(_logits(tokens) for tokens in self.rows), 0.001)
 
 
-class ApartExecutor:
+class ApartExecutor(EagerExecutor):
     """Prefills prompts' chunks apart, recording each chunk's size and whose it was."""
 
     def __init__(self) -> None:

@@ -4,7 +4,10 @@ A `StepPlan` runs as one forward over the `BatchCache`: every row's draft (or it
 next chunk) at its own positions — side by side, unpadded, where the runner `packs` (on a CPU),
 else padded to the widest. A batch of one row runs exactly the
 forward it would have alone (the model's own causal path for a chain, its tree masks for a
-draft). Besides the batch's steps, a prompt's chunk forwarded apart in the call's own cache,
+draft). Where the runner has a static step (`rag_lookahead.runtime.static`), the batch is a
+`StaticBatch` of its slots and every step, of one row or several, is that step's forward,
+padded to its bucket (replayed where captured); its rows only decode (their prompts are
+prefilled apart). Besides the batch's steps, a prompt's chunk forwarded apart in the call's own cache,
 and a plain step of a call decoding outside the batch. Each returns its seconds, for the
 `Pricing` to learn from (on a GPU, once the device has done the work, not once it was queued).
 """
@@ -19,8 +22,12 @@ import torch
 from rag_lookahead.engine.step import StepOutput, StepPlan
 from rag_lookahead.runtime.batch import BatchCache, batch_inputs
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.runtime.static.batch import StaticBatch
 
-__all__ = ["Executor"]
+__all__ = ["Batch", "Executor"]
+
+# The batch's rows and their cache: over growing caches, or in a static step's slots.
+Batch = BatchCache | StaticBatch
 
 
 class Executor:
@@ -33,14 +40,27 @@ class Executor:
         """Whether this executor's batches are packed (`new_batch`): where the runner packs."""
         return self.runner.packs()
 
-    def new_batch(self) -> BatchCache:
-        """An empty batch for the forwards `run` runs."""
-        return BatchCache(packed=self.packs())
+    def static(self) -> bool:
+        """Whether the batch's steps run on the runner's static step (`new_batch`)."""
+        return self.runner.static is not None
 
-    def run(self, plan: StepPlan, batch: BatchCache) -> StepOutput:
+    def new_batch(self) -> Batch:
+        """An empty batch for the forwards `run` runs."""
+        static = self.runner.static
+        return StaticBatch(static) if static is not None else BatchCache(packed=self.packs())
+
+    def current(self, batch: Batch) -> bool:
+        """Whether ``batch`` (empty) is of the kind `new_batch` makes now: a change of the
+        model may have changed the runner's layout or static step."""
+        if isinstance(batch, StaticBatch):
+            return batch.step is self.runner.static
+        return self.runner.static is None and batch.packed == self.packs()
+
+    def run(self, plan: StepPlan, batch: Batch) -> StepOutput:
         """One forward over every row of ``batch`` (from `new_batch`) as ``plan`` says (the
-        cache then holds the step's columns; `BatchCache.keep_accepted` keeps those the rows
-        accept)."""
+        cache then holds the step's columns; `keep_accepted` keeps those the rows accept)."""
+        if isinstance(batch, StaticBatch):
+            return self._static(plan, batch)
         if batch.rows == 1:
             return self._one_row(plan, batch)
         if batch.packed:
@@ -62,6 +82,21 @@ class Executor:
             else:
                 rows.append(logits[i, :0])  # [0, V]
         return StepOutput(tuple(rows), seconds)
+
+    def _static(self, plan: StepPlan, batch: StaticBatch) -> StepOutput:
+        """Every row's draft padded to the static step's bucket: one forward (a replay where
+        the bucket is captured); each row's logits at its own nodes, views of a captured
+        bucket's output, which the next replay overwrites (the step's update reads them first)."""
+        if plan.prompts:
+            raise ValueError("a static step's rows only decode: their prompts are prefilled apart")
+        drafts = [row.draft for row in plan.rows]
+        step = batch.step
+        started = time.perf_counter()
+        bucket = step.prepare(drafts, batch.lengths)
+        logits = step.forward(bucket)  # [R, W, V]
+        rows = tuple(logits[i, : len(draft)] for i, draft in enumerate(drafts))
+        self.runner.synchronize()
+        return StepOutput(rows, time.perf_counter() - started)
 
     def _packed(self, plan: StepPlan, batch: BatchCache) -> StepOutput:
         """The rows' drafts side by side in one sequence, each over its own cache."""

@@ -40,6 +40,7 @@ from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.streaming.stats import PredictionMatch, StepRecorder
 from rag_lookahead.streaming.stream import TextStream
 from rag_lookahead.structured.grammar import Grammar
+from rag_lookahead.tuning.step_choice import StepSettings
 from rag_lookahead.tuning.tuner import ModelTuning
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ class LookaheadEngine(EngineBase):
             cache_dir or default_cache_dir(),
             model_thread,
             progress,
+            StepSettings(self.config.step, self.config.max_model_len, self.config.max_batch_size),
         )
         self.runner = self._tuning.runner
         # What its forwards cost, once measured (or given): shared by its variants' planners.

@@ -19,12 +19,13 @@ import torch
 
 from rag_lookahead.decoding.tree import StepDraft
 from rag_lookahead.engine import observe
-from rag_lookahead.engine.executor import Executor
+from rag_lookahead.engine.executor import Batch, Executor
 from rag_lookahead.engine.prefill import PromptChunk, PromptPlanner
 from rag_lookahead.engine.pricing import Pricing
 from rag_lookahead.engine.request import Call, CallStatus, Decoder, first_token, propose, release, verify
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan, Verdict
 from rag_lookahead.runtime.batch import BatchCache
+from rag_lookahead.runtime.static.batch import StaticBatch
 from rag_lookahead.streaming.stats import FinishReason
 
 __all__ = ["Decoders", "Ending", "Keeping", "Rows"]
@@ -43,7 +44,7 @@ class Rows:
     def __init__(self, executor: Executor, pricing: Pricing, prompts: PromptPlanner) -> None:
         self.executor, self.pricing, self.prompts = executor, pricing, prompts
         self.calls: list[Call] = []
-        self.cache = BatchCache()  # packed or not as the first row joins (`add`)
+        self.cache: Batch = BatchCache()  # of the runner's kind as the first row joins (`add`)
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -54,18 +55,25 @@ class Rows:
 
     def add(self, call: Call, cache: Any, expected_rows: int) -> None:
         """``call`` becomes the last row: its ``cache`` (as prefilled so far) moves in."""
-        if not self.calls and self.cache.packed != self.executor.packs():
+        if not self.calls and not self.executor.current(self.cache):
             # (in the layout of the runner's backend now: a change of the model may change it)
             self.cache = self.executor.new_batch()
         self.cache.add_row(cache, expected_rows)
         self.calls.append(call)
+
+    def takes(self, tokens: int) -> bool:
+        """Whether a call of ``tokens`` tokens (its prompt and its most new ones) may join: a
+        static step's slots hold so many, and room for the widest draft after them."""
+        joined = self.cache.step if self.calls and isinstance(self.cache, StaticBatch) else None
+        step = joined or self.executor.runner.static
+        return step is None or tokens + step.buckets.widest <= step.max_len
 
     def take_out(self, index: int) -> Any:
         """A copy of row ``index``'s cache, for its call to go on apart (`drop` the row)."""
         return self.cache.row_copy(index)
 
     def drop(self, gone: list[int]) -> None:
-        """Rows ``gone`` leave; the rows after move into their places (`BatchCache.keep_rows`)."""
+        """Rows ``gone`` leave; the rows after move into their places (`keep_rows`)."""
         if not gone:
             return
         left = set(gone)

@@ -210,6 +210,8 @@ class Scheduler:
         """The prompt tokens ``call`` has left, if it may ride in the batch's steps."""
         if not call.batchable or call in self._caches:  # (one prefilling apart goes on)
             return None
+        if self._executor.static():  # (a static step's rows only decode)
+            return None
         return len(call.prompt_ids) - self._caches.cached_prefix(call)
 
     def _add_row(self, call: Call) -> None:
@@ -257,10 +259,15 @@ class Scheduler:
         if chunk.end == len(call.prompt_ids):
             self._kept.keep(call, self._caches[call])
             self._joining.remove(call)
-            if not self._settle(call, first_token(call, self._decoders[call], logits)):
-                if call.batchable:
+            decoder = self._decoders[call]
+            if not self._settle(call, first_token(call, decoder, logits)):
+                if call.batchable and self._rows.takes(
+                    len(call.prompt_ids) + decoder.stopping.max_new_tokens
+                ):
                     self._add_row(call)
                 else:
+                    if call.batchable:  # (longer than a static step's slots: plainly, alone)
+                        call.recorder.drafting_off = "beyond_max_model_len"
                     self._alone.append(call)
         if observe.watching():
             released = call.recorder.new_tokens - released

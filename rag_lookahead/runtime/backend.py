@@ -69,10 +69,13 @@ class Backend:
         batch_layout: ``"packed"`` or ``"padded"`` (`BatchLayout`).
         tree_problem: Why the model cannot verify draft trees (it then decodes plainly), or
             ``None`` where it can.
-        captured: The forward sizes whose launches are captured for replay (none yet).
+        captured: The static step's buckets captured as CUDA graphs for replay, as
+            ``"rows x width"`` (`rag_lookahead.runtime.static.Bucket`), largest first.
         sources: Where each choice came from, by its name (``"trees"`` for ``tree_problem``).
-        step: How a step's forward runs (`StepKind`); the engine's scheduler runs ``"eager"``
-            steps only, so far (the static step is `rag_lookahead.runtime.static`'s own).
+        step: How the batch's steps run (`StepKind`): the runner's static step runs them
+            where ``"static"`` or ``"captured"``.
+        step_problem: Why the step is not the one the config named (or, with ``"auto"`` on a
+            CUDA device, why it is not captured); ``None`` where it is.
     """
 
     device: str
@@ -82,9 +85,10 @@ class Backend:
     forward: Forward
     batch_layout: BatchLayout
     tree_problem: str | None
-    captured: tuple[int, ...] = ()
+    captured: tuple[str, ...] = ()
     sources: Mapping[str, Source] = field(default_factory=dict)
     step: StepKind = "eager"
+    step_problem: str | None = None
 
     def __post_init__(self) -> None:
         leasts = [least for least, _ in self.linear]
@@ -139,6 +143,7 @@ class Backend:
             "tree_problem": self.tree_problem,
             "captured": list(self.captured),
             "step": self.step,
+            "step_problem": self.step_problem,
             "sources": {name: source.value for name, source in self.sources.items()},
         }
 
@@ -155,9 +160,10 @@ class Backend:
             f"trees {trees}{self._from('trees')}",
         ]
         if self.captured:
-            parts.append(f"captured {','.join(map(str, self.captured))}{self._from('captured')}")
-        if self.step != "eager":
-            parts.append(f"step {self.step}{self._from('step')}")
+            parts.append(f"captured {','.join(self.captured)}{self._from('captured')}")
+        if self.step != "eager" or self.step_problem is not None:
+            why = f" ({self.step_problem})" if self.step_problem is not None else ""
+            parts.append(f"step {self.step}{self._from('step')}{why}")
         return "; ".join(parts)
 
     def _from(self, choice: str) -> str:

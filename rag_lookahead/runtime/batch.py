@@ -39,7 +39,7 @@ from rag_lookahead.runtime.kv_cache import (
 )
 from rag_lookahead.runtime.packed_cache import PackedRowCache
 
-__all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs"]
+__all__ = ["BatchCache", "RowCache", "RowLayer", "batch_inputs", "filled_holes", "viewed_row"]
 
 
 # A batch's step inputs: one draft per row, each after its own cache length.
@@ -180,12 +180,12 @@ class BatchCache:
         """Row ``index``'s cached tokens as a cache of its own: views, not copies."""
         if isinstance(self.cache, RowCache):
             rows = [layer.rows() for layer in self.cache.row_layers()]
-            return _viewed(
+            return viewed_row(
                 [(keys[index : index + 1], values[index : index + 1]) for keys, values in rows],
                 self.lengths[index],
             )
         if isinstance(self.cache, PackedRowCache):
-            return _viewed(self.cache.rooms[index], self.lengths[index])
+            return viewed_row(self.cache.rooms[index], self.lengths[index])
         return self.cache
 
     @torch.inference_mode()
@@ -220,7 +220,7 @@ class BatchCache:
                     single.update(keys[row, :, : lengths[0]], values[row, :, : lengths[0]], index)
             self.cache, self.lengths[:] = single, lengths
             return list(keep)
-        order = _filled_holes(keep)
+        order = filled_holes(keep)
         for target, source in enumerate(order):
             if source != target:  # a row from past the kept count: no other row is read there
                 used = self.lengths[source]
@@ -297,7 +297,7 @@ class BatchCache:
         return RowCache(_Rows(self.lengths), buffers)
 
 
-def _viewed(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> DynamicCache:
+def viewed_row(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> DynamicCache:
     """A cache of one row's first ``length`` columns of ``rows`` (per layer, its keys' and
     values' buffers ``[1, KV, capacity, D]``): views, not copies."""
     view = DynamicCache()
@@ -310,7 +310,7 @@ def _viewed(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> D
     return view
 
 
-def _filled_holes(keep: Sequence[int]) -> list[int]:
+def filled_holes(keep: Sequence[int]) -> list[int]:
     """The new order of the rows ``keep``: those within the first ``len(keep)`` stay, and
     each one beyond fills a hole there, in order."""
     count, kept = len(keep), set(keep)

@@ -60,6 +60,7 @@ class ModelRunner:
         *,
         layers: OneDnnLayers | None = None,
         direct: DirectForward | None = None,
+        static: StaticStep | None = None,
         thread: ModelThread | None = None,
     ) -> None:
         self.model = model
@@ -74,7 +75,7 @@ class ModelRunner:
         # Whether the model's forward hands extra keywords on (to its attention, as transformers'
         # models do): a forward's `RowLayout` travels that way.
         self._hands_keywords_on = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-        self.use(backend, layers=layers, direct=direct)
+        self.use(backend, layers=layers, direct=direct, static=static)
 
     def use(
         self,
@@ -227,8 +228,9 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def packs(self) -> bool:
-        """Whether batched steps run packed (`forward_packed`): the backend's batch layout."""
-        return self.backend.batch_layout == "packed"
+        """Whether batched steps run packed (`forward_packed`): the backend's batch layout,
+        unless they run on a static step (padded to its buckets)."""
+        return self.backend.batch_layout == "packed" and self.static is None
 
     def packed_inputs(self, drafts: Sequence[StepDraft], lengths: Sequence[int]) -> PackedInputs:
         """The inputs of a packed step of ``drafts`` over rows of ``lengths`` cached tokens,

@@ -18,10 +18,13 @@ __all__ = [
 
 FinishReason = Literal["eos", "stop_string", "length", "context_window", "abandoned"]
 # Why a step verified no draft (`DecodeStats.undrafted_steps`).
-UndraftedReason = Literal["mode_off", "no_tree_verification", "no_draft", "not_worth_it"]
+UndraftedReason = Literal[
+    "mode_off", "no_tree_verification", "beyond_max_model_len", "no_draft", "not_worth_it"
+]
 UNDRAFTED_REASONS: tuple[UndraftedReason, ...] = (
     "mode_off",
     "no_tree_verification",
+    "beyond_max_model_len",
     "no_draft",
     "not_worth_it",
 )
@@ -61,7 +64,9 @@ class DecodeStats:
         undrafted_steps: The steps that verified no draft, counted by why (each an
             `UndraftedReason`; a reason with no step is left out): ``"mode_off"``, the engine
             decodes plainly; ``"no_tree_verification"``, the model cannot verify drafts (it
-            decodes plainly, `LookaheadEngine.tree_verification`); ``"no_draft"``, there was
+            decodes plainly, `LookaheadEngine.tree_verification`); ``"beyond_max_model_len"``,
+            the call is longer than a static step's slots (`LookaheadConfig.max_model_len`)
+            and decodes plainly, alone; ``"no_draft"``, there was
             nothing to verify (no match in the prompt, the documents or past outputs, or no
             room left for a draft); ``"not_worth_it"``, ``mode="auto"`` judged the draft's
             expected tokens not worth the wider forward (by its chances of acceptance, learned,

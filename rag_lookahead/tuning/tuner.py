@@ -31,6 +31,7 @@ from rag_lookahead.runtime.kernels import LinearKernels, OneDnnLayers
 from rag_lookahead.runtime.kv_cache import cache_kwarg
 from rag_lookahead.runtime.layer_masks import LayerMasks
 from rag_lookahead.runtime.runner import ModelRunner
+from rag_lookahead.runtime.static import StaticStep
 from rag_lookahead.runtime.threads import ModelThread
 from rag_lookahead.tuning.kernel_choice import chosen_linear, kernel_timer, model_layers
 from rag_lookahead.tuning.probes import (
@@ -39,6 +40,7 @@ from rag_lookahead.tuning.probes import (
     training_problem,
     tree_support_problem,
 )
+from rag_lookahead.tuning.step_choice import StepSettings, chosen_step
 from rag_lookahead.tuning.trials import model_backend
 
 __all__ = ["ModelTuning"]
@@ -51,6 +53,7 @@ class _Choice:
     backend: Backend
     layers: OneDnnLayers | None
     direct: DirectForward | None
+    static: StaticStep | None = None
 
 
 class ModelTuning:
@@ -69,15 +72,25 @@ class ModelTuning:
         cache_dir: Path | None = None,
         thread: ModelThread | None = None,
         progress: bool = False,
+        step: StepSettings | None = None,
     ) -> None:
         self.model = model
         self.thread = thread or ModelThread.shared()
         self._wants_direct = direct
-        first = functools.partial(_first_choice, model, self.thread, linear, direct, cache_dir, progress)
+        self._step = step or StepSettings()
+        first = functools.partial(
+            _first_choice, model, self.thread, linear, direct, cache_dir, progress, self._step
+        )
         chosen = self.thread.call(first)
         self.runner = ModelRunner(
-            model, chosen.backend, layers=chosen.layers, direct=chosen.direct, thread=self.thread
+            model,
+            chosen.backend,
+            layers=chosen.layers,
+            direct=chosen.direct,
+            static=chosen.static,
+            thread=self.thread,
         )
+        self._static = chosen.static  # the one built, kept for its slots while the model lives
         self._state = ModelState.of(model)
         self._state_lock = threading.Lock()
         self.generation = 0  # changes of the model seen: what was computed before one is stale
@@ -86,6 +99,7 @@ class ModelTuning:
         self._derived = 0
         self._warned: Backend | None = None  # the last backend whose tree problem was told
         self._warning = threading.Lock()
+        self._tell_step(None)
 
     @property
     def backend(self) -> Backend:
@@ -109,7 +123,11 @@ class ModelTuning:
                 self._structure += 1
             generation = self.generation
         if change == "structure":
+            told = self.runner.backend
             self.thread.call(self._derive_again)  # now, not in the middle of a step
+            self._tell_step(told)
+        elif change == "weights" and self.runner.static is not None:
+            self.thread.call(self._capture_again)
         return generation
 
     def tree_problem(self) -> str | None:
@@ -127,6 +145,26 @@ class ModelTuning:
                 stacklevel=5,
             )
         return backend.tree_problem
+
+    def _tell_step(self, told: Backend | None) -> None:
+        """Say why the step is not the one named, once per backend that has a reason
+        (``told``: the backend before, whose reason was told already if it was the same)."""
+        backend = self.runner.backend
+        problem = backend.step_problem
+        if problem is None or (told is not None and told.step_problem == problem):
+            return
+        warnings.warn(
+            f"rag-lookahead: the batch's steps run {backend.step}, not {self._step.named} "
+            f"({problem}). Outputs are unaffected.",
+            stacklevel=4,
+        )
+
+    def _capture_again(self) -> None:
+        """In the model's thread: the buckets captured again where a weight was replaced (a
+        replay reads the weights where they were when captured)."""
+        static = self.runner.static
+        if static is not None and static.weights_moved():
+            static.capture()
 
     def _derive_again(self) -> None:
         """After a change of the model's structure, in the model's thread (which runs one thing
@@ -147,7 +185,9 @@ class ModelTuning:
         problem = _tree_problem(self.model, runner.cache_arg, runner.layer_masks)
         sources = (kept.sources.get("linear", Source.MEASURED), forward)
         choice = _probed(self.model, self.thread, kernels, direct, problem, sources)
-        runner.use(choice.backend, layers=choice.layers, direct=choice.direct)
+        backend, static = chosen_step(self.model, choice.backend, self._step, self._static)
+        self._static = static or self._static
+        runner.use(backend, layers=choice.layers, direct=choice.direct, static=static)
         self._derived = structure
 
 
@@ -156,11 +196,17 @@ _PROBES = ("the direct forward", "draft trees", "packed batch rows")
 
 
 def _first_choice(
-    model: Any, thread: ModelThread, linear: CpuLinear, direct: bool, cache_dir: Path | None, progress: bool
+    model: Any,
+    thread: ModelThread,
+    linear: CpuLinear,
+    direct: bool,
+    cache_dir: Path | None,
+    progress: bool,
+    step: StepSettings,
 ) -> _Choice:
     """The backend ``model`` runs on as it is now: its kernels chosen (timed by runners of their
-    own, on the direct forward where ``direct``), then everything else probed on them (with
-    bars if ``progress``)."""
+    own, on the direct forward where ``direct``), then everything else probed on them, then
+    its step (captured, where ``step`` asks for it: with bars if ``progress``)."""
     device = next(model.parameters()).device
 
     def timer() -> Any:
@@ -176,7 +222,8 @@ def _first_choice(
         _probe_done(bar, 2)
         choice = _probed(model, thread, kernels, forward, problem, (source, forward_source))
         _probe_done(bar, 3)
-    return choice
+    backend, static = chosen_step(model, choice.backend, step, progress=progress)
+    return replace(choice, backend=backend, static=static)
 
 
 def _probe_done(bar: Any, done: int) -> None:

@@ -18,7 +18,7 @@ CPU the forward always runs eagerly: everything but the capture call itself is t
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,8 @@ __all__ = ["StaticStep", "capture_problem", "static_problem"]
 # Attention functions that read an explicit 4-D additive mask (flash-attention's kernels take
 # none, so they cannot verify a tree).
 _MASKED_ATTENTION = ("sdpa", "eager")
+# A row's step: a draft tree, or a tree with side rows (a Jacobi window's).
+Draft = DraftTree | StepDraft
 # Warm-up forwards before a capture: the first ones allocate and pick kernels.
 _WARMUPS = 3
 
@@ -121,11 +123,13 @@ class StaticStep:
         return tuple(b for b, buffers in self._buffers.items() if buffers.graph is not None)
 
     @torch.inference_mode()
-    def capture(self, buckets: Sequence[Bucket] | None = None) -> None:
+    def capture(
+        self, buckets: Sequence[Bucket] | None = None, done: Callable[[Bucket], None] | None = None
+    ) -> None:
         """Capture each of ``buckets`` (all, by default, the largest first) as a CUDA graph,
-        dropping any captured before; where the model or a bucket cannot be, say why once in
-        ``record.problems`` and leave them eager. Between any two steps: warm-ups and captures
-        write only scratch columns (`fill_scratch`)."""
+        dropping any captured before (``done(bucket)`` after each); where the model or a bucket
+        cannot be, say why once in ``record.problems`` and leave them eager. Between any two
+        steps: warm-ups and captures write only scratch columns (`fill_scratch`)."""
         for buffers in self._buffers.values():
             buffers.graph, buffers.logits = None, None
         problem = capture_problem(self.model)
@@ -140,6 +144,8 @@ class StaticStep:
             except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
                 self._buffers[bucket].graph = None
                 self.record.problems.append(f"bucket {bucket} runs eager: {type(err).__name__}: {err}")
+            if done is not None:
+                done(bucket)
 
     def weights_moved(self) -> bool:
         """Whether a captured graph would read a weight where it no longer is: the model's
@@ -163,18 +169,19 @@ class StaticStep:
         torch.cuda.synchronize(self.device)
         self.record.seconds[bucket] = time.perf_counter() - start
 
-    def run(self, trees: Sequence[DraftTree], lengths: Sequence[int]) -> torch.Tensor:
-        """Logits ``[R, W, V]`` of the bucket holding ``trees`` (row ``r`` over slot ``r``,
-        after its ``lengths[r]`` committed columns): row ``r``'s node ``i`` at ``[r, i]``.
-        A view of a persistent output where the bucket is captured: read it before the next
-        `run`. `prepare` then `forward`."""
-        return self.forward(self.prepare(trees, lengths))
+    def run(self, drafts: Sequence[Draft], lengths: Sequence[int]) -> torch.Tensor:
+        """Logits ``[R, W, V]`` of the bucket holding ``drafts`` (row ``r`` over slot ``r``,
+        after its ``lengths[r]`` committed columns): row ``r``'s node ``i`` at ``[r, i]`` (a
+        `StepDraft`'s tree, then its side rows). A view of a persistent output where the bucket
+        is captured: read it before the next `run`. `prepare` then `forward`."""
+        return self.forward(self.prepare(drafts, lengths))
 
     @torch.inference_mode()
-    def prepare(self, trees: Sequence[DraftTree], lengths: Sequence[int]) -> Bucket:
-        """Fill the buffers of the bucket holding ``trees`` (see `run`) in place: that bucket."""
-        bucket = self.buckets.fit(len(trees), max(len(tree) for tree in trees))
-        self._fill(bucket, trees, lengths)
+    def prepare(self, drafts: Sequence[Draft], lengths: Sequence[int]) -> Bucket:
+        """Fill the buffers of the bucket holding ``drafts`` (see `run`) in place: that bucket."""
+        steps = [draft if isinstance(draft, StepDraft) else StepDraft(draft) for draft in drafts]
+        bucket = self.buckets.fit(len(steps), max(len(step) for step in steps))
+        self._fill(bucket, steps, lengths)
         return bucket
 
     @torch.inference_mode()
@@ -182,7 +189,7 @@ class StaticStep:
         """Fill ``bucket``'s buffers with a step that writes only scratch columns (every row's
         last ``width``, which no committed entry reaches: see `scratch`), so that warm-ups,
         captures and timings run between any two steps without touching a row's entries."""
-        self._fill(bucket, [DraftTree.root_only(0)], [self.scratch(bucket.width)])
+        self._fill(bucket, [StepDraft(DraftTree.root_only(0))], [self.scratch(bucket.width)])
         return bucket
 
     def scratch(self, width: int) -> int:
@@ -242,16 +249,16 @@ class StaticStep:
             )
         return self._buffers[bucket]
 
-    def _fill(self, bucket: Bucket, trees: Sequence[DraftTree], lengths: Sequence[int]) -> None:
+    def _fill(self, bucket: Bucket, drafts: Sequence[StepDraft], lengths: Sequence[int]) -> None:
         """Write a step's inputs into ``bucket``'s buffers and the cache's columns, in place."""
         rows, width = bucket
-        real = len(trees)
-        if len(lengths) != real or real > rows or any(len(tree) > width for tree in trees):
-            raise ValueError(f"{real} trees over {len(lengths)} lengths do not fit bucket {bucket}")
+        real = len(drafts)
+        if len(lengths) != real or real > rows or any(len(draft) > width for draft in drafts):
+            raise ValueError(f"{real} drafts over {len(lengths)} lengths do not fit bucket {bucket}")
         if any(length < 0 or length + width > self.max_len for length in lengths):
             raise ValueError(f"a step of {width} slots after {max(lengths)} columns exceeds {self.max_len}")
         buffers = self._buffers_of(bucket)
-        inputs = step_inputs([StepDraft(tree) for tree in trees], lengths, self.device, self.dtype)
+        inputs = step_inputs(drafts, lengths, self.device, self.dtype)
         used = inputs.input_ids.shape[1]  # T <= W: the widest real tree
         masks = self.layer_masks(inputs, lengths)
         masks = masks if isinstance(masks, dict) else {"": masks}
