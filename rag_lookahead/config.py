@@ -147,10 +147,11 @@ class LookaheadConfig:
         step: How the batch's steps run (`rag_lookahead.runtime.static`): ``"eager"``, over
             caches that grow with each call; ``"static"``, padded to a few fixed shapes over
             preallocated slots of ``max_model_len`` columns; ``"captured"``, those shapes
-            captured once as CUDA graphs and replayed; ``"auto"``, captured on a CUDA device
-            where the model can be, else eager. Where the step named cannot run (a hook, an
-            attention without tree masks, not a CUDA device), the engine says why once and
-            runs the next that can (captured, static, eager): outputs are the same either way.
+            captured once as CUDA graphs when the engine is built, and replayed; ``"auto"``,
+            eager for now (it is to capture on CUDA devices once a GPU run has measured the
+            captured step: `rag_lookahead.tuning.step_choice`). Where the step named cannot
+            run (a hook a replay would skip, an attention without tree masks, not a CUDA
+            device), the engine says why once and runs eager: outputs are the same either way.
             Read once, by the engine built with it (`LookaheadEngine.backend` says what runs).
         max_model_len: Most tokens of one call in a static or captured step's slots: its
             prompt, its ``max_new_tokens`` and the widest draft (cut to the model's positions).

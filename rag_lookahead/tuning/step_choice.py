@@ -1,10 +1,12 @@
 """Which step the batch runs (`Backend.step`): eager, static, or captured, and the
 `StaticStep` it runs on (`rag_lookahead.runtime.static`).
 
-``"auto"`` captures on a CUDA device, where a replayed graph saves the launches that bound a
-small model's eager step; on a CPU there are no launches to save, and the static step's
-padding and its attention over every slot column cost more than they save (measured in
-`benchmarks/`), so it runs eager. A step named in the config runs where the model can run it;
+``"auto"`` runs eager for now. On a CUDA device a replayed graph saves the launches that bound
+a small model's eager step, so ``"auto"`` is meant to capture there; it will once the GPU
+check (``benchmarks/cuda/captured.sh``) has confirmed the captured answers and their speed on
+a real device, which no session has run yet. On a CPU there are no launches to save, and the
+static step's padding and its attention over every slot column cost more than they save
+(measured in `benchmarks/`). A step named in the config runs where the model can run it;
 where it cannot (an attention without tree masks, a hook a replay would skip, not a CUDA
 device, no capture that succeeded) the backend runs eager and says why (``step_problem``):
 the answers are the same either way. A static step, once built, is kept for the model's
@@ -82,10 +84,9 @@ def chosen_step(
 
 
 def _wanted(model: Any, backend: Backend, settings: StepSettings) -> tuple[StepKind, str | None]:
-    """The step to try, and why it is not the one named (``None``: it is, or ``"auto"``
-    chose it)."""
+    """The step to try, and why it is not the one named (``None``: it is)."""
     named = settings.named
-    if named == "eager":
+    if named in ("eager", "auto"):  # (see the module's docstring)
         return "eager", None
     if backend.tree_problem is not None:
         return "eager", f"the model verifies no draft trees ({backend.tree_problem})"
@@ -93,9 +94,7 @@ def _wanted(model: Any, backend: Backend, settings: StepSettings) -> tuple[StepK
         problem = static_problem(model)
         return ("eager", problem) if problem is not None else ("static", None)
     problem = capture_problem(model)
-    if problem is None:
-        return "captured", None
-    return "eager", None if named == "auto" and not backend.device.startswith("cuda") else problem
+    return ("eager", problem) if problem is not None else ("captured", None)
 
 
 def _fits(step: StaticStep | None, model: Any, settings: StepSettings) -> bool:
