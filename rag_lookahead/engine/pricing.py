@@ -39,6 +39,7 @@ from rag_lookahead.planning.planner import (
 )
 from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.streaming.stats import UndraftedReason
+from rag_lookahead.tuning.bucket_costs import BucketCosts, bucket_costs
 from rag_lookahead.tuning.cost_timing import TimedCurve, batch_curves, step_curve
 
 __all__ = ["Pricing", "PromptForwards", "prepare_costs"]
@@ -67,14 +68,25 @@ class Pricing:
 
     Until the costs are measured (`measured`) nothing is priced: drafts are verified whole,
     joining prompts are prefilled apart, in chunks of ``max_tokens_per_forward``.
+
+    Where the batch's steps run on a static step (``widest`` says its widest bucket), every
+    step's rows are padded to a bucket: no row is planned wider than the widest one, and no
+    step is packed.
     """
 
     def __init__(
-        self, costs: CostModel, max_tokens_per_forward: int, packed: Callable[[], bool] = lambda: False
+        self,
+        costs: CostModel,
+        max_tokens_per_forward: int,
+        packed: Callable[[], bool] = lambda: False,
+        widest: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.costs = costs  # the engine's, shared with its variants and every planner
         self.max_tokens_per_forward = max_tokens_per_forward
         self.packed = packed  # whether batched steps run packed (the runner's answer, once probed)
+        # The static step's widest bucket, where the batch's steps run on one (the runner's
+        # answer: `ModelRunner.static`), else None.
+        self.widest = widest
         self.calibration = Calibration()  # batched steps, by rows and width class
         # The one-row curve is measured for drafts, a few tokens wide, and only extrapolated
         # to a prompt's chunks: how much steeper or flatter the prompts forwarded alone find
@@ -100,12 +112,16 @@ class Pricing:
         The batch curves are measured a few tokens wide and extrapolated past that, where a
         joining prompt's chunk widens every row; a batch is never priced below its tokens in
         one row forwarded alone (`prefill_seconds`), which is what its linear layers cost at
-        least."""
+        least. A static step's buckets are timed at every width a step may have: nothing is
+        extrapolated, and a bucket's rows cost what it was timed at, not one row's extrapolated
+        curve."""
         curve, batched = self._curve(), self.costs.batched()
         assert batched is not None, "priced before the costs were measured"
         if rows == 1:
             return curve(width)
         calibrated = batched(rows, width) * self.calibration.factor(rows, width)
+        if self.widest() is not None:
+            return calibrated
         return max(calibrated, self.prefill_seconds(rows * width))
 
     def prefill_seconds(self, tokens: int) -> float:
@@ -133,7 +149,7 @@ class Pricing:
         running rows less in their steps' forwards than forwarded apart between them."""
         if not self.measured or decode_rows == 0:
             return False
-        limit, share = self.max_tokens_per_forward, self.row_share(decode_rows)
+        limit, share = self._forward_limit(decode_rows + 1), self.row_share(decode_rows)
         fused = fused_prefill(
             [remaining], decode_rows, self.width, self.step_seconds, limit, share, self._curve()
         )
@@ -155,7 +171,7 @@ class Pricing:
     def fused_chunk(self, remaining: Sequence[int], decode_rows: int, width: int) -> int:
         """The tokens of each prompt (``remaining`` each) that ride in a step with
         ``decode_rows`` rows of drafts ``width`` wide (see `fused_prefill`)."""
-        limit = self.max_tokens_per_forward
+        limit = self._forward_limit(decode_rows + len(remaining))
         if not self.measured:
             rows = decode_rows + len(remaining)
             return max(min(max(remaining), limit // rows), width, 1)
@@ -177,16 +193,20 @@ class Pricing:
     def _plan_drafts(
         self, calls: Sequence[Call], decoders: Sequence[Decoder], proposals: Sequence[StepDraft]
     ) -> list[StepDraft]:
+        bucket = self.widest()  # a static step's widest bucket: no row planned wider
         if len(calls) == 1:
             decoder = decoders[0]
             cached = len(calls[0].ids) - 1  # all but the root
-            return [decoder.planner.plan(proposals[0], decoder.stopping.context_room(), cached)]
+            room = decoder.stopping.context_room()
+            return [decoder.planner.plan(proposals[0], room, cached, widest=bucket)]
         # Several rows: side rows stay out (each would widen every row), the plan is joint, by
         # width, against the batch costs as calibrated so far.
         ranked = [decoder.planner.rank(draft) for decoder, draft in zip(decoders, proposals, strict=True)]
+        if bucket is not None:
+            ranked = [r.cut(bucket) for r in ranked]
         widest = max(len(r.tree) for r in ranked)
         measured = self.costs.batched() is not None
-        if measured and self.packed():  # each row as wide as its own nodes are worth
+        if measured and self._packs():  # each row as wide as its own nodes are worth
             most = sum(len(r.tree) for r in ranked)
             by_tokens = self._by_tokens(len(calls), most)
             return [StepDraft(tree) for tree in plan_packed(ranked, by_tokens, self.max_tokens_per_forward)]
@@ -199,7 +219,7 @@ class Pricing:
         """The batch ran ``plan`` in ``seconds`` (its one row held ``cached`` tokens before,
         when it had one): every later decision is priced from it."""
         rows = len(plan.rows)
-        packed = rows > 1 and self.packed()
+        packed = rows > 1 and self._packs()
         width = plan.tokens / rows if packed else plan.width  # tokens per row the forward ran
         if not plan.prompts:
             self.width = math.ceil(width)
@@ -233,6 +253,18 @@ class Pricing:
         return lone_prefill(remaining, self.prefill_seconds, least, most, _LONE_LOSS)
 
     # ------------------------------------------------------------------ helpers
+
+    def _packs(self) -> bool:
+        """Whether batched steps run packed: a static step pads its rows to a bucket, whatever
+        the backend's layout."""
+        return self.widest() is None and self.packed()
+
+    def _forward_limit(self, rows: int) -> int:
+        """The most tokens a step of ``rows`` rows forwards: ``max_tokens_per_forward``, and
+        on a static step no row wider than its widest bucket (a joining prompt's chunk too)."""
+        bucket = self.widest()
+        limit = self.max_tokens_per_forward
+        return limit if bucket is None else min(limit, bucket * rows)
 
     def _curve(self) -> CostCurve:
         curve = self.costs.curve
@@ -299,21 +331,37 @@ def prepare_costs(
     The forwards run (timed once the device has done them) calibrate the curve
     (`StepCalibration`), and a curve read from the disk or measured under a load is checked
     against them (`CurveCheck`), and forgotten on disk if they contradict it
-    (`CostModel.retire_contradicted`)."""
+    (`CostModel.retire_contradicted`).
+    Where the batch's steps run on a static step (`ModelRunner.static`), the costs are its
+    buckets' forwards, timed now whatever ``remeasure`` says (`bucket_costs`: never on disk)."""
     directory = (cache_dir or default_cache_dir()) / "costs"
     how = {"remeasure": remeasure, "progress": progress}
     size = config.decoding_length + 1 + config.window_size * (config.ngram_size - 1)
-    timed = step_curve(runner, size, directory, **how)  # every variant plans with it
-    _take_curve(costs, timed)
-    if batches:
-        width = min(_BATCH_WIDTH, config.decoding_length + 1)
-        costs.batch = batch_curves(runner, config.max_batch_size, width, directory, **how)
+    if runner.static is not None:
+        rows = config.max_batch_size if batches else 1
+        timed = _take_buckets(costs, bucket_costs(runner.static, rows, size, progress=progress), batches)
+    else:
+        timed = step_curve(runner, size, directory, **how)  # every variant plans with it
+        _take_curve(costs, timed)
+        if batches:
+            width = min(_BATCH_WIDTH, config.decoding_length + 1)
+            costs.batch = batch_curves(runner, config.max_batch_size, width, directory, **how)
     # What drafts of each source the model accepted in earlier processes: a fresh engine
     # plans its first questions with it rather than with a guess.
     acceptance = (cache_dir or default_cache_dir()) / "acceptance"
     digest = model_digest(runner.model)
     planner.load_acceptance(acceptance / f"acceptance-{digest}.json", {"model": digest})
     return timed.curve
+
+
+def _take_buckets(costs: CostModel, buckets: BucketCosts, batches: bool) -> TimedCurve:
+    """A static step's bucket costs planned with from now on (the batches' with ``batches``):
+    its one-row curve taken as one measured now (nothing on disk to forget)."""
+    timed = TimedCurve(buckets.one_row, fresh=True, context=0, forget=lambda: False)
+    _take_curve(costs, timed)
+    if batches:
+        costs.batch = buckets.batch
+    return timed
 
 
 def _take_curve(costs: CostModel, timed: TimedCurve) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_lookahead.config import LookaheadConfig, check_variant
-from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.decoding.tree import DraftTree, SideRows, StepDraft
 from rag_lookahead.planning.acceptance import AcceptanceModel, load_acceptance, save_acceptance
 from rag_lookahead.planning.costs import BatchCosts, CostCurve, CostModel
 
@@ -69,6 +69,17 @@ class RankedDraft:
         """The best ``size`` nodes, root included."""
         return self.tree.subtree(self.order[: max(size, 1) - 1])
 
+    def cut(self, size: int) -> RankedDraft:
+        """This draft of its best ``size`` nodes alone (root included), ranked as it was: what
+        a forward at most ``size`` tokens wide can verify of it (a static step's widest
+        bucket). A fixed draft is verified whole as cut."""
+        if len(self.tree) <= size:
+            return self
+        kept = self.order[: max(size, 1) - 1]
+        index = {old: new for new, old in enumerate(sorted(kept), start=1)}  # as `subtree` numbers
+        order = tuple(index[node] for node in kept)
+        return RankedDraft(self.take(size), order, self.chances[: len(kept)], self.fixed, self.explore)
+
 
 def rank_draft(tree: DraftTree, acceptance: AcceptanceModel, fixed: bool = False) -> RankedDraft:
     """Rank ``tree``'s nodes by their calibrated chance: the product of calibrated estimates
@@ -84,11 +95,15 @@ def rank_draft(tree: DraftTree, acceptance: AcceptanceModel, fixed: bool = False
     return RankedDraft(tree, tuple(order), tuple(chance[n] for n in order), explore=acceptance.explore())
 
 
-def plan_draft(tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve) -> DraftTree:
-    """The part of ``tree`` worth verifying: the best rate of expected tokens per second."""
+def plan_draft(
+    tree: DraftTree, acceptance: AcceptanceModel, cost: CostCurve, widest: int | None = None
+) -> DraftTree:
+    """The part of ``tree`` worth verifying: the best rate of expected tokens per second, in at
+    most ``widest`` nodes where given."""
     if len(tree) == 1:
         return tree
-    return plan_batch([rank_draft(tree, acceptance)], cost)[0]
+    ranked = rank_draft(tree, acceptance)
+    return plan_batch([ranked if widest is None else ranked.cut(widest)], cost)[0]
 
 
 def plan_batch(
@@ -233,6 +248,11 @@ def fused_prefill(
     return best
 
 
+def _fits(tree: DraftTree, side: SideRows, widest: int | None) -> bool:
+    """Whether ``side`` rides along with ``tree`` within ``widest`` tokens (``None``: any)."""
+    return widest is None or len(tree) + len(side) <= widest
+
+
 @dataclass
 class _Store:
     path: Path
@@ -301,23 +321,30 @@ class StepPlanner:
         with self._lock:
             return rank_draft(draft.tree, self.acceptance, fixed=self.config.mode != "auto")
 
-    def plan(self, draft: StepDraft, room: int, context: int = 0) -> StepDraft:
+    def plan(self, draft: StepDraft, room: int, context: int = 0, widest: int | None = None) -> StepDraft:
         """The part of ``draft`` to forward this step after ``context`` cached tokens (what
-        its price depends on); ``room`` positions are left in the context."""
+        its price depends on); ``room`` positions are left in the context. With ``widest`` (a
+        static step's widest bucket), at most that many tokens, side rows included: a wider
+        tree is cut to its best nodes (its first ones, outside ``mode="auto"``)."""
         tree, side = draft.tree, draft.side
         if self.config.mode != "auto":
-            return StepDraft(tree, side if side is None or max(side.offsets) < room else None)
+            if widest is not None and len(tree) > widest:
+                tree = tree.subtree(range(1, widest))  # (topological order: parents kept)
+            side = side if side is None or max(side.offsets) < room else None
+            return StepDraft(tree, side if side is None or _fits(tree, side, widest) else None)
         if len(tree) == 1 and side is None:
             return draft
         cost = self._curve(context)
         with self._lock:
             if len(tree) > 1:
-                tree = plan_draft(tree, self.acceptance, self._explored(context))
+                tree = plan_draft(tree, self.acceptance, self._explored(context), widest)
         # A side row past the context window, or a window that does not pay, stays out: it
         # rides along only where it is nearly free (a GPU, not a CPU), as its n-grams rarely
         # repay more.
         if side is not None and (
-            max(side.offsets) >= room or cost(len(tree) + len(side)) > _WINDOW_OVERHEAD * cost(len(tree))
+            max(side.offsets) >= room
+            or not _fits(tree, side, widest)
+            or cost(len(tree) + len(side)) > _WINDOW_OVERHEAD * cost(len(tree))
         ):
             side = None
         return StepDraft(tree, side)
