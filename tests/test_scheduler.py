@@ -136,7 +136,9 @@ def new_call(prompt: list[int], *, drafter: Any = None, prefilled: int | None = 
 def scheduler_with(rows: list[Call], executor: Any = None, prefill_budget: int = 2048) -> Scheduler:
     # No model thread runs its loop: each test runs the phases itself.
     idle = SimpleNamespace(attach=lambda _: None, wake=lambda: None, in_thread=lambda: True)
-    tuning = SimpleNamespace(runner=SimpleNamespace(packs=lambda: False), thread=idle, generation=0)
+    tuning = SimpleNamespace(
+        runner=SimpleNamespace(packs=lambda: False, static=None), thread=idle, generation=0
+    )
     scheduler = Scheduler(
         tuning,  # type: ignore[arg-type]
         CostModel(),

@@ -41,6 +41,7 @@ from rag_lookahead.engine.request import (
 )
 from rag_lookahead.engine.rows import Rows
 from rag_lookahead.planning.costs import CostModel
+from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.streaming.stats import FinishReason
 from rag_lookahead.streaming.stream import StreamChunk
 from rag_lookahead.tuning.tuner import ModelTuning
@@ -71,7 +72,10 @@ class Scheduler:
         self._alone: list[Call] = []  # decoding plainly outside the batch
         self._decoders: dict[Call, Decoder] = {}  # what acts on each call, given with it
         self._executor = Executor(tuning.runner)
-        self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs)
+        runner = tuning.runner
+        self.pricing = Pricing(
+            costs, max_tokens_per_forward, runner.packs, widest=functools.partial(_widest, runner)
+        )
         self._prompts = PromptPlanner(self.pricing, max_prefill_tokens_per_step)
         self._rows = Rows(self._executor, self.pricing, self._prompts)  # some may still be prefilling
         self._kept = KeptPrompts(prefix_cache_bytes, tuning.generation)
@@ -303,3 +307,8 @@ class Scheduler:
         error = let_go(decoder, error) if decoder is not None else error
         observe.ended(self, call)  # (before its reader hears of it)
         hear_end(call, error)
+
+
+def _widest(runner: ModelRunner) -> int | None:
+    """The widest step ``runner``'s static step takes (``None``: it runs eager)."""
+    return None if runner.static is None else runner.static.buckets.widest
