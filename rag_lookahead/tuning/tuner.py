@@ -3,13 +3,15 @@ model's structure changed; and the runner that runs on it.
 
 At load: the linear kernels (`rag_lookahead.tuning.kernel_choice`: named, read back from the
 disk, or timed), then on them the direct forward's exactness, the tree probe and the packed
-rows' probe (`rag_lookahead.tuning.probes`) — every probe on runners of its own — into one
-`Backend`, which the engine's `ModelRunner` runs on from then on. Each call looks whether the
-model changed since (`refresh`, by its `ModelState`): any change makes what was computed from
-it stale (the schedulers drop their kept prompts when `generation` moves); a change of its
-structure (a hook, a layer replaced or wrapped, an adapter, train() or eval(), or a write the
-caller declares) has the reordered weights made again and the probes run again, in the model's
-thread, into a new backend.
+rows' probe (`rag_lookahead.tuning.probes`) — every probe on runners of its own — then the
+batch's step (`rag_lookahead.tuning.step_choice`: eager, or a static step, captured where
+named), into one `Backend`, which the engine's `ModelRunner` runs on from then on. Each call
+looks whether the model changed since (`refresh`, by its `ModelState`): any change makes what
+was computed from it stale (the schedulers drop their kept prompts when `generation` moves); a
+change of its structure (a hook, a layer replaced or wrapped, an adapter, train() or eval(), or
+a write the caller declares) has the reordered weights made again, the probes run again and the
+step chosen again, in the model's thread, into a new backend; a weight replaced has the static
+step's graphs captured again.
 """
 
 from __future__ import annotations
