@@ -10,6 +10,7 @@ import random
 import warnings
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +139,29 @@ def test_drafts_wider_than_the_widest_bucket_are_cut_to_it(mode: str) -> None:
     done = engine.complete(PROMPT * 3, max_new_tokens=20)
     assert done.token_ids == greedy_reference(model, PROMPT * 3, 20)
     assert max(done.stats.drafted_per_step) < engine.runner.static.buckets.widest
+
+
+def test_a_replaced_weight_has_the_graphs_captured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay reads each weight where it was when captured: a weight replaced (not written
+    in place) has the buckets captured again, before the next call's steps. (On a CPU nothing
+    is captured: the capture is stood in for, the addresses compared are the real ones.)"""
+    model = tiny_model("llama")
+    engine = static_engine(model)
+    step = engine.runner.static
+    captures: list[int] = []
+
+    def capture(*args, **kwargs) -> None:
+        captures.append(1)
+        step._weights = tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
+
+    monkeypatch.setattr(type(step), "captured", property(lambda self: ("1x1",)))
+    monkeypatch.setattr(step, "capture", capture)
+    capture()
+    weight = model.model.layers[0].mlp.up_proj.weight
+    with torch.no_grad():
+        weight.mul_(1.0)  # in place: the graphs read the new values where they were
+    engine.complete(PROMPT, max_new_tokens=2)
+    assert captures == [1]
+    weight.data = weight.data.clone()  # replaced: elsewhere now
+    engine.complete(PROMPT, max_new_tokens=2)
+    assert captures == [1, 1]
