@@ -53,26 +53,7 @@ CLIENTS_BAR = 2.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
-    parser.add_argument("--data", nargs="+", required=True, help="JSONL records with question and context")
-    parser.add_argument("--limit", type=int, default=4, help="records per data set, one stream")
-    parser.add_argument("--clients", type=int, default=8, help="clients at once, a record each (0: none)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--step", default="captured", choices=["auto", "eager", "static", "captured"])
-    parser.add_argument("--max-model-len", type=int, default=None, help="(default: fitted to each set)")
-    parser.add_argument("--stages", default=",".join(STAGES), help=f"a comma-separated subset of {STAGES}")
-    parser.add_argument("--baseline-methods", default="greedy_compiled,off,lookahead")
-    parser.add_argument("--reps", type=int, default=20, help="timed steps per bucket")
-    parser.add_argument("--context", type=int, default=256, help="committed columns per row, timing a bucket")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads on a CPU (0: torch's)")
-    parser.add_argument("--json", type=Path, help="write the figures here (after each set)")
-    args = parser.parse_args()
-    stages = [stage for stage in args.stages.split(",") if stage]
-    if not set(stages) <= set(STAGES):
-        parser.error(f"--stages: choose from {STAGES}")
+    args = _arguments()
     if args.threads:
         torch.set_num_threads(args.threads)
     # The eager engine: the baselines' own, and the model every other engine shares.
@@ -90,24 +71,58 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "sets": {name: {} for name in sets},
     }
-    for stage in (s for s in STAGES if s in stages):
+    for stage in (s for s in STAGES if s in args.stages):
         for name, inputs in sets.items():
             _say(f"{stage}: {name}")
             figures = summary["sets"][name]
-            if stage == "step":
-                max_len = args.max_model_len or _fitted(inputs, args.max_new_tokens)
-                figures["max_model_len"] = max_len
-                config = replace(eager.config, step=args.step, max_model_len=max_len)
-                figures["step"] = _step_stage(fresh_engine(eager, config), inputs, args)
-            else:
-                methods = [m for m in args.baseline_methods.split(",") if m]
-                figures["baselines"] = run_benchmark(
-                    eager, inputs[: args.limit], args.max_new_tokens, methods
-                )
-            figures["targets"] = _targets(name, figures, args.dtype)
+            try:  # (a stage that fails on one set is reported; the others still run)
+                figures[stage] = _stage(stage, eager, inputs, args, figures)
+            except Exception as err:
+                figures[stage] = {"error": f"{type(err).__name__}: {err}"}
+                _say(f"{stage}: {name} failed: {figures[stage]['error']}")
+            figures["targets"] = _targets(name, figures, args.step, args.dtype)
             _write(args.json, summary)
     _report(summary)
-    _write(args.json, summary)
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a model directory or built-in name (default: the default model)")
+    parser.add_argument("--data", nargs="+", required=True, help="JSONL records with question and context")
+    parser.add_argument("--limit", type=int, default=4, help="records per data set, one stream")
+    parser.add_argument("--clients", type=int, default=8, help="clients at once, a record each (0: none)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--step", default="captured", choices=["auto", "eager", "static", "captured"])
+    parser.add_argument("--max-model-len", type=int, default=None, help="(default: fitted to each set)")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"a comma-separated subset of {STAGES}")
+    parser.add_argument("--baseline-methods", default="greedy_compiled,off,lookahead")
+    parser.add_argument("--reps", type=int, default=20, help="timed steps per bucket")
+    parser.add_argument("--context", type=int, default=256, help="committed columns per row, timing a bucket")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads on a CPU (0: torch's)")
+    parser.add_argument("--json", type=Path, help="write the figures here (after each set)")
+    args = parser.parse_args()
+    args.stages = [stage for stage in args.stages.split(",") if stage]
+    if not set(args.stages) <= set(STAGES):
+        parser.error(f"--stages: choose from {STAGES}")
+    return args
+
+
+def _stage(
+    stage: str,
+    eager: LookaheadEngine,
+    inputs: list[BenchInput],
+    args: argparse.Namespace,
+    figures: dict[str, Any],
+) -> dict[str, Any]:
+    """One stage's figures on one set (`figures`, the set's, gets its slots' columns)."""
+    if stage == "baselines":
+        methods = [m for m in args.baseline_methods.split(",") if m]
+        return run_benchmark(eager, inputs[: args.limit], args.max_new_tokens, methods)
+    figures["max_model_len"] = args.max_model_len or _fitted(inputs, args.max_new_tokens)
+    config = replace(eager.config, step=args.step, max_model_len=figures["max_model_len"])
+    return _step_stage(fresh_engine(eager, config), inputs, args)
 
 
 def _inputs(engine: LookaheadEngine, path: Path, limit: int) -> list[BenchInput]:
@@ -189,7 +204,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _targets(name: str, figures: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
+def _targets(name: str, figures: dict[str, Any], step_name: str, dtype: str) -> list[dict[str, Any]]:
     """The issue's targets that this set's figures so far can be held to."""
     step = figures.get("step", {})
     single = step.get("single", {}).get("methods", {})
@@ -197,19 +212,19 @@ def _targets(name: str, figures: dict[str, Any], dtype: str) -> list[dict[str, A
     compiled = base.get("greedy_compiled", {}).get("tokens_per_s")
     rows = []
     if compiled and single:
-        rows.append(_target("plain / compiled greedy", single["off"]["tokens_per_s"] / compiled, 1.0))
+        plain = single["off"]["tokens_per_s"] / compiled
+        rows.append(_target(f"{step_name} plain / compiled greedy", plain, 1.0))
         bar = next((b for key, b in LOOKAHEAD_BARS.items() if key in name), None)
-        rows.append(
-            _target("lookahead / compiled greedy", single["lookahead"]["tokens_per_s"] / compiled, bar)
-        )
+        lookahead = single["lookahead"]["tokens_per_s"] / compiled
+        rows.append(_target(f"{step_name} lookahead / compiled greedy", lookahead, bar))
     for method in ("off", "lookahead"):  # against today's eager engine (no bar)
         if method in single and method in base:
             ratio = single[method]["tokens_per_s"] / base[method]["tokens_per_s"]
-            rows.append(_target(f"{method} / eager engine's", ratio, None))
+            rows.append(_target(f"{step_name} {method} / eager {method}", ratio, None))
     for clients, level in step.get("clients", {}).get("concurrency", {}).items():
         ratio = level["methods"]["batched"].get("speedup_vs_serialised")
         if ratio is not None:
-            rows.append(_target(f"{clients} clients / serialised", ratio, CLIENTS_BAR))
+            rows.append(_target(f"{step_name} {clients} clients / serialised", ratio, CLIENTS_BAR))
     same, answers = _identical(figures)
     if answers:
         bar = 1.0 if dtype == "float32" else None  # (bf16 near-ties may part: reported, no bar)
@@ -229,10 +244,9 @@ def _target(what: str, ratio: float, bar: float | None) -> dict[str, Any]:
 def _identical(figures: dict[str, Any]) -> tuple[int, int]:
     """Answers identical to greedy's, and answers, over every method run on this set."""
     step = figures.get("step", {})
-    runs = [step.get("single"), figures.get("baselines")]
-    methods = [m for run in runs if run for m in run["methods"].values()]
-    same = sum(m["identical_to_greedy"] for m in methods)
-    answers = sum(run["records"] for run in runs if run for _ in run["methods"])
+    runs = [run for run in (step.get("single"), figures.get("baselines")) if run and "methods" in run]
+    same = sum(m["identical_to_greedy"] for run in runs for m in run["methods"].values())
+    answers = sum(run["records"] * len(run["methods"]) for run in runs)
     for level in step.get("clients", {}).get("concurrency", {}).values():
         same += sum(m["identical_to_greedy"] for m in level["methods"].values())
         answers += sum(m["answers"] for m in level["methods"].values())
@@ -261,21 +275,25 @@ def _report(summary: dict[str, Any]) -> None:
     for name, figures in summary["sets"].items():
         step = figures.get("step", {})
         print(f"{name} (slots of {figures.get('max_model_len', '-')} columns):")
-        print(f"  {'method':<24} {'tok/s':>8} identical")
+        print(f"  {'method':<28} {'tok/s':>8} identical")
         for label, run in ((summary["step"], step.get("single")), ("eager", figures.get("baselines"))):
             for method, m in (run or {}).get("methods", {}).items():
                 shown = f"{method} ({label} run)" if method.startswith("greedy") else f"{label} {method}"
-                print(f"  {shown:<24} {m['tokens_per_s']:>8.1f} {m['identical_to_greedy']}/{run['records']}")
+                print(f"  {shown:<28} {m['tokens_per_s']:>8.1f} {m['identical_to_greedy']}/{run['records']}")
         for clients, level in step.get("clients", {}).get("concurrency", {}).items():
             for method, m in level["methods"].items():
                 shown = f"{clients} clients {method}"
-                print(f"  {shown:<24} {m['tokens_per_s']:>8.1f} {m['identical_to_greedy']}/{m['answers']}")
-        _report_static(step.get("static"))
+                print(f"  {shown:<28} {m['tokens_per_s']:>8.1f} {m['identical_to_greedy']}/{m['answers']}")
+        if "static" in step:
+            _report_static(step["static"])
+        for stage in STAGES:
+            if "error" in figures.get(stage, {}):
+                print(f"  {stage} failed: {figures[stage]['error']}")
         for row in figures.get("targets", []):
             bar = (
                 "" if row["bar"] is None else f" (bar {row['bar']:.2f}: {'met' if row['met'] else 'NOT met'})"
             )
-            print(f"  {row['target']:<36} {row['ratio']:>6.2f}x{bar}")
+            print(f"  {row['target']:<40} {row['ratio']:>6.2f}x{bar}")
 
 
 def _report_static(static: dict[str, Any] | None) -> None:
