@@ -39,6 +39,10 @@ SCRIPTS = sorted(path for path in BENCHMARKS.glob("*.py") if "__main__" in path.
 SMOKE: dict[str, list[str]] = {
     "bm25_choice.py": ["--child bm25s --data {data}"],  # one library's process, here
     # (torch.compile's variants take minutes to compile even a tiny model: the eager ones)
+    "captured_engine.py": [  # a static step on a CPU, where the engine builds one; no compiled greedy
+        "--model {model} --data {data} --limit 1 --clients 2 --max-new-tokens 4 --step static"
+        " --baseline-methods off --reps 1 --context 16 --threads 1 --json {out}"
+    ],
     "captured_step.py": [  # nothing is captured on a CPU: the same buffers, run eagerly
         "--model {model} --data {data} --limit 2 --max-new-tokens 4 --rows 1,2 --widths 1,4 --reps 1"
         " --context 16 --threads 1 --json {out}"

@@ -9,6 +9,7 @@ import pytest
 
 import rag_lookahead
 from rag_lookahead.cli import build_parser, main
+from rag_lookahead.cli.settings import lookahead_config
 from rag_lookahead.config import LookaheadConfig
 from rag_lookahead.engine import LookaheadEngine
 from rag_lookahead.progress import progress_bar
@@ -74,6 +75,18 @@ def test_commands_that_load_an_engine_take_remeasure() -> None:
     for argv in (["ask", "q", "--index", "i"], ["chat", "--index", "i"], ["demo"], ["bench", "--data", "d"]):
         assert build_parser().parse_args(argv).remeasure is False
         assert build_parser().parse_args([*argv, "--remeasure"]).remeasure is True
+
+
+def test_the_step_flags_reach_the_engine_s_config() -> None:
+    defaults = LookaheadConfig()
+    config = lookahead_config(build_parser().parse_args(["bench", "--data", "d"]))
+    assert (config.step, config.max_model_len) == (defaults.step, defaults.max_model_len)
+    argv = ["bench", "--data", "d", "--step", "captured", "--max-model-len", "1024"]
+    config = lookahead_config(build_parser().parse_args(argv))
+    assert (config.step, config.max_model_len) == ("captured", 1024)
+    for bad in (["--step", "graphs"], ["--max-model-len", "0"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "--data", "d", *bad])
 
 
 def test_measure_times_the_costs_again_and_says_how_busy_the_machine_was(

@@ -252,9 +252,13 @@ def run_benchmark(
         "prompt_lookup": _hf_runner(engine, max_new_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
         "lookahead": _engine_runner(engine, max_new_tokens),
     }
-    for mode in ("trie", "jacobi", "auto", "off"):  # the engine forced into one mode, with its own trie
-        forced = fresh_engine(engine, replace(engine.config, mode=mode))
-        runners[mode] = _engine_runner(forced, max_new_tokens)
+    # The engine forced into one mode, with its own trie: only those chosen (each engine builds
+    # its own step, captured graphs and slots included where its step is static).
+    for mode in ("trie", "jacobi", "auto", "off"):
+        if mode in chosen:
+            runners[mode] = _engine_runner(
+                fresh_engine(engine, replace(engine.config, mode=mode)), max_new_tokens
+            )
     if "greedy_compiled" in chosen:
         runners["greedy_compiled"] = _compiled_runner(engine, inputs, max_new_tokens)
     # The engine's prompt forward and generate's run on different kernels on a CPU (`cpu_linear`).

@@ -128,6 +128,23 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         f"values up to rounding (default: {defaults.cpu_linear})",
     )
     look.add_argument(
+        "--step",
+        default=defaults.step,
+        choices=["auto", "eager", "static", "captured"],
+        help="how the batch's steps run: eager, over caches that grow; static, padded to a few "
+        "fixed shapes over preallocated slots; captured, those shapes replayed as CUDA graphs; "
+        "auto: captured on a CUDA device where the model can be, else eager; the same outputs "
+        f"every way (default: {defaults.step})",
+    )
+    look.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=defaults.max_model_len,
+        help="most tokens of one call (prompt, new tokens and the widest draft) in a static or "
+        "captured step's slots; a longer call decodes plainly, alone "
+        f"(default: {defaults.max_model_len})",
+    )
+    look.add_argument(
         "--remeasure",
         action="store_true",
         help="time the forward costs that --mode auto plans with again, replacing the cached ones "

@@ -30,6 +30,8 @@ def lookahead_config(args: argparse.Namespace) -> LookaheadConfig:
         branch_length=args.branch_length,
         draft_policy=args.draft_policy,
         cpu_linear=args.cpu_linear,
+        step=args.step,
+        max_model_len=args.max_model_len,
     )
 
 
