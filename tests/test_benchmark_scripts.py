@@ -43,10 +43,6 @@ SMOKE: dict[str, list[str]] = {
         "--model {model} --data {data} --limit 1 --clients 2 --max-new-tokens 4 --step static"
         " --baseline-methods off --reps 1 --context 16 --threads 1 --json {out}"
     ],
-    "captured_step.py": [  # nothing is captured on a CPU: the same buffers, run eagerly
-        "--model {model} --data {data} --limit 2 --max-new-tokens 4 --rows 1,2 --widths 1,4 --reps 1"
-        " --context 16 --threads 1 --json {out}"
-    ],
     "compiled_forward.py": [
         "--model {model} --context 8 --widths 1,2 --reps 1 --threads 1 --variants eager-torch,eager-onednn"
         " --json {out}"

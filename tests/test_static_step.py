@@ -1,24 +1,25 @@
 """The static-shape step (`rag_lookahead.runtime.static`): fixed buckets, slot caches written in
 place, persistent inputs, padding that nothing real sees, the accepted path moved by index
-copies; on a CPU everything but the capture call, which the GPU script checks
-(``benchmarks/captured_step.py``, run there by ``benchmarks/cuda/captured.sh``). Every answer
+copies; on a CPU everything but the capture call, whose cases below run on a CUDA device
+(``benchmarks/cuda/captured.sh`` runs them there). Every answer of the engine on a static step
 equals plain greedy `generate`, on every family the property tests cover, sliding windows
-included."""
+included, whatever its drafts and its buckets."""
 
 from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import torch
 
+from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
 from rag_lookahead.decoding.tree import DraftTree, StepDraft
+from rag_lookahead.drafting.protocol import Drafter
 from rag_lookahead.drafting.trie import TokenTrie
 from rag_lookahead.drafting.trie_drafter import TrieDrafter
-from rag_lookahead.engine.static_decoder import StaticDecoder
 from rag_lookahead.runtime.backend import Backend
 from rag_lookahead.runtime.kv_cache import new_tree_cache
 from rag_lookahead.runtime.runner import ModelRunner
@@ -30,8 +31,9 @@ from rag_lookahead.runtime.static import (
     capture_problem,
     prompt_entries,
 )
-from rag_lookahead.testing import tiny_model
+from rag_lookahead.testing import CharTokenizer, read_all, tiny_model
 from rag_lookahead.testing.models import FAMILIES, SLIDING_FAMILIES, VOCAB, greedy_reference, sliding_model
+from rag_lookahead.tuning.step_choice import StepSettings
 
 PROMPTS = (
     [3, 14, 15, 9, 26, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6],
@@ -91,16 +93,57 @@ def _answers(model: Any, new: int = NEW, prompts: Sequence[Sequence[int]] = PROM
     return answers
 
 
+def static_engine(
+    model: Any, buckets: Buckets = SMALL, step: str = "static", max_len: int = 96, **config: Any
+) -> LookaheadEngine:
+    """An engine whose batch runs on a static step of ``buckets`` (rows as many as its batch)."""
+    settings = {"mode": "trie", "min_query_length": 1, "max_batch_size": buckets.most_rows, **config}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepSettings, "buckets", lambda self: buckets)
+        return LookaheadEngine(
+            model,
+            CharTokenizer(),
+            LookaheadConfig(step=step, max_model_len=max_len, **settings),  # type: ignore[arg-type]
+        )
+
+
+def decoded(
+    engine: LookaheadEngine,
+    drafters: Callable[[int, Sequence[int]], Drafter] | None = None,
+    prompts: Sequence[Sequence[int]] = PROMPTS,
+    new: int = NEW,
+) -> tuple[list[list[int]], int]:
+    """Each prompt's answer, all decoding together (``drafters(i, prompt)``: call ``i``'s own
+    drafter), and the steps all of them took."""
+    params = GenerationParams(max_new_tokens=new)
+    streams = [
+        engine.stream(list(p), params, drafter=drafters(i, p) if drafters else None)
+        for i, p in enumerate(prompts)
+    ]
+    results = read_all(streams)
+    done = [r for r in results if not isinstance(r, Exception)]
+    assert len(done) == len(results), results
+    return [d.token_ids for d in done], sum(d.stats.steps for d in done)
+
+
+def replayed(engine: LookaheadEngine) -> set[Bucket]:
+    static = engine.runner.static
+    assert static is not None
+    return {bucket for bucket, buffers in static._buffers.items() if buffers.replays}
+
+
 @pytest.mark.parametrize("family", ALL)
 def test_static_greedy_equals_generate_plain_and_with_trees(family: str) -> None:
     model = _load(family)
     answers = _answers(model)
-    decoder = StaticDecoder(model, 96, SMALL)  # two rows for three prompts: one joins later
-    assert decoder.generate(PROMPTS, NEW).tokens == answers
-    oracle = decoder.generate(PROMPTS, NEW, lambda i, p: _Oracle(p, answers[i], right=5))
-    assert oracle.tokens == answers
-    assert oracle.steps < decoder.generate(PROMPTS, NEW).steps  # the trees were accepted
-    assert {b.width for b in oracle.buckets} >= {4, 8}
+    plain = static_engine(model, mode="off")  # two rows for three prompts: one joins later
+    tokens, plain_steps = decoded(plain)
+    assert tokens == answers
+    engine = static_engine(model)
+    tokens, steps = decoded(engine, lambda i, p: _Oracle(p, answers[i], right=5))
+    assert tokens == answers
+    assert steps < plain_steps  # the trees were accepted
+    assert {b.width for b in replayed(engine)} >= {4, 8}
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3-window", "qwen2-window"])
@@ -117,9 +160,9 @@ def test_trie_drafts_over_any_buckets_equal_generate(family: str, buckets: Bucke
         document = [*prompt, *answers[i][:10], (answers[i][10] + 1) % VOCAB, *answers[i][11:]]
         return TrieDrafter(trie, f"call{i}", [document, [*prompt, *answers[i]]], min_match=1)
 
-    result = StaticDecoder(model, 128, buckets).generate(PROMPTS, NEW, drafter)
-    assert result.tokens == answers
-    assert result.steps < (NEW - 1) * len(PROMPTS)  # fewer forwards than plain decoding
+    tokens, steps = decoded(static_engine(model, buckets, max_len=128), drafter)
+    assert tokens == answers
+    assert steps < (NEW - 1) * len(PROMPTS)  # fewer forwards than plain decoding
 
 
 def test_random_wrong_trees_never_change_the_answer() -> None:
@@ -136,8 +179,8 @@ def test_random_wrong_trees_never_change_the_answer() -> None:
             )
             return StepDraft(tree.merge(noise))
 
-    result = StaticDecoder(model, 96).generate(PROMPTS, NEW, lambda i, p: Noise(p, answers[i], 0))
-    assert result.tokens == answers
+    tokens, _ = decoded(static_engine(model, Buckets()), lambda i, p: Noise(p, answers[i], 0))
+    assert tokens == answers
 
 
 def _runner(model: Any) -> ModelRunner:
@@ -211,16 +254,17 @@ def test_buckets_are_validated_and_fit_each_step() -> None:
         buckets.fit(1, 33)
 
 
-def test_a_call_that_cannot_fit_fails_clearly_and_a_cpu_model_is_not_captured() -> None:
+def test_a_step_that_cannot_fit_fails_clearly_and_a_cpu_model_is_not_captured() -> None:
     model = tiny_model("llama")
-    decoder = StaticDecoder(model, 40, SMALL)
-    with pytest.raises(ValueError, match="do not fit"):
-        decoder.generate([PROMPTS[0]], 20)
-    with pytest.raises(ValueError, match="every prompt"):
-        decoder.generate([[]], 4)
+    step = StaticStep(model, 40, SMALL)
+    with pytest.raises(ValueError, match="exceeds 40"):
+        step.run([DraftTree((3, 4, 5, 6, 7), (-1, 0, 1, 2, 3))], [33])  # 33 + 8 slots > 40 columns
+    with pytest.raises(ValueError, match="3 rows does not fit"):
+        step.run([DraftTree.root_only(3)] * 3, [1, 2, 3])
     assert "CUDA" in (capture_problem(model) or "")
-    assert decoder.step.captured == () and "CUDA" in decoder.step.record.problems[0]
-    assert not decoder.step.weights_moved()
+    step.capture()
+    assert step.captured == () and "CUDA" in step.record.problems[0]
+    assert not step.weights_moved()
     with pytest.raises(ValueError, match="attention"):
         StaticStep(_FlashConfigured(model), 32)
     with pytest.raises(ValueError, match="positions"):
@@ -233,7 +277,10 @@ def test_scratch_forwards_between_steps_leave_the_rows_alone() -> None:
     model, prompt = tiny_model("llama"), PROMPTS[0]
     answer = greedy_reference(model, prompt, NEW)
     step = StaticStep(model, len(prompt) + NEW + SMALL.widest, SMALL)
-    tokens = [int(step.prefill(0, prompt).argmax())]
+    cache = new_tree_cache()
+    out = model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+    step.load(0, prompt_entries(cache))
+    tokens = [int(out.logits[0, -1].argmax())]
     length = len(prompt)
     while len(tokens) < NEW:
         for bucket in SMALL.all():  # every bucket's scratch forward, over the live row
@@ -248,7 +295,10 @@ def test_generation_stops_at_a_stop_token() -> None:
     model = tiny_model("llama")
     answer = greedy_reference(model, PROMPTS[1], NEW)
     stop = answer[5]
-    tokens = StaticDecoder(model, 64, SMALL).generate([PROMPTS[1]], NEW, stop={stop}).tokens[0]
+    engine = static_engine(model, max_len=64)
+    with pytest.MonkeyPatch.context() as patch:  # (a stop token: the model's end of text)
+        patch.setattr(engine._facts, "call_eos", lambda eos: (stop,))
+        tokens = engine.complete(PROMPTS[1], max_new_tokens=NEW).token_ids
     assert tokens == answer[: answer.index(stop) + 1]
 
 
@@ -284,25 +334,26 @@ cuda_only = pytest.mark.skipif(
 def test_cuda_captured_buckets_answer_as_generate_and_replay_the_eager_logits(family: str) -> None:
     model = copy.deepcopy(_load(family)).to("cuda")
     answers = _answers(model)
-    decoder = StaticDecoder(model, 96, SMALL)
-    assert decoder.step.record.problems == [] and set(decoder.step.captured) == set(SMALL.all())
-    eager = StaticDecoder(model, 96, SMALL, capture=False)
+    captured, eager = StaticStep(model, 96, SMALL), StaticStep(model, 96, SMALL)
+    captured.capture()
+    assert captured.record.problems == [] and set(captured.captured) == set(SMALL.all())
     tree = DraftTree((5, 7, 8, 9), (-1, 0, 1, 0))
     torch.testing.assert_close(
-        decoder.step.run([tree, tree], [10, 20]).clone(),
-        eager.step.run([tree, tree], [10, 20]),
-        rtol=0,
-        atol=0,
+        captured.run([tree, tree], [10, 20]).clone(), eager.run([tree, tree], [10, 20]), rtol=0, atol=0
     )
-    assert decoder.generate(PROMPTS, NEW).tokens == answers
-    oracle = decoder.generate(PROMPTS, NEW, lambda i, p: _Oracle(p, answers[i], right=5))
-    assert oracle.tokens == answers and oracle.steps < (NEW - 1) * len(PROMPTS)
+    engine = static_engine(model, step="captured")
+    assert engine.backend.step == "captured" and engine.backend.step_problem is None
+    assert set(engine.runner.static.captured) == set(SMALL.all())  # type: ignore[union-attr]
+    assert decoded(static_engine(model, step="captured", mode="off"))[0] == answers
+    tokens, steps = decoded(engine, lambda i, p: _Oracle(p, answers[i], right=5))
+    assert tokens == answers and steps < (NEW - 1) * len(PROMPTS)
 
 
 @cuda_only
 def test_cuda_a_hooked_model_is_not_captured_and_says_why() -> None:
     model = copy.deepcopy(tiny_model("llama")).to("cuda")
     model.model.layers[0].register_forward_hook(lambda *_: None)
-    decoder = StaticDecoder(model, 64, SMALL)
-    assert decoder.step.captured == () and "hooks" in decoder.step.record.problems[0]
-    assert decoder.generate([PROMPTS[1]], 8).tokens == _answers(model, 8, [PROMPTS[1]])
+    with pytest.warns(UserWarning, match="hooks"):
+        engine = static_engine(model, step="captured", max_len=64)
+    assert engine.backend.step == "eager" and "hooks" in (engine.backend.step_problem or "")
+    assert decoded(engine, prompts=[PROMPTS[1]], new=8)[0] == _answers(model, 8, [PROMPTS[1]])

@@ -8,7 +8,6 @@
 #   baselines  (same process, after step) transformers' compiled static-cache greedy
 #              (compiling is most of this part's time) and today's eager engine, plain and
 #              with lookahead, then the issue's targets against them
-#   decoder    the standalone StaticDecoder (benchmarks/captured_step.py): not by default
 #
 #   benchmarks/cuda/captured.sh [smollm2|gemma3 [LIMIT [SETS [PARTS]]]]
 #
@@ -44,8 +43,4 @@ if ((${#stages[@]})); then
     "$python" benchmarks/captured_engine.py --model "$model" --device cuda --dtype "$dtype" --limit "$limit" \
         --clients 8 --max-new-tokens 128 --step captured --stages "$joined" --data "${data[@]}" \
         --json "$out/captured-engine-$name.json" 2>&1 | tee -a "$log"
-fi
-if has decoder; then
-    "$python" benchmarks/captured_step.py --model "$model" --device cuda --dtype "$dtype" --limit "$limit" \
-        --data "${data[@]}" --json "$out/captured-$name.json" 2>&1 | tee -a "$log"
 fi

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from rag_lookahead.decoding.tree import DraftTree, StepDraft, step_inputs
-from rag_lookahead.runtime.kv_cache import cache_kwarg, new_tree_cache
+from rag_lookahead.runtime.kv_cache import cache_kwarg
 from rag_lookahead.runtime.layer_masks import LayerMasks
 from rag_lookahead.runtime.static.buckets import Bucket, Buckets
-from rag_lookahead.runtime.static.slot_cache import SlotCache, prompt_entries
+from rag_lookahead.runtime.static.slot_cache import SlotCache
 
 __all__ = ["StaticStep", "capture_problem", "static_problem"]
 
@@ -208,16 +208,6 @@ class StaticStep:
             assert buffers.logits is not None
             return buffers.logits
         return self._forward(buffers)
-
-    @torch.inference_mode()
-    def prefill(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
-        """Forward ``prompt`` by the model's own forward (any length, eager), load its entries
-        into ``slot`` and return its last token's logits ``[V]``."""
-        cache = new_tree_cache()
-        ids = torch.tensor([list(prompt)], device=self.device)  # [1, T]
-        out = self.model(input_ids=ids, use_cache=True, **{cache_kwarg(self.model): cache})
-        self.load(slot, prompt_entries(cache))
-        return out.logits[0, -1]
 
     @torch.inference_mode()
     def load(self, slot: int, entries: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
