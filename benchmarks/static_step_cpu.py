@@ -49,7 +49,8 @@ from rag_lookahead.runtime.static import Bucket, Buckets, StaticStep, prompt_ent
 MODES: dict[str, dict[str, Any]] = {
     "default": {},
     "frozen": {"options": {"freezing": True}},
-    "autotune": {"mode": "max-autotune-no-cudagraphs", "options": {"freezing": True}},
+    # (``mode="max-autotune-no-cudagraphs"``'s options: torch takes a mode or options, not both)
+    "autotune": {"options": {"max_autotune": True, "triton.cudagraphs": False, "freezing": True}},
 }
 
 
