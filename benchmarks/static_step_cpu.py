@@ -15,7 +15,8 @@ machine: the engine's direct eager forward or a compiled one. This times, for ea
   (``max-autotune-no-cudagraphs`` with frozen weights).
 
 A static step is timed as `StaticStep.prepare` (its buffers filled) plus `StaticStep.forward`.
-Each compiled bucket's first call (its compilation) is timed apart, before the timed rounds;
+Each compiled bucket's first call (its compilation) is timed apart, before the timed rounds
+(the 1x1 bucket's graph is compiled as the step is built, by its first forward: ``build``);
 in each round every variant runs ``--reps`` steps of each bucket in turn, the order rotated
 between rounds, so a change in the machine's load meets every variant. Reported per bucket:
 each variant's median milliseconds, and its ratio to ``engine``'s (the median of the rounds'
@@ -141,8 +142,11 @@ def _measure(runner: ModelRunner, args: argparse.Namespace, buckets: list[Bucket
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
         covered = buckets if mode != "autotune" else [_bucket(t) for t in args.autotune_buckets.split(",")]
+        start = time.perf_counter()
         step = _static(runner, args.compiled_max_len, ladder, entries, args, MODES[mode])
-        variants.append(Variant(f"static-{mode}-{args.compiled_max_len}", step, covered))
+        variant = Variant(f"static-{mode}-{args.compiled_max_len}", step, covered)
+        variant.first_call_s["build"] = round(time.perf_counter() - start, 2)
+        variants.append(variant)
     logits: dict[str, dict[Bucket, torch.Tensor]] = {v.name: {} for v in variants}
     for variant in variants:  # first calls: the compilations
         for bucket in variant.buckets:
@@ -208,13 +212,15 @@ def _static(
     args: argparse.Namespace,
     compile_args: dict[str, Any] | None = None,
 ) -> Callable[[Bucket], torch.Tensor]:
-    """A static step whose every slot holds the prompt's entries, its forward compiled with
-    ``compile_args`` where given (after its first, eager forward allocated the slot cache)."""
-    static = StaticStep(runner.model, max_len, ladder)
+    """A static step whose every slot holds the prompt's entries, over the model compiled with
+    ``compile_args`` where given (its first forward, which allocates the slot cache, compiles
+    the 1x1 bucket)."""
+    model = (
+        runner.model if compile_args is None else torch.compile(runner.model, dynamic=False, **compile_args)
+    )
+    static = StaticStep(model, max_len, ladder)
     for slot in range(ladder.most_rows):
         static.load(slot, entries)
-    if compile_args is not None:
-        static.model = torch.compile(runner.model, dynamic=False, **compile_args)
 
     def step(bucket: Bucket) -> torch.Tensor:
         rows, width = bucket

@@ -43,6 +43,10 @@ SMOKE: dict[str, list[str]] = {
         "--model {model} --data {data} --limit 1 --clients 2 --max-new-tokens 4 --step static"
         " --baseline-methods off --reps 1 --context 16 --threads 1 --json {out}"
     ],
+    "static_step_cpu.py": [  # the eager variants (compiling takes minutes even for a tiny model)
+        "--model {model} --context 8 --buckets 1x1,2x4 --eager-max-lens 32 --modes '' --reps 1 --rounds 1"
+        " --threads 1 --json {out}"
+    ],
     "compiled_forward.py": [
         "--model {model} --context 8 --widths 1,2 --reps 1 --threads 1 --variants eager-torch,eager-onednn"
         " --json {out}"
