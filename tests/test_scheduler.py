@@ -79,9 +79,6 @@ class EagerExecutor:
 
     runner = SimpleNamespace(static=None)
 
-    def static(self) -> bool:
-        return False
-
 
 class ScriptedExecutor(EagerExecutor):
     """Returns, per row, logits whose argmax is the scripted tokens; records the plans."""

@@ -40,10 +40,6 @@ class Executor:
         """Whether this executor's batches are packed (`new_batch`): where the runner packs."""
         return self.runner.packs()
 
-    def static(self) -> bool:
-        """Whether the batch's steps run on the runner's static step (`new_batch`)."""
-        return self.runner.static is not None
-
     def new_batch(self) -> Batch:
         """An empty batch for the forwards `run` runs."""
         static = self.runner.static

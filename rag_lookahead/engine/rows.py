@@ -25,6 +25,7 @@ from rag_lookahead.engine.pricing import Pricing
 from rag_lookahead.engine.request import Call, CallStatus, Decoder, first_token, propose, release, verify
 from rag_lookahead.engine.step import RowPlan, StepOutput, StepPlan, Verdict
 from rag_lookahead.runtime.batch import BatchCache
+from rag_lookahead.runtime.static import StaticStep
 from rag_lookahead.runtime.static.batch import StaticBatch
 from rag_lookahead.streaming.stats import FinishReason
 
@@ -61,11 +62,24 @@ class Rows:
         self.cache.add_row(cache, expected_rows)
         self.calls.append(call)
 
+    def slots(self) -> StaticStep | None:
+        """The static step in whose slots the rows decode (or the next row would, while there
+        are none): ``None`` where their steps are eager. (The runner's may have changed since
+        the first row joined, with the model: the rows go on where they are.)"""
+        if self.calls:
+            return self.cache.step if isinstance(self.cache, StaticBatch) else None
+        return self.executor.runner.static
+
+    def widest(self) -> int | None:
+        """The widest step the rows may take: their static step's widest bucket (``None``:
+        eager, any width)."""
+        step = self.slots()
+        return None if step is None else step.buckets.widest
+
     def takes(self, tokens: int) -> bool:
         """Whether a call of ``tokens`` tokens (its prompt and its most new ones) may join: a
         static step's slots hold so many, and room for the widest draft after them."""
-        joined = self.cache.step if self.calls and isinstance(self.cache, StaticBatch) else None
-        step = joined or self.executor.runner.static
+        step = self.slots()
         return step is None or tokens + step.buckets.widest <= step.max_len
 
     def take_out(self, index: int) -> Any:

@@ -41,7 +41,6 @@ from rag_lookahead.engine.request import (
 )
 from rag_lookahead.engine.rows import Rows
 from rag_lookahead.planning.costs import CostModel
-from rag_lookahead.runtime.runner import ModelRunner
 from rag_lookahead.streaming.stats import FinishReason
 from rag_lookahead.streaming.stream import StreamChunk
 from rag_lookahead.tuning.tuner import ModelTuning
@@ -72,10 +71,8 @@ class Scheduler:
         self._alone: list[Call] = []  # decoding plainly outside the batch
         self._decoders: dict[Call, Decoder] = {}  # what acts on each call, given with it
         self._executor = Executor(tuning.runner)
-        runner = tuning.runner
-        self.pricing = Pricing(
-            costs, max_tokens_per_forward, runner.packs, widest=functools.partial(_widest, runner)
-        )
+        # (the rows' widest step, asked of them at each plan: they are made with the pricing)
+        self.pricing = Pricing(costs, max_tokens_per_forward, tuning.runner.packs, widest=self._widest)
         self._prompts = PromptPlanner(self.pricing, max_prefill_tokens_per_step)
         self._rows = Rows(self._executor, self.pricing, self._prompts)  # some may still be prefilling
         self._kept = KeptPrompts(prefix_cache_bytes, tuning.generation)
@@ -89,6 +86,9 @@ class Scheduler:
         """The prompts forwarded alone so far (chunks apart between steps, or a prompt with
         the model to itself): what a benchmark leaves out of decoding, as timed in its run."""
         return self.pricing.prompt_forwards
+
+    def _widest(self) -> int | None:
+        return self._rows.widest()
 
     def submit(self, call: Call, decoder: Decoder) -> None:
         """Queue ``call``, decoded by ``decoder``: it starts at the next step boundary; read
@@ -214,7 +214,7 @@ class Scheduler:
         """The prompt tokens ``call`` has left, if it may ride in the batch's steps."""
         if not call.batchable or call in self._caches:  # (one prefilling apart goes on)
             return None
-        if self._executor.static():  # (a static step's rows only decode)
+        if self._rows.slots() is not None:  # (a static step's rows only decode)
             return None
         return len(call.prompt_ids) - self._caches.cached_prefix(call)
 
@@ -307,8 +307,3 @@ class Scheduler:
         error = let_go(decoder, error) if decoder is not None else error
         observe.ended(self, call)  # (before its reader hears of it)
         hear_end(call, error)
-
-
-def _widest(runner: ModelRunner) -> int | None:
-    """The widest step ``runner``'s static step takes (``None``: it runs eager)."""
-    return None if runner.static is None else runner.static.buckets.widest
