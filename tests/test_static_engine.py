@@ -164,4 +164,4 @@ def test_a_replaced_weight_has_the_graphs_captured_again(monkeypatch: pytest.Mon
     assert captures == [1]
     weight.data = weight.data.clone()  # replaced: elsewhere now
     engine.complete(PROMPT, max_new_tokens=2)
-    assert captures == [1, 1]
+    assert captures == [1, 1] and engine.backend.captured == ("1x1",)

@@ -164,9 +164,11 @@ class ModelTuning:
     def _capture_again(self) -> None:
         """In the model's thread: the buckets captured again where a weight was replaced (a
         replay reads the weights where they were when captured)."""
-        static = self.runner.static
+        runner, static = self.runner, self.runner.static
         if static is not None and static.weights_moved():
             static.capture()
+            backend = replace(runner.backend, captured=tuple(map(str, static.captured)))
+            runner.use(backend, layers=runner.linear.layers, direct=runner.direct, static=static)
 
     def _derive_again(self) -> None:
         """After a change of the model's structure, in the model's thread (which runs one thing
