@@ -271,6 +271,14 @@ def test_a_step_that_cannot_fit_fails_clearly_and_a_cpu_model_is_not_captured() 
         StaticStep(model, model.config.max_position_embeddings + 1)
 
 
+def test_an_attention_set_without_tree_masks_is_refused_not_answered_wrong() -> None:
+    model = copy.deepcopy(tiny_model("llama"))
+    step = StaticStep(model, 40, SMALL)
+    model.config._attn_implementation = "flash_attention_2"  # set after the step was built
+    with pytest.raises(ValueError, match="takes no tree mask"):
+        step.run([DraftTree.root_only(3)], [4])
+
+
 def test_scratch_forwards_between_steps_leave_the_rows_alone() -> None:
     """Warm-ups, captures and timings may run between any two steps: they write only the
     scratch columns, which no committed entry reaches."""

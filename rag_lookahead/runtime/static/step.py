@@ -178,7 +178,16 @@ class StaticStep:
 
     @torch.inference_mode()
     def prepare(self, drafts: Sequence[Draft], lengths: Sequence[int]) -> Bucket:
-        """Fill the buffers of the bucket holding ``drafts`` (see `run`) in place: that bucket."""
+        """Fill the buffers of the bucket holding ``drafts`` (see `run`) in place: that bucket.
+        Refused where the model's attention no longer reads the tree mask (set since the step
+        was built: its answers would be wrong)."""
+        attention = getattr(self.model.config, "_attn_implementation", None)
+        if attention not in _MASKED_ATTENTION:
+            raise ValueError(
+                f"the model's attention is now {attention!r}, which takes no tree mask (a static "
+                "step needs sdpa or eager): say the model changed (LookaheadEngine.model_changed) "
+                "to have its step chosen again"
+            )
         steps = [draft if isinstance(draft, StepDraft) else StepDraft(draft) for draft in drafts]
         bucket = self.buckets.fit(len(steps), max(len(step) for step in steps))
         self._fill(bucket, steps, lengths)
