@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_lookahead import GenerationParams, LookaheadConfig, LookaheadEngine
+from rag_lookahead.engine.rows import Rows
+from rag_lookahead.runtime.static import StaticBatch
 from rag_lookahead.testing import CharTokenizer, greedy_reference, run_together, tiny_model
 from rag_lookahead.testing.models import FAMILIES, SLIDING_FAMILIES, VOCAB, sliding_model
 from rag_lookahead.tuning.step_choice import StepSettings
@@ -165,3 +168,17 @@ def test_a_replaced_weight_has_the_graphs_captured_again(monkeypatch: pytest.Mon
     weight.data = weight.data.clone()  # replaced: elsewhere now
     engine.complete(PROMPT, max_new_tokens=2)
     assert captures == [1, 1] and engine.backend.captured == ("1x1",)
+
+
+def test_rows_in_a_static_step_s_slots_keep_its_rules_after_the_runner_went_eager() -> None:
+    """A change of the model may switch the runner to eager steps while rows decode in a
+    static step's slots: they go on there, planned no wider than its widest bucket and joined
+    only by calls its slots hold; an empty batch follows the runner."""
+    step = static_engine(tiny_model("llama"), max_model_len=64).runner.static
+    assert step is not None
+    eager = SimpleNamespace(runner=SimpleNamespace(static=None))
+    rows = Rows(eager, None, None)  # type: ignore[arg-type]
+    assert rows.slots() is None and rows.widest() is None and rows.takes(10**6)
+    rows.cache, rows.calls = StaticBatch(step), [object()]  # type: ignore[list-item]
+    assert rows.slots() is step and rows.widest() == step.buckets.widest
+    assert rows.takes(64 - step.buckets.widest) and not rows.takes(64 - step.buckets.widest + 1)

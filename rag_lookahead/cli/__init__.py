@@ -133,8 +133,8 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "eager", "static", "captured"],
         help="how the batch's steps run: eager, over caches that grow; static, padded to a few "
         "fixed shapes over preallocated slots; captured, those shapes replayed as CUDA graphs; "
-        "auto: captured on a CUDA device where the model can be, else eager; the same outputs "
-        f"every way (default: {defaults.step})",
+        "auto: eager for now (to capture on CUDA once a GPU run has measured it); the same "
+        f"outputs every way (default: {defaults.step})",
     )
     look.add_argument(
         "--max-model-len",

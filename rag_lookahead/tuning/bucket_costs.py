@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import torch
-
 from rag_lookahead.planning.costs import BatchCosts, CostCurve, measure_curve
 from rag_lookahead.planning.load import watch_load
 from rag_lookahead.progress import progress_bar
@@ -83,8 +81,7 @@ def _timer(step: StaticStep, rows: int) -> Callable[[int], float]:
     def seconds(width: int) -> float:
         start = time.perf_counter()
         step.forward(step.fill_scratch(Bucket(rows, width)))
-        if step.device.type == "cuda":
-            torch.cuda.synchronize(step.device)
+        step.synchronize()
         return time.perf_counter() - start
 
     return seconds

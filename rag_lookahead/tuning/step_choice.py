@@ -9,7 +9,7 @@ static step's padding and its attention over every slot column cost more than th
 (measured in `benchmarks/`). A step named in the config runs where the model can run it;
 where it cannot (an attention without tree masks, a hook a replay would skip, not a CUDA
 device, no capture that succeeded) the backend runs eager and says why (``step_problem``):
-the answers are the same either way. A static step, once built, is kept for the model's
+the answers are the same either way. A static step, once built, is kept for the engine's
 life (its slot memory reused), captured again where a change of the model asks for it.
 """
 

@@ -92,7 +92,7 @@ class ModelTuning:
             static=chosen.static,
             thread=self.thread,
         )
-        self._static = chosen.static  # the one built, kept for its slots while the model lives
+        self._static = chosen.static  # the one built, its slots kept while the engine lives
         self._state = ModelState.of(model)
         self._state_lock = threading.Lock()
         self.generation = 0  # changes of the model seen: what was computed before one is stale

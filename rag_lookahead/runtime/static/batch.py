@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from rag_lookahead.runtime.batch import filled_holes, viewed_row
 from rag_lookahead.runtime.kv_cache import new_tree_cache
+from rag_lookahead.runtime.static.slot_cache import prompt_entries
 from rag_lookahead.runtime.static.step import StaticStep
 
 __all__ = ["StaticBatch"]
@@ -46,7 +46,7 @@ class StaticBatch:
         if length + self.step.buckets.widest > self.step.max_len:
             raise ValueError(f"a row of {length} tokens leaves no room in {self.step.max_len} columns")
         if length:
-            self.step.load(index, [_states(layer) for layer in _full_layers(row)])
+            self.step.load(index, prompt_entries(row))
         self.lengths.append(length)
         return index
 
@@ -62,8 +62,8 @@ class StaticBatch:
     def row_copy(self, index: int) -> DynamicCache:
         """Row ``index``'s committed entries copied into a tree cache of its own."""
         cache = new_tree_cache()
-        for layer, own in enumerate(_full_layers(self.row_view(index))):
-            cache.update(*_states(own), layer)  # copied in
+        for layer, (keys, values) in enumerate(prompt_entries(self.row_view(index))):
+            cache.update(keys, values, layer)  # copied in
         return cache
 
     def keep_rows(self, keep: Sequence[int]) -> list[int]:
@@ -84,15 +84,3 @@ class StaticBatch:
         for row, accepted in enumerate(nodes):
             self.step.keep(row, self.lengths[row], accepted)
             self.lengths[row] += len(accepted)
-
-
-def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
-    layers = [layer for layer in cache.layers if isinstance(layer, DynamicLayer)]
-    if len(layers) != len(cache.layers):
-        raise ValueError("a static step's slots take a prompt cache of full layers")
-    return layers
-
-
-def _states(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    assert layer.keys is not None and layer.values is not None
-    return layer.keys, layer.values

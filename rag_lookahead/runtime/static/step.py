@@ -166,8 +166,13 @@ class StaticStep:
         with torch.cuda.graph(graph, pool=pool):
             buffers.logits = self._forward(buffers)
         buffers.graph = graph
-        torch.cuda.synchronize(self.device)
+        self.synchronize()
         self.record.seconds[bucket] = time.perf_counter() - start
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (a GPU returns once a forward is queued)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def run(self, drafts: Sequence[Draft], lengths: Sequence[int]) -> torch.Tensor:
         """Logits ``[R, W, V]`` of the bucket holding ``drafts`` (row ``r`` over slot ``r``,
